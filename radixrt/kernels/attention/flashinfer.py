@@ -1,0 +1,322 @@
+"""FlashInfer paged attention for CUDA (pinned to ``flashinfer-python==0.6.18.post1``).
+
+Importing this module never imports ``flashinfer``: the package is imported when a
+:class:`FlashInferBackend` is constructed. The pure planning functions (:func:`plan_args`,
+:func:`pad_decode_plan`, :func:`pad_out_cache_loc`) need only torch and are unit-tested on CPU.
+
+How our :class:`AttentionMetadata` maps onto FlashInfer's paged-KV API
+--------------------------------------------------------------------
+The metadata already is FlashInfer's CSR page table, so no page list is rebuilt:
+
+- ``paged_kv_indices`` is ``meta.kv_indices`` as is (int32, on the device);
+- ``qo_indptr``, ``paged_kv_indptr`` and ``paged_kv_last_page_len`` are recomputed **on the host** from the
+  Python lists ``meta.q_lens`` / ``meta.kv_lens`` (``pages_i = ceil(kv_len_i / P)``,
+  ``last_i = kv_len_i - (pages_i - 1) * P``). FlashInfer's ``plan()`` reads these three on the CPU to
+  build its work schedule; handing it host tensors saves a device-to-host sync per step. They equal
+  ``meta``'s own tensors by construction (tested);
+- the KV cache is passed as the tuple ``(k_buffer(layer), v_buffer(layer))`` of
+  ``[num_pages, page_size, num_kv_heads, head_dim]`` tensors, i.e. ``kv_layout="NHD"``.
+
+Which kernel: a pure decode step (every ``q_len == 1``) runs ``BatchDecodeWithPagedKVCacheWrapper``;
+anything else (prefill chunks, prefix-cached extends, mixed with decodes) runs
+``BatchPrefillWithPagedKVCacheWrapper`` over the whole batch with ``causal=True``. FlashInfer's causal mask
+is aligned bottom-right (query row ``j`` of a request sees KV positions ``<= kv_len - q_len + j``), which
+is exactly our metadata's rule for a request with a cached prefix.
+
+Kernel choices (fewest JIT modules): prefill uses FlashInfer's ``fa2`` backend, and decode uses the
+tensor-core path (``use_tensor_cores=True``), which runs the same batch-prefill kernel module with one
+query row per request. So one JIT-compiled module serves every step for a given dtype and head_dim.
+FlashInfer's kernels take fp16/bf16 (and fp8 KV), never fp32: :meth:`FlashInferBackend.configure`
+raises ``ValueError`` for ``float32``; use ``torch_native`` for fp32 runs.
+
+CUDA graphs: see :class:`FlashInferGraphSupport` (``backend.cuda_graph``) and
+``radixrt/runtime/cuda_graph_runner.py``.
+"""
+from __future__ import annotations
+
+import torch
+
+from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, write_kv
+from radixrt.kernels.attention.metadata import AttentionMetadata
+
+FLASHINFER_VERSION = "0.6.18.post1"
+DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+# Graph-captured decode batches pad up to a bucket size; a padded row reads this page (any existing page
+# would do: its output is dropped) and writes nothing of its own (see FlashInferGraphSupport).
+DUMMY_PAGE = 0
+
+
+# ---- pure planning (CPU-testable) ----------------------------------------------------------------------
+def _cumsum(xs: list[int]) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def plan_args(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int) -> dict:
+    """What ``plan()`` of the chosen FlashInfer wrapper gets for this step.
+
+    Returns:
+        ``{"mode": "decode" | "prefill", "plan": kwargs, "kv_lens": [...]}``. For ``decode`` the kwargs
+        are those of ``BatchDecodeWithPagedKVCacheWrapper.plan`` (``indptr``, ``indices``,
+        ``last_page_len``, ``num_qo_heads``, ``num_kv_heads``, ``head_dim``, ``page_size``); for
+        ``prefill`` those of ``BatchPrefillWithPagedKVCacheWrapper.plan`` (``qo_indptr``,
+        ``paged_kv_indptr``, ``paged_kv_indices``, ``paged_kv_last_page_len``, ``num_qo_heads``,
+        ``num_kv_heads``, ``head_dim_qk``, ``page_size``, ``causal=True``). Index pointers and last-page
+        lengths are host int32 tensors; the page indices are ``meta.kv_indices`` itself.
+
+    Raises:
+        ValueError: head counts that do not form grouped-query attention, or an empty batch.
+    """
+    if num_q_heads < 1 or num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})")
+    if meta.batch_size == 0:
+        raise ValueError("cannot plan an empty batch")
+    P = meta.page_size
+    pages = [(kv + P - 1) // P for kv in meta.kv_lens]
+    last = [kv - (n - 1) * P for kv, n in zip(meta.kv_lens, pages)]
+    i32 = dict(dtype=torch.int32)
+    kv_indptr = torch.tensor(_cumsum(pages), **i32)
+    last_page_len = torch.tensor(last, **i32)
+    if meta.is_decode:
+        plan = dict(indptr=kv_indptr, indices=meta.kv_indices, last_page_len=last_page_len,
+                    num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=P)
+        mode = "decode"
+    else:
+        plan = dict(qo_indptr=torch.tensor(_cumsum(meta.q_lens), **i32), paged_kv_indptr=kv_indptr,
+                    paged_kv_indices=meta.kv_indices, paged_kv_last_page_len=last_page_len,
+                    num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim,
+                    page_size=P, causal=True)
+        mode = "prefill"
+    return {"mode": mode, "plan": plan, "kv_lens": list(meta.kv_lens)}
+
+
+def slots_from_plan(args: dict) -> list[torch.Tensor]:
+    """Per request, the flat KV slots (``page * P + offset``) its attention reads, from ``plan_args``' output.
+
+    The inverse view of the page table, used to check the plan against the torch-native backend.
+    """
+    p = args["plan"]
+    if args["mode"] == "decode":
+        indptr, indices, last = p["indptr"], p["indices"], p["last_page_len"]
+    else:
+        indptr, indices, last = p["paged_kv_indptr"], p["paged_kv_indices"], p["paged_kv_last_page_len"]
+    P = p["page_size"]
+    indices = indices.to("cpu", torch.int64)
+    offs = torch.arange(P, dtype=torch.int64)
+    out = []
+    for i in range(len(last)):
+        s, e = int(indptr[i]), int(indptr[i + 1])
+        kv_len = (e - s - 1) * P + int(last[i])
+        out.append((indices[s:e, None] * P + offs[None, :]).reshape(-1)[:kv_len])
+    return out
+
+
+def pad_decode_plan(plan: dict, padded_bs: int, dummy_page: int = DUMMY_PAGE) -> dict:
+    """Pad a decode plan (``plan_args(...)["plan"]``) to ``padded_bs`` rows for a captured graph.
+
+    Each padded row gets one page, ``dummy_page``, holding one token (``last_page_len == 1``): a valid,
+    tiny attention whose output is dropped. Real rows are unchanged and stay first.
+
+    Raises:
+        ValueError: ``padded_bs`` below the real batch size.
+    """
+    bs = len(plan["last_page_len"])
+    extra = padded_bs - bs
+    if extra < 0:
+        raise ValueError(f"padded_bs {padded_bs} is below the batch size {bs}")
+    if extra == 0:
+        return dict(plan)
+    indptr = plan["indptr"]
+    tail = indptr[-1] + torch.arange(1, extra + 1, dtype=indptr.dtype)
+    indices = plan["indices"]
+    pad_pages = torch.full((extra,), dummy_page, dtype=indices.dtype, device=indices.device)
+    return {**plan, "indptr": torch.cat([indptr, tail]), "indices": torch.cat([indices, pad_pages]),
+            "last_page_len": torch.cat([plan["last_page_len"],
+                                        torch.ones(extra, dtype=plan["last_page_len"].dtype)])}
+
+
+def pad_out_cache_loc(loc: torch.Tensor, padded_bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad a decode step's write slots to ``padded_bs`` rows.
+
+    Returns ``(loc, valid)``: padded rows write to real row 0's slot, and ``valid`` (bool) marks the real
+    rows. In the graph, padded rows write row 0's own K/V there (see ``FlashInferBackend.forward``), so
+    the duplicate writes carry identical values and no page outside the batch is touched.
+    """
+    bs = loc.shape[0]
+    if bs < 1 or padded_bs < bs:
+        raise ValueError(f"cannot pad {bs} rows to {padded_bs}")
+    valid = torch.zeros(padded_bs, dtype=torch.bool)
+    valid[:bs] = True
+    if padded_bs == bs:
+        return loc, valid.to(loc.device)
+    return torch.cat([loc, loc[:1].expand(padded_bs - bs)]), valid.to(loc.device)
+
+
+# ---- the backend ---------------------------------------------------------------------------------------
+class FlashInferBackend(AttentionBackend):
+    """Paged attention through FlashInfer's batch prefill/decode wrappers.
+
+    Call :meth:`configure` once (head counts, dtype) before the first :meth:`plan`; ModelRunner does.
+
+    Attributes:
+        cuda_graph: a :class:`FlashInferGraphSupport`; its presence tells ModelRunner that decode steps
+            can run in captured CUDA graphs.
+    """
+
+    def __init__(self, device: torch.device | str = "cuda", workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+                 prefill_backend: str = "fa2", decode_use_tensor_cores: bool = True):
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError("FlashInferBackend needs a CUDA device; use the torch_native backend on CPU")
+        try:
+            import flashinfer  # noqa: F401  (imported here, never when radixrt is imported)
+        except ImportError as e:
+            raise ValueError(f"FlashInferBackend needs flashinfer-python=={FLASHINFER_VERSION}: {e}") from e
+        self._fi = flashinfer
+        self.prefill_backend = prefill_backend
+        self.decode_use_tensor_cores = decode_use_tensor_cores
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=prefill_backend)
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=decode_use_tensor_cores)
+        self.num_q_heads = self.num_kv_heads = self.head_dim = None
+        self.dtype: torch.dtype | None = None
+        self.sm_scale: float | None = None
+        self.cuda_graph = FlashInferGraphSupport(self)
+        self._active = None          # the wrapper planned for this step
+        self._loc: torch.Tensor | None = None
+        self._valid: torch.Tensor | None = None  # set while a padded graph batch is being captured
+
+    @property
+    def configured(self) -> bool:
+        return self.dtype is not None
+
+    def configure(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                  sm_scale: float | None = None) -> None:
+        """Set the model's attention shape. ``sm_scale`` defaults to ``head_dim ** -0.5``.
+
+        Raises:
+            ValueError: fp32 (FlashInfer has fp16/bf16 kernels only) or head counts that are not GQA.
+        """
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"attention_backend 'flashinfer' runs float16/bfloat16 only, got {dtype}; "
+                             "use attention_backend='torch_native' (or dtype='bfloat16')")
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
+        self.dtype = dtype
+        self.sm_scale = float(head_dim ** -0.5 if sm_scale is None else sm_scale)
+
+    def _common_kwargs(self) -> dict:
+        return dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.sm_scale)
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        if not self.configured:
+            raise RuntimeError("FlashInferBackend.configure(...) must be called before plan()")
+        args = plan_args(meta, self.num_q_heads, self.num_kv_heads, self.head_dim)
+        if args["mode"] == "decode":
+            self.decode_wrapper.plan(**args["plan"], **self._common_kwargs())
+            self._active = self.decode_wrapper
+        else:
+            self.prefill_wrapper.plan(**args["plan"], **self._common_kwargs())
+            self._active = self.prefill_wrapper
+        self._loc, self._valid = meta.out_cache_loc, None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                kv: KVCacheView, scale: float) -> torch.Tensor:
+        if self._active is None:
+            raise RuntimeError("FlashInferBackend.plan() must be called before forward()")
+        if abs(scale - self.sm_scale) > 1e-9 * self.sm_scale:  # FlashInfer takes the scale at plan time
+            raise ValueError(f"softmax scale {scale} differs from the configured {self.sm_scale}")
+        if self._valid is not None:
+            # A padded graph batch: padded rows write real row 0's K/V into row 0's slot (their loc),
+            # the same values row 0 writes, so padding never changes the pool.
+            keep = self._valid[:, None, None]
+            k = torch.where(keep, k, k[:1])
+            v = torch.where(keep, v, v[:1])
+        write_kv(kv, layer, self._loc, k, v)
+        return self._active.run(q, (kv.k_buffer(layer), kv.v_buffer(layer)))
+
+
+class FlashInferGraphSupport:
+    """The FlashInfer half of CUDA-graph decode (the model half is ``CudaGraphRunner``).
+
+    One ``BatchDecodeWithPagedKVCacheWrapper`` per captured batch size ``B``, built with
+    ``use_cuda_graph=True`` over fixed device buffers (``indptr[:B+1]``, ``last_page_len[:B]`` and one
+    shared ``indices`` buffer). Before capture the wrapper is planned for a dummy batch; before each replay
+    it is planned again with the real (padded) page table. FlashInfer's ``plan`` copies the page table into
+    those fixed buffers and rewrites its schedule in its own workspace, which the captured kernels read.
+
+    Padding: a batch of ``bs`` rows runs in the graph of the next bucket ``B``. Padded rows read
+    ``DUMMY_PAGE`` (1 token) and write real row 0's K/V into row 0's slot (see ``pad_out_cache_loc``),
+    so no scratch page is needed and the KV pool is never touched outside the batch's own slots.
+    """
+
+    def __init__(self, backend: FlashInferBackend):
+        self.backend = backend
+        self.wrappers: dict[int, object] = {}
+        self.max_indices = 0
+
+    def setup(self, batch_sizes: list[int], max_pages_per_req: int, page_size: int) -> None:
+        """Allocate the fixed buffers and one cuda-graph decode wrapper per batch size."""
+        b = self.backend
+        if not b.configured:
+            raise RuntimeError("FlashInferBackend.configure(...) must be called before cuda_graph.setup()")
+        self._page_size = page_size
+        fi, dev = b._fi, b.device
+        max_bs = max(batch_sizes)
+        self.max_indices = max_bs * max_pages_per_req
+        self.indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+        self.last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
+        self.indices = torch.zeros(self.max_indices, dtype=torch.int32, device=dev)
+        self.loc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.valid = torch.ones(max_bs, dtype=torch.bool, device=dev)
+        for B in batch_sizes:
+            self.wrappers[B] = fi.BatchDecodeWithPagedKVCacheWrapper(
+                b.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=b.decode_use_tensor_cores,
+                paged_kv_indptr_buffer=self.indptr[:B + 1], paged_kv_indices_buffer=self.indices,
+                paged_kv_last_page_len_buffer=self.last_page_len[:B])
+
+    def fits(self, meta: AttentionMetadata) -> bool:
+        """True when the padded page table fits the fixed indices buffer."""
+        P = meta.page_size
+        pages = sum((kv + P - 1) // P for kv in meta.kv_lens)
+        return pages + (max(self.wrappers) - meta.batch_size) <= self.max_indices
+
+    def _plan(self, B: int, plan: dict, loc: torch.Tensor, valid: torch.Tensor) -> None:
+        b = self.backend
+        self.wrappers[B].plan(**plan, **b._common_kwargs())
+        self.loc[:B].copy_(loc, non_blocking=True)
+        self.valid[:B].copy_(valid, non_blocking=True)
+
+    def plan_capture(self, B: int) -> None:
+        """Plan a dummy batch of ``B`` one-token rows on ``DUMMY_PAGE`` and switch the backend to graph
+        mode for batch size ``B`` (its forward then reads the fixed buffers). Only at start-up, before any
+        request: the warm-up runs write slot ``DUMMY_PAGE * page_size``."""
+        b = self.backend
+        plan = dict(indptr=torch.arange(B + 1, dtype=torch.int32),
+                    indices=torch.full((B,), DUMMY_PAGE, dtype=torch.int32),
+                    last_page_len=torch.ones(B, dtype=torch.int32),
+                    num_qo_heads=b.num_q_heads, num_kv_heads=b.num_kv_heads, head_dim=b.head_dim,
+                    page_size=self._page_size)
+        self._plan(B, plan, torch.full((B,), DUMMY_PAGE * self._page_size, dtype=torch.int64),
+                   torch.ones(B, dtype=torch.bool))
+        b._active, b._loc, b._valid = self.wrappers[B], self.loc[:B], self.valid[:B]
+
+    def end_capture(self) -> None:
+        b = self.backend
+        b._active = b._loc = b._valid = None
+
+    def plan_replay(self, meta: AttentionMetadata, B: int) -> None:
+        """Plan the real decode batch, padded to ``B``, into the fixed buffers of graph ``B``."""
+        b = self.backend
+        args = plan_args(meta, b.num_q_heads, b.num_kv_heads, b.head_dim)
+        if args["mode"] != "decode":
+            raise ValueError("only pure decode batches run in a CUDA graph")
+        plan = pad_decode_plan(args["plan"], B)
+        loc, valid = pad_out_cache_loc(meta.out_cache_loc, B)
+        self._plan(B, plan, loc, valid)

@@ -1,0 +1,92 @@
+"""ServerArgs: every runtime option in one place. ``radixrt serve --flag`` and ``Engine(flag=...)`` take
+the same names (SGLang's spelling where one exists)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ServerArgs:
+    model: Optional[str] = field(default=None, metadata={"help": "alias (smollm2-135m), .gguf path or HF dir; default SmolLM2-135M-Instruct"})
+    served_model_name: Optional[str] = field(default=None, metadata={"help": "model name reported by /v1/models"})
+    device: str = field(default="auto", metadata={"help": "auto|cpu|cuda; auto picks cuda when available"})
+    dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16; auto: bf16 on cuda, fp32 on cpu"})
+    attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
+    context_length: Optional[int] = field(default=None, metadata={"help": "max prompt+output tokens; default: the model's"})
+    page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
+    max_total_tokens: Optional[int] = field(default=None, metadata={"help": "KV pool size in tokens (cpu default 32768)"})
+    mem_fraction_static: float = field(default=0.85, metadata={"help": "share of free GPU memory for weights+KV when max_total_tokens is unset"})
+    max_running_requests: int = field(default=64, metadata={"help": "cap on requests in one batch"})
+    chunked_prefill_size: int = field(default=512, metadata={"help": "max prefill tokens of one request per step"})
+    max_num_batched_tokens: int = field(default=1024, metadata={"help": "token budget of one step (decodes + prefill)"})
+    schedule_policy: str = field(default="lpm", metadata={"help": "lpm|fcfs|dfs-weight (lpm falls back to fcfs without the cache)"})
+    max_wait_steps: int = field(default=64, metadata={"help": "lpm aging: a request waiting more steps than this is served next"})
+    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
+    grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
+    random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
+    cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})
+    disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on cuda"})
+    log_interval: int = field(default=50, metadata={"help": "log throughput and hit rate every N steps"})
+    log_level: str = field(default="info", metadata={"help": "debug|info|warning|error"})
+    host: str = field(default="127.0.0.1", metadata={"help": "HTTP bind address (loopback by default)"})
+    port: int = field(default=30000, metadata={"help": "HTTP port"})
+    zmq_port: Optional[int] = field(default=None, metadata={"help": "DSL ZMQ ROUTER port; default port + 1"})
+    api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
+    enable_metrics: bool = field(default=False, metadata={"help": "serve Prometheus /metrics"})
+    num_threads: Optional[int] = field(default=None, metadata={"help": "torch CPU threads; default all cores"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ValueError naming the bad field."""
+        def choice(name, options):
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
+        choice("schedule_policy", SCHEDULE_POLICIES)
+        choice("grammar_backend", GRAMMAR_BACKENDS)
+        choice("device", DEVICES)
+        choice("dtype", DTYPES)
+        for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_num_batched_tokens",
+                     "max_wait_steps", "cuda_graph_max_bs", "log_interval"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("max_total_tokens", "context_length"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 2):
+                raise ValueError(f"{name} must be an integer >= 2, got {v!r}")
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+
+    @property
+    def dsl_port(self) -> int:
+        return self.zmq_port if self.zmq_port is not None else self.port + 1
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            helptext = f.metadata.get("help", "")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", help=helptext)
+            else:
+                typ = int if "int" in str(f.type) else float if "float" in str(f.type) else str
+                parser.add_argument(flag, type=typ, default=f.default, help=f"{helptext} (default: {f.default})")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("api_key")  # never echo the secret
+        return d

@@ -1,0 +1,202 @@
+"""The grammar-constrained decoding interface the scheduler and sampler use.
+
+Flow per request: ``GrammarCache.submit(kind, spec)`` -> ``CompiledGrammar`` -> ``.matcher()`` (one per
+request). Per decode step, for each grammar row ``i`` of the batch:
+
+    matcher.fill_next_token_bitmask(bitmask, i)      # CPU int32 [batch, ceil(vocab/32)]
+    apply_token_bitmask_(logits, bitmask)             # -inf where the bit is 0 (any device)
+    ... sample ...
+    matcher.accept_token(token)                       # False: illegal, state unchanged
+
+EOS semantics (both backends): the mask allows the EOS id exactly when the text so far is a complete
+match (``can_terminate()``). When the grammar is complete and nothing may follow, the mask holds EOS
+alone. ``is_terminated()`` turns True once EOS was accepted; afterwards ``accept_token`` returns False.
+
+Bit layout: token ``t`` is allowed iff ``(bitmask[row, t // 32] >> (t % 32)) & 1`` (little-endian bits in
+int32 words; the same layout as xgrammar and outlines-core).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from .specs import GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, choices_to_regex, validate_spec
+
+BACKEND_CHOICES = ("xgrammar", "outlines", "none")
+
+__all__ = [
+    "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "BACKEND_CHOICES", "GrammarMatcher", "CompiledGrammar",
+    "GrammarBackend", "allocate_token_bitmask", "apply_token_bitmask_", "create_backend",
+    "choices_to_regex", "validate_spec", "compile_error", "fill_single_token",
+]
+
+
+class GrammarMatcher(ABC):
+    """Per-request grammar state. Not thread-safe: use one matcher from one thread at a time."""
+
+    @abstractmethod
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed-token bits of the next step into ``bitmask[row]``; the state is unchanged.
+
+        Args:
+            bitmask: int32 ``[batch, ceil(vocab_size/32)]``, on CPU and contiguous
+                (see :func:`allocate_token_bitmask`).
+            row: the batch row to overwrite.
+        """
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. Returns False (state unchanged) if the grammar does not allow it."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted at a point where the grammar could end."""
+
+    def can_terminate(self) -> bool:
+        """True if the text accepted so far is a complete match (EOS is allowed now)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot tell whether it can terminate")
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens (an accepted EOS counts as one).
+
+        Raises:
+            NotImplementedError: the backend cannot roll back.
+            ValueError: ``n`` is negative or exceeds what can be undone.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support rollback")
+
+
+class CompiledGrammar(ABC):
+    """An immutable compiled grammar, shareable between requests and threads."""
+
+    kind: str
+
+    @abstractmethod
+    def matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the grammar's start state."""
+
+
+class GrammarBackend(ABC):
+    """Compiles specs for one tokenizer/vocabulary."""
+
+    name: str
+    vocab_size: int
+    eos_token_id: int
+
+    @abstractmethod
+    def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> CompiledGrammar:
+        """Compile ``spec`` of grammar ``kind`` (one of :data:`GRAMMAR_KINDS`).
+
+        ``any_whitespace`` (json_schema only): False (default) allows no whitespace outside strings
+        (compact ``{"a":1}``), so generation cannot loop on spaces; True allows any JSON whitespace.
+
+        Raises:
+            ValueError: ``"<backend>: cannot compile <kind>: <reason>"``.
+        """
+
+
+def compile_error(backend: str, kind: str, reason: object) -> ValueError:
+    """The uniform compile error; strips a leading ``"<kind>: "`` already present in ``reason``."""
+    text = str(reason).strip() or type(reason).__name__
+    if text.startswith(kind + ": "):
+        text = text[len(kind) + 2:]
+    return ValueError(f"{backend}: cannot compile {kind}: {text}")
+
+
+def reraise_fatal(e: BaseException) -> None:
+    """Re-raise interpreter-level exceptions; native panics (pyo3 ``PanicException``) are left to wrap."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        raise e
+
+
+def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
+    """An all-allowed bitmask: int32 ``[batch, ceil(vocab_size/32)]`` of -1 (all bits set), on CPU."""
+    if batch < 0 or vocab_size <= 0:
+        raise ValueError(f"allocate_token_bitmask: bad shape batch={batch} vocab_size={vocab_size}")
+    return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set ``logits[i, t] = -inf`` wherever bit ``t`` of ``bitmask[i]`` is 0; in place.
+
+    Args:
+        logits: float ``[batch, vocab]`` (fp32, or fp16/bf16), on CPU or CUDA. Columns beyond
+            ``32 * bitmask.shape[1]`` (padded vocab) are set to -inf.
+        bitmask: int32 ``[batch, ceil(vocab/32)]`` on any device; moved to ``logits.device``.
+
+    Raises:
+        ValueError: wrong ranks, dtype, or batch sizes that differ.
+    """
+    if logits.dim() != 2 or bitmask.dim() != 2:
+        raise ValueError(f"apply_token_bitmask_: need 2-D logits and bitmask, got {tuple(logits.shape)} "
+                         f"and {tuple(bitmask.shape)}")
+    if bitmask.dtype != torch.int32:
+        raise ValueError(f"apply_token_bitmask_: bitmask must be int32, got {bitmask.dtype}")
+    if logits.shape[0] != bitmask.shape[0]:
+        raise ValueError(f"apply_token_bitmask_: batch mismatch, logits {logits.shape[0]} "
+                         f"vs bitmask {bitmask.shape[0]}")
+    dev = logits.device
+    mask = bitmask.to(dev, non_blocking=True)
+    shifts = _SHIFTS.get(dev)
+    if shifts is None:
+        shifts = _SHIFTS[dev] = torch.arange(32, dtype=torch.int32, device=dev)
+    batch, vocab = logits.shape
+    covered = 32 * mask.shape[1]
+    n = min(vocab, covered)
+    allowed = ((mask.unsqueeze(-1) >> shifts) & 1).view(batch, covered)[:, :n].bool()
+    logits[:, :n].masked_fill_(~allowed, float("-inf"))
+    if vocab > covered:
+        logits[:, covered:] = float("-inf")
+
+
+def fill_single_token(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Make ``bitmask[row]`` allow ``token_id`` only (used after termination: EOS only)."""
+    bitmask[row].zero_()
+    bit = 1 << (token_id % 32)
+    bitmask[row, token_id // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit
+
+
+def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> GrammarBackend | None:
+    """Build the backend called ``name`` (``"xgrammar"``, the default for None; ``"outlines"``; ``"none"``).
+
+    Args:
+        tokenizer: the loaded Hugging Face tokenizer (never fetched from a hub).
+        vocab_size: the model's vocab size (logits width), which may exceed ``len(tokenizer)``.
+        kwargs: passed to the backend's constructor.
+
+    Returns:
+        The backend, or None for ``"none"``.
+
+    Raises:
+        ValueError: unknown ``name``; the message lists the choices.
+    """
+    key = "xgrammar" if name is None else str(name).strip().lower()
+    if key == "none":
+        return None
+    if key == "xgrammar":
+        from .xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(tokenizer, vocab_size, **kwargs)
+    if key in ("outlines", "outlines_core", "outlines-core"):
+        from .outlines_backend import OutlinesBackend
+
+        return OutlinesBackend(tokenizer, vocab_size, **kwargs)
+    raise ValueError(f"grammar_backend: unknown grammar backend {name!r}; choose one of {list(BACKEND_CHOICES)}")
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    """Ids of the tokenizer's special/control tokens (``<|im_start|>``, ``<repo_name>``, ...).
+
+    Grammars never allow them (except the stop token, handled separately): their text is not what the
+    detokenizer prints, so letting a grammar match ``<|im_start|>`` literally would let the model emit a
+    control token the parser counts as text.
+    """
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for tid, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(added, "special", False):
+            ids.add(int(tid))
+    return ids

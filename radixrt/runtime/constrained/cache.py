@@ -1,0 +1,100 @@
+"""A thread-pool cache of compiled grammars, so the scheduler loop never blocks on compilation.
+
+``submit`` returns a ``concurrent.futures.Future`` at once; the scheduler polls ``future.done()`` each step
+and admits the request once it is (SGLang's "grammar queue"). Entries are keyed by
+``(kind, spec text, any_whitespace)``; a failed compile is cached too, so a bad spec sent again fails
+fast with the same ValueError.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .base import CompiledGrammar, GrammarBackend, reraise_fatal
+
+
+@dataclass
+class CacheStats:
+    """Counters, updated under the cache's lock."""
+
+    hits: int = 0
+    misses: int = 0
+    failures: int = 0
+    evictions: int = 0
+
+
+class GrammarCache:
+    """Compiles on a ``ThreadPoolExecutor`` and memoizes the futures; all methods are thread-safe.
+
+    Args:
+        backend: the grammar backend (its ``compile`` must be thread-safe; both shipped ones are).
+        max_workers: compile threads.
+        max_entries: least recently used finished entries beyond this are dropped.
+    """
+
+    def __init__(self, backend: GrammarBackend, max_workers: int = 2, max_entries: int = 1024):
+        self.backend = backend
+        self.max_entries = max_entries
+        self.stats = CacheStats()
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple, Future] = OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+
+    def _compile(self, key: tuple, kind: str, spec: str, any_whitespace: bool) -> CompiledGrammar:
+        try:
+            return self.backend.compile(kind, spec, any_whitespace)
+        except ValueError:
+            with self._lock:
+                self.stats.failures += 1
+            raise
+        except BaseException as e:  # a backend bug must still reach the caller as a clear error
+            reraise_fatal(e)
+            with self._lock:
+                self.stats.failures += 1
+            raise ValueError(f"{self.backend.name}: cannot compile {kind}: {type(e).__name__}: {e}") from e
+
+    def submit(self, kind: str, spec: str, any_whitespace: bool = False) -> Future:
+        """A future resolving to the ``CompiledGrammar`` or raising ``ValueError``; never blocks.
+
+        The same ``(kind, spec, any_whitespace)`` gets the same future (and so the same object) back.
+        """
+        key = (kind, spec, bool(any_whitespace))
+        with self._lock:
+            fut = self._entries.get(key)
+            if fut is not None:
+                self._entries.move_to_end(key)
+                self.stats.hits += 1
+                return fut
+            self.stats.misses += 1
+            fut = self._pool.submit(self._compile, key, kind, spec, bool(any_whitespace))
+            self._entries[key] = fut
+            self._evict_locked()
+            return fut
+
+    def get(self, kind: str, spec: str, any_whitespace: bool = False,
+            timeout: float | None = None) -> CompiledGrammar:
+        """Blocking convenience: ``submit(...).result(timeout)``. Raises ValueError on a bad spec."""
+        return self.submit(kind, spec, any_whitespace).result(timeout)
+
+    def _evict_locked(self) -> None:
+        excess = len(self._entries) - self.max_entries
+        if excess <= 0:
+            return
+        for key in [k for k, f in self._entries.items() if f.done()][:excess]:
+            del self._entries[key]
+            self.stats.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every finished entry (running compiles stay)."""
+        with self._lock:
+            for key in [k for k, f in self._entries.items() if f.done()]:
+                del self._entries[key]
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the compile threads (pending compiles are cancelled when ``wait`` is False)."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)

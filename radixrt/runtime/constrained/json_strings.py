@@ -1,0 +1,196 @@
+"""Make xgrammar's JSON-schema grammars accept JSON escapes inside constrained strings.
+
+xgrammar 0.2.9 lowers a string that carries ``maxLength``/``minLength`` to ``"\\"" chars{m,n} "\\""`` with
+``chars ::= [^\\"\\\\\\r\\n]``: no escape sequence is allowed (``{"s":"a\\"b"}`` is rejected) while raw
+control characters such as TAB are (invalid JSON). A ``pattern`` becomes ``Regex("...", json_string=true)``,
+which also refuses every escape, so a pattern string can never contain ``"`` or a newline.
+
+:func:`fix_json_string_rules` rewrites the grammar text (``str(xgrammar.Grammar)``):
+
+- every ``[^\\"\\\\\\r\\n]`` class becomes "one decoded character": an unescaped char other than ``"``, ``\\``
+  and U+0000..U+001F, or one escape sequence, so ``{m,n}`` counts decoded characters, as JSON Schema does;
+- every ``Regex(p, json_string=true)`` is replaced by ``p`` converted to EBNF (xgrammar's own regex
+  converter), then each character class / literal of it is widened the same way: a character the class
+  matches may appear raw if JSON allows it raw, else as its escape (``\\"``, ``\\\\``, ``\\n``, ``\\u0001``...).
+  ``\\/`` is accepted for ``/``. Other ``\\uXXXX`` spellings of ordinary characters are not accepted (the
+  grammar stays a subset of the valid strings).
+
+Anything this module cannot parse raises ``ValueError``; the caller then keeps xgrammar's grammar as is.
+"""
+from __future__ import annotations
+
+import re
+
+_SHORT = {0x22: '"', 0x5C: "\\", 0x2F: "/", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
+_MAX = 0x10FFFF
+_HEX = "[0-9a-fA-F]"
+# One decoded character: a raw char, a short escape, a non-surrogate \\uXXXX, or a \\uD8xx\\uDCxx pair
+# (one code point, as JSON Schema counts length).
+_ESC_CHAR = ('(([^\\0-\\x1f\\"\\\\]) | ("\\\\" (([\\"\\\\/bfnrt]) | ("u" (([0-9a-cA-CefEF] {h} {h} {h}) | '
+             '([dD] [0-7] {h} {h}) | ([dD] [89abAB] {h} {h} "\\\\u" [dD] [c-fC-F] {h} {h}))))))').format(h=_HEX)
+_BOUNDED_CLASS = '[^\\"\\\\\\r\\n]'
+_REGEX_CALL = re.compile(r'Regex\(("(?:[^"\\]|\\.)*")\s*,\s*json_string\s*=\s*true\s*\)')
+_SIMPLE_ESC = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B, "0": 0x00, "b": 0x08, "a": 0x07, "e": 0x1B}
+
+
+def _read_escape(s: str, i: int) -> tuple[int, int]:
+    """Decode the escape starting at ``s[i] == '\\\\'``; returns (code point, next index)."""
+    c = s[i + 1]
+    for letter, width in (("u", 4), ("U", 8), ("x", 2)):
+        if c == letter:
+            return int(s[i + 2:i + 2 + width], 16), i + 2 + width
+    if c in _SIMPLE_ESC:
+        return _SIMPLE_ESC[c], i + 2
+    return ord(c), i + 2
+
+
+def _decode_literal(s: str, i: int) -> tuple[str, int]:
+    """Decode the EBNF string literal starting at ``s[i] == '"'``; returns (text, next index)."""
+    out, i = [], i + 1
+    while s[i] != '"':
+        if s[i] == "\\":
+            cp, i = _read_escape(s, i)
+            out.append(chr(cp))
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out), i + 1
+
+
+def _parse_class(s: str, i: int) -> tuple[bool, list[tuple[int, int]], int]:
+    """Parse the EBNF class at ``s[i] == '['``; returns (negated, ranges, next index)."""
+    i += 1
+    negated = s[i] == "^"
+    if negated:
+        i += 1
+    points: list[int] = []
+    ranges: list[tuple[int, int]] = []
+    pending_dash = False
+    while s[i] != "]":
+        if s[i] == "\\":
+            cp, i = _read_escape(s, i)
+        elif s[i] == "-" and points and s[i + 1] != "]":
+            pending_dash, i = True, i + 1
+            continue
+        else:
+            cp, i = ord(s[i]), i + 1
+        if pending_dash:
+            ranges.append((points.pop(), cp))
+            pending_dash = False
+        else:
+            points.append(cp)
+    ranges += [(p, p) for p in points]
+    return negated, ranges, i + 1
+
+
+def _cp(c: int) -> str:
+    return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
+
+
+def _lit(text: str) -> str:
+    """An EBNF string literal matching ``text`` exactly."""
+    body = "".join(ch if 0x20 <= ord(ch) < 0x7F and ch not in '"\\' else _cp(ord(ch)) for ch in text)
+    return f'"{body}"'
+
+
+def _hex_ci(text: str) -> str:
+    """EBNF for hex digits ``text`` in either case, e.g. ``"1" [fF]``."""
+    return " ".join(f"[{ch.lower()}{ch.upper()}]" if ch.isalpha() else f'"{ch}"' for ch in text)
+
+
+def _escaped_forms(c: int) -> list[str]:
+    """EBNF alternatives for a code point that JSON forbids raw or lets escape (``/``)."""
+    if c in _SHORT:
+        return [_lit("\\" + _SHORT[c])]
+    return ['"\\\\u00" ' + _hex_ci(f"{c:02x}")]
+
+
+def _contains(negated: bool, ranges: list[tuple[int, int]], c: int) -> bool:
+    inside = any(lo <= c <= hi for lo, hi in ranges)
+    return inside != negated
+
+
+def _class_to_json(negated: bool, ranges: list[tuple[int, int]]) -> str:
+    """EBNF for one JSON-string character that the regex class matches (raw or escaped)."""
+    forbidden = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+    alts = []
+    if negated:
+        alts.append("[^" + "".join(f"{_cp(lo)}-{_cp(hi)}" for lo, hi in ranges + forbidden) + "]")
+    else:
+        kept: list[tuple[int, int]] = []
+        for lo, hi in ranges:
+            segs = [(lo, hi)]
+            for flo, fhi in forbidden:
+                segs = [p for a, b in segs for p in ((a, min(b, flo - 1)), (max(a, fhi + 1), b)) if p[0] <= p[1]]
+            kept += segs
+        if kept:
+            alts.append("[" + "".join(f"{_cp(lo)}-{_cp(hi)}" for lo, hi in kept) + "]")
+    specials = [c for c in list(range(0x20)) + [0x22, 0x2F, 0x5C] if _contains(negated, ranges, c)]
+    if all(c in specials for c in range(0x20)):  # every control char: one \u00XX rule covers them
+        alts.append('"\\\\u00" [01] [0-9a-fA-F]')
+        specials = [c for c in specials if c in _SHORT]
+    for c in specials:
+        alts += _escaped_forms(c)
+    if not alts:
+        raise ValueError("empty character class")
+    return "(" + " | ".join(alts) + ")"
+
+
+def _literal_to_json(text: str) -> str:
+    parts = []
+    for ch in text:
+        c = ord(ch)
+        if c < 0x20 or c in (0x22, 0x5C):
+            forms = _escaped_forms(c)
+            parts.append(forms[0] if len(forms) == 1 else "(" + " | ".join(forms) + ")")
+        elif c == 0x2F:
+            parts.append('("/" | "\\\\/")')
+        else:
+            parts.append(_lit(ch))
+    return "(" + " ".join(parts) + ")" if parts else '""'
+
+
+def regex_ebnf_to_json_string(body: str) -> str:
+    """Rewrite the EBNF of a regex (xgrammar's converter output) to match its JSON-escaped spelling."""
+    out, i, n = [], 0, len(body)
+    while i < n:
+        ch = body[i]
+        if ch == '"':
+            text, i = _decode_literal(body, i)
+            out.append(_literal_to_json(text))
+        elif ch == "[":
+            negated, ranges, i = _parse_class(body, i)
+            out.append(_class_to_json(negated, ranges))
+        elif ch in " \t\n()|*+?":
+            out.append(ch)
+            i += 1
+        elif ch == "{":
+            j = body.index("}", i)
+            if not re.fullmatch(r"\{\d+(,\s*\d*)?\}", body[i:j + 1]):
+                raise ValueError(f"unexpected repetition {body[i:j + 1]!r}")
+            out.append(body[i:j + 1])
+            i = j + 1
+        else:
+            raise ValueError(f"unexpected {ch!r} in regex EBNF")
+    return "".join(out)
+
+
+def fix_json_string_rules(grammar_text: str) -> str:
+    """Rewrite a JSON-schema grammar's bounded strings and patterns to accept escapes (see module doc).
+
+    Raises:
+        ValueError: a construct this rewriter does not understand.
+    """
+    from xgrammar.testing import _regex_to_ebnf  # the installed converter (0.2.9); import errors surface
+
+    text = grammar_text.replace(_BOUNDED_CLASS, _ESC_CHAR)
+
+    def convert(m: re.Match) -> str:
+        pattern, _ = _decode_literal(m.group(1), 0)
+        try:
+            body = _regex_to_ebnf(pattern, False)
+        except Exception as e:
+            raise ValueError(f"pattern {pattern!r}: {e}") from None
+        return "(" + regex_ebnf_to_json_string(body.strip()) + ")"
+
+    return _REGEX_CALL.sub(convert, text)

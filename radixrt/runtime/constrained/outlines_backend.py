@@ -1,0 +1,180 @@
+"""The outlines-core grammar backend: regex -> DFA -> per-state token sets (``Index``), walked by a ``Guide``.
+
+Kinds: ``regex`` and ``json_schema`` (turned into a regex by ``outlines_core.json_schema``; whitespace
+between JSON tokens is none by default, ``[ \\t\\n\\r]{0,N}`` with ``any_whitespace``; ``$ref`` recursion is
+unrolled ``max_recursion_depth`` levels). ``ebnf`` and ``structural_tag`` are not supported.
+
+The ``Vocabulary`` is built from the loaded tokenizer, never from a hub: each token string is mapped
+back to its bytes with the GPT-2 byte-level table; special tokens and EOS are left out (outlines-core adds
+EOS itself at final states). Index building is eager: its cost grows with the DFA size times the
+vocabulary, so large schemas can take seconds or fail (reported as ValueError).
+"""
+from __future__ import annotations
+
+import json
+
+import outlines_core as oc
+import torch
+
+from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, compile_error, fill_single_token,
+                   reraise_fatal, special_token_ids, validate_spec)
+from .schema_prep import prepare_schema
+from .specs import GRAMMAR_KINDS
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode``: printable stand-in character -> byte value."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int) -> oc.Vocabulary:
+    """``outlines_core.Vocabulary`` of the byte strings of every ordinary token id ``< vocab_size``.
+
+    Byte-level tokens are decoded with the inverse GPT-2 table; a token with characters outside it
+    (a non-byte-level tokenizer) falls back to its UTF-8 text.
+    """
+    table = _byte_decoder()
+    skip = special_token_ids(tokenizer) | {eos_token_id}
+    mapping: dict[bytes, list[int]] = {}
+    for text, tid in tokenizer.get_vocab().items():
+        if tid in skip or tid >= vocab_size:
+            continue
+        try:
+            raw = bytes(table[ch] for ch in text)
+        except KeyError:
+            raw = text.replace("\u2581", " ").encode("utf-8")
+        mapping.setdefault(raw, []).append(tid)
+    return oc.Vocabulary(eos_token_id, mapping)
+
+
+class OutlinesMatcher(GrammarMatcher):
+    """Wraps ``outlines_core.Guide``; rollback up to ``max_rollback`` tokens. Not thread-safe."""
+
+    def __init__(self, index: oc.Index, eos_token_id: int, max_rollback: int):
+        self._guide = oc.Guide(index, max_rollback=max_rollback)
+        self._eos = eos_token_id
+        self._terminated = False
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """See :meth:`GrammarMatcher.fill_next_token_bitmask`. After termination the row allows EOS only.
+
+        Raises:
+            ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
+        """
+        target = bitmask[row]
+        if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
+            raise ValueError(f"outlines: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
+                             f"on {bitmask.device}")
+        if self._terminated:
+            fill_single_token(bitmask, row, self._eos)
+            return
+        self._guide.write_mask_into(target.data_ptr(), target.numel(), 4)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        if token_id == self._eos:
+            if self._guide.is_finished():
+                self._terminated = True
+                return True
+            return False
+        try:
+            self._guide.advance(int(token_id), False)
+        except (ValueError, OverflowError):
+            return False
+        return True
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def can_terminate(self) -> bool:
+        return self._terminated or self._guide.is_finished()
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"rollback: n must be >= 0, got {n}")
+        if n and self._terminated:  # the EOS was never fed to the guide
+            self._terminated = False
+            n -= 1
+        if n:
+            try:
+                self._guide.rollback_state(n)
+            except ValueError as e:
+                raise ValueError(f"outlines: cannot roll back {n} tokens: {e}") from None
+
+
+class OutlinesCompiled(CompiledGrammar):
+    def __init__(self, kind: str, regex: str, index: oc.Index, eos_token_id: int, max_rollback: int):
+        self.kind = kind
+        self.regex = regex
+        self._index = index
+        self._eos = eos_token_id
+        self._max_rollback = max_rollback
+
+    def matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self._index, self._eos, self._max_rollback)
+
+
+class OutlinesBackend(GrammarBackend):
+    """Compiles ``regex`` and ``json_schema`` with outlines-core; ``compile`` is thread-safe.
+
+    Args:
+        tokenizer: the loaded HF tokenizer.
+        vocab_size: the model's vocab size (bitmask width ``ceil(vocab_size/32)``).
+        eos_token_id: default ``tokenizer.eos_token_id``.
+        whitespace_max: with ``any_whitespace``, at most this many whitespace chars between JSON tokens.
+        max_recursion_depth: how deep recursive ``$ref`` is unrolled.
+        max_rollback: how many tokens a matcher can roll back.
+    """
+
+    name = "outlines"
+
+    def __init__(self, tokenizer, vocab_size: int, *, eos_token_id: int | None = None,
+                 whitespace_max: int = 8, max_recursion_depth: int = 3, max_rollback: int = 64):
+        self.vocab_size = int(vocab_size)
+        self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+        self.whitespace_max = whitespace_max
+        self.max_recursion_depth = max_recursion_depth
+        self.max_rollback = max_rollback
+        self.vocabulary = build_vocabulary(tokenizer, self.vocab_size, self.eos_token_id)
+
+    def schema_to_regex(self, text: str, any_whitespace: bool = False) -> str:
+        """The regex outlines-core derives from a JSON schema text (raises its own errors)."""
+        ws = f"[ \\t\\n\\r]{{0,{self.whitespace_max}}}" if any_whitespace else ""
+        return oc.json_schema.build_regex_from_schema(text, ws, self.max_recursion_depth)
+
+    def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> OutlinesCompiled:
+        """See :meth:`GrammarBackend.compile`. Raises ValueError("outlines: ...")."""
+        if kind not in GRAMMAR_KINDS:
+            raise ValueError(f"outlines: unknown grammar kind {kind!r}; choose one of {list(GRAMMAR_KINDS)}")
+        if kind in ("ebnf", "structural_tag"):
+            raise ValueError(f"outlines: {kind} is not supported by this backend; use --grammar-backend xgrammar")
+        try:
+            text = validate_spec(kind, spec)
+        except ValueError as e:
+            raise compile_error(self.name, kind, e) from None
+        try:
+            if kind == "json_schema":
+                text = json.dumps(prepare_schema(json.loads(text)), ensure_ascii=False)
+            regex = self.schema_to_regex(text, any_whitespace) if kind == "json_schema" else text
+        except BaseException as e:
+            reraise_fatal(e)
+            raise compile_error(self.name, kind, f"{type(e).__name__}: {e}") from None
+        try:
+            index = oc.Index(regex, self.vocabulary)
+        except BaseException as e:
+            reraise_fatal(e)
+            msg = str(e)
+            if len(msg) > 500:
+                msg = msg[:500] + "..."
+            raise compile_error(self.name, kind,
+                                f"cannot build the token index: {type(e).__name__}: {msg}") from None
+        return OutlinesCompiled(kind, regex, index, self.eos_token_id, self.max_rollback)

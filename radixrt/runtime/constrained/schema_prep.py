@@ -1,0 +1,138 @@
+"""Rewrite a JSON schema, before a backend lowers it, so that the grammar stays sound.
+
+Both backends derive a grammar from ``type``; keywords on a subschema *without* ``type`` are silently
+dropped (``{"maxLength": 2}`` would accept ``"foo"``). :func:`prepare_schema` returns a copy where:
+
+1. **Typeless subschemas get a type.** With string/number/array keywords only, ``type`` becomes every
+   JSON type (exactly the schema's meaning: the keywords constrain their own type, other types pass).
+   With object keywords (``properties``, ``required``, ...), ``type`` becomes ``object`` (plus the other
+   constrained types): real-world schemas routinely omit ``"type": "object"``, and generating a bare
+   ``null`` for them would be useless. Subschemas with ``$ref``/``anyOf``/``oneOf``/``allOf``/``not``/
+   ``if``/``enum``/``const`` are left alone.
+2. **Arrays without ``items``/``prefixItems`` get ``"items": {}``** (same meaning; xgrammar's strict
+   mode would otherwise allow only ``[]`` once ``minItems``/``maxItems`` is present, or fail to compile).
+3. **Integral ``multipleOf`` turns ``number`` into ``integer``** (only integers are multiples of an
+   integer; backends enforce ``multipleOf`` on integers but ignore it on numbers).
+4. **``$ref`` through embedded ``$id``/``id``/``$anchor``** is rewritten to a local ``#/...`` pointer.
+   A ``$ref`` that cannot be resolved locally raises ValueError (backends would treat it as "anything").
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+from urllib.parse import urldefrag, urljoin
+
+TYPE_KEYWORDS = {
+    "object": ("properties", "patternProperties", "additionalProperties", "required", "minProperties",
+               "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+               "unevaluatedProperties"),
+    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+              "minContains", "maxContains", "unevaluatedItems"),
+    "string": ("maxLength", "minLength", "pattern", "format", "contentEncoding", "contentMediaType"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+}
+ALL_TYPES = ["object", "array", "string", "number", "boolean", "null"]
+_SKIP_TYPING = ("$ref", "$dynamicRef", "anyOf", "oneOf", "allOf", "not", "if", "enum", "const")
+# Where subschemas live: keyword -> "one" (a schema), "map" (name -> schema), "list" (schemas).
+_SUBSCHEMAS = {
+    "properties": "map", "patternProperties": "map", "$defs": "map", "definitions": "map",
+    "dependentSchemas": "map", "items": "one", "additionalItems": "one", "additionalProperties": "one",
+    "contains": "one", "propertyNames": "one", "not": "one", "if": "one", "then": "one", "else": "one",
+    "unevaluatedItems": "one", "unevaluatedProperties": "one", "prefixItems": "list", "anyOf": "list",
+    "oneOf": "list", "allOf": "list",
+}
+
+
+def _children(node: dict):
+    """Yield ``(path suffix, subschema)`` for every direct subschema of ``node``."""
+    for key, how in _SUBSCHEMAS.items():
+        value = node.get(key)
+        if how == "map" and isinstance(value, dict):
+            for name, sub in value.items():
+                yield [key, name], sub
+        elif (how == "list" or key == "items") and isinstance(value, list):  # draft-04 tuple items
+            for i, sub in enumerate(value):
+                yield [key, str(i)], sub
+        elif how == "one" and isinstance(value, (dict, bool)):
+            yield [key], value
+
+
+def _pointer(path: list[str]) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def _add_type(node: dict) -> None:
+    if "type" not in node and not any(k in node for k in _SKIP_TYPING):
+        groups = [t for t, kws in TYPE_KEYWORDS.items() if any(k in node for k in kws)]
+        if groups:
+            node["type"] = groups if "object" in groups else list(ALL_TYPES)
+    types = node.get("type")
+    if (types == "array" or isinstance(types, list) and "array" in types) and "items" not in node \
+            and "prefixItems" not in node:
+        node["items"] = {}  # same meaning; xgrammar's strict mode otherwise allows only [] here
+    mult = node.get("multipleOf")
+    if isinstance(mult, (int, float)) and not isinstance(mult, bool) and float(mult).is_integer() and mult > 0:
+        types = node.get("type")
+        if types == "number":
+            node["type"] = "integer"
+        elif isinstance(types, list) and "number" in types:
+            node["type"] = [t for t in types if t not in ("number", "integer")] + ["integer"]
+
+
+def _collect_ids(node: Any, base: str, path: list[str], ids: dict, bases: list) -> None:
+    if not isinstance(node, dict):
+        return
+    ident = node.get("$id", node.get("id"))
+    if isinstance(ident, str) and not ident.startswith("#"):
+        base = urldefrag(urljoin(base, ident))[0]
+        ids[base] = path
+    anchor = node.get("$anchor")
+    if isinstance(anchor, str):
+        ids[base + "#" + anchor] = path
+    bases.append((node, base, path))
+    for suffix, sub in _children(node):
+        _collect_ids(sub, base, path + suffix, ids, bases)
+
+
+def _rewrite_refs(root: dict) -> None:
+    ids: dict[str, list[str]] = {}
+    nodes: list[tuple[dict, str, list[str]]] = []
+    root_base = root.get("$id", root.get("id"))
+    root_base = urldefrag(root_base)[0] if isinstance(root_base, str) else ""
+    ids[root_base] = []
+    _collect_ids(root, root_base, [], ids, nodes)
+    for node, base, path in nodes:
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            continue
+        if (ref == "#" or ref.startswith("#/")) and base == root_base:
+            continue  # plain local pointer: the backends resolve it
+        doc, frag = urldefrag(urljoin(base, ref))
+        if frag and not frag.startswith("/"):  # "#anchor"
+            target = ids.get(doc + "#" + frag)
+            frag = ""
+        else:
+            target = ids.get(doc)
+        if target is None:
+            raise ValueError(f"json_schema: cannot resolve $ref {ref!r} at {_pointer(path) or '/'}: only local "
+                             "pointers and embedded $id/$anchor are supported (nothing is fetched)")
+        node["$ref"] = "#" + _pointer(target) + frag
+
+
+def prepare_schema(schema: Any) -> Any:
+    """A rewritten deep copy of ``schema`` (a parsed JSON object or boolean); see the module doc.
+
+    Raises:
+        ValueError: a ``$ref`` that cannot be resolved within the schema.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = copy.deepcopy(schema)
+    _rewrite_refs(out)
+    stack = [out]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            _add_type(node)
+            stack.extend(sub for _, sub in _children(node))
+    return out

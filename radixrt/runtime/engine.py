@@ -1,0 +1,227 @@
+"""Engine: the offline, in-process API, with SGLang's ``Engine`` call shapes.
+
+The scheduler runs in a background thread; ``generate`` may be called from many threads at once
+(the DSL's ``run_batch`` does), and every request joins the same continuous batch.
+
+    engine = Engine()                                   # SmolLM2-135M-Instruct, CPU, fp32
+    engine.generate("The capital of France is", {"max_new_tokens": 16, "temperature": 0})
+    engine.generate(["a", "b"], {...})                  # a list in, a list out
+    for chunk in engine.generate("...", {...}, stream=True): ...   # chunk["text"] is cumulative
+    engine.shutdown()
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any, Iterator
+
+import msgspec
+
+from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.detokenizer import Detokenizer
+from radixrt.runtime.io_struct import Limits, ReqOutput, build_requests
+from radixrt.runtime.model_loader import load_tokenizer
+from radixrt.runtime.model_runner import ModelRunner
+from radixrt.runtime.protocol import AbortReq, FlushCacheReq, GenerateReq, StrOut
+from radixrt.runtime.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int):
+    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``)."""
+    from radixrt.runtime.constrained import GrammarCache, create_backend
+    backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
+    return None if backend is None else GrammarCache(backend)
+
+
+class Engine:
+    def __init__(self, **kwargs: Any):
+        """Keyword arguments are :class:`ServerArgs` fields (``model``, ``page_size``, ...).
+
+        Raises:
+            ValueError: an unknown or bad argument, or an unsupported model.
+        """
+        unknown = set(kwargs) - set(ServerArgs.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown Engine argument(s) {sorted(unknown)}")
+        self.args = ServerArgs(**kwargs)
+        self.tokenizer = load_tokenizer(self.args.model)
+        self.runner = ModelRunner(self.args)
+        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, self.runner.vocab_size)
+        self.scheduler = Scheduler(self.args, self.runner, self.tokenizer, self.grammar_cache)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.limits = Limits(self.runner.context_length, self.runner.vocab_size,
+                             self.runner.num_pages * self.runner.page_size)
+        self._inbox: queue.Queue = queue.Queue()
+        self._outs: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="radixrt-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- the scheduler thread -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                block = not self.scheduler.has_work
+                try:
+                    while True:
+                        self._handle(self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait())
+                        block = False
+                except queue.Empty:
+                    pass
+                if self.scheduler.has_work:
+                    for o in self.scheduler.step():
+                        self._deliver(self.detokenizer.handle_one(o))
+        except BaseException as e:  # surface the failure to every waiting caller instead of hanging
+            logger.exception("scheduler thread died")
+            self._error = e
+            with self._lock:
+                for q in self._outs.values():
+                    q.put(e)
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, GenerateReq):
+            self.scheduler.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.scheduler.abort(msg.rid)
+        elif isinstance(msg, tuple):  # (callable, reply queue): run in the scheduler thread
+            fn, reply = msg
+            try:
+                reply.put(fn())
+            except Exception as e:
+                reply.put(e)
+
+    def _deliver(self, s: StrOut) -> None:
+        with self._lock:
+            q = self._outs.get(s.rid)
+        if q is not None:
+            q.put(s)
+
+    def _call(self, fn):
+        if self._error is not None:
+            raise RuntimeError(f"the scheduler has stopped: {self._error!r}")
+        reply: queue.Queue = queue.Queue()
+        self._inbox.put((fn, reply))
+        r = reply.get()
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    # ---- public API ---------------------------------------------------------------------------------
+    def grammar_check(self, kind: str, spec: str, any_whitespace: bool = False) -> None:
+        """Validate and compile a grammar (cached); raises ValueError on a bad spec."""
+        from radixrt.runtime.constrained import validate_spec
+        if self.grammar_cache is None:
+            raise ValueError(f"{kind}: grammar-constrained decoding is off (grammar_backend='none')")
+        spec = validate_spec(kind, spec)
+        self.grammar_cache.submit(kind, spec, any_whitespace).result()
+
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob: bool = False,
+                 logprob_start_len=None, top_logprobs_num: int = 0, stream: bool = False, rid=None,
+                 cache_salt: str | None = None, return_text_in_logprobs: bool = False):
+        """Generate for one prompt (a dict back) or a list (a list back).
+
+        ``sampling_params`` keys: max_new_tokens (default 128; None = the room left in the context;
+        0 = prefill only), min_new_tokens, temperature (0 = greedy), top_p, top_k, min_p,
+        frequency_penalty, presence_penalty, repetition_penalty, stop, stop_token_ids, ignore_eos,
+        seed, json_schema, regex, ebnf, choices, structural_tag.
+
+        Raises:
+            ValueError: bad input, before anything is queued.
+        """
+        reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
+                                      return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
+                                      cache_salt, self.grammar_check)
+        if stream:
+            if not single:
+                raise ValueError("stream=True takes one prompt")
+            return self._stream(reqs[0], return_logprob, return_text_in_logprobs)
+        qs = [self._submit(r) for r in reqs]
+        outs = [self._collect(r, q, return_logprob, return_text_in_logprobs) for r, q in zip(reqs, qs)]
+        return outs[0] if single else outs
+
+    def _submit(self, r: GenerateReq) -> queue.Queue:
+        if self._error is not None:
+            raise RuntimeError(f"the scheduler has stopped: {self._error!r}")
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            if r.rid in self._outs:
+                raise ValueError(f"rid {r.rid!r} is already in use")
+            self._outs[r.rid] = q
+        self._inbox.put(r)
+        return q
+
+    def _next(self, rid: str, q: queue.Queue) -> StrOut:
+        s = q.get()
+        if isinstance(s, BaseException):
+            raise RuntimeError(f"the scheduler has stopped: {s!r}")
+        if s.token.finished_reason is not None:
+            with self._lock:
+                self._outs.pop(rid, None)
+        return s
+
+    def _collect(self, r: GenerateReq, q: queue.Queue, lp: bool, lp_text: bool) -> dict:
+        acc = ReqOutput(r.rid, self.tokenizer, lp_text)
+        while not acc.finished:
+            acc.add(self._next(r.rid, q))
+        return acc.to_dict(lp)
+
+    def _stream(self, r: GenerateReq, lp: bool, lp_text: bool) -> Iterator[dict]:
+        q = self._submit(r)
+        acc = ReqOutput(r.rid, self.tokenizer, lp_text)
+        try:
+            while not acc.finished:
+                acc.add(self._next(r.rid, q))
+                yield acc.to_dict(lp)
+        finally:
+            if not acc.finished:  # the caller stopped iterating: abort, free its pages
+                self.abort(r.rid)
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(AbortReq(rid))
+
+    def flush_cache(self) -> bool:
+        """Free every cached page that no request uses. False while requests are running."""
+        return self._call(self.scheduler.flush_cache)
+
+    def get_server_info(self) -> dict:
+        """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths."""
+        def info():
+            s = self.scheduler
+            return {**self.args.to_dict(), "cache": s.cache_stats(), "num_running": len(s.running),
+                    "num_waiting": len(s.waiting) + len(s.grammar_queue), "context_length": self.runner.context_length,
+                    "max_total_tokens": self.limits.max_total_tokens, "model_name": self.runner.source.name}
+        return self._call(info)
+
+    def check_invariants(self) -> dict:
+        """Run in the scheduler thread: free + evictable + protected + private == total, locks consistent.
+
+        Returns the cache stats. Raises AssertionError on a violation.
+        """
+        def check():
+            s = self.scheduler
+            st = s.cache_stats()
+            total = st["free_pages"] + st["evictable_pages"] + st["protected_pages"] + st["private_pages"]
+            assert total == st["total_pages"], f"page accounting broken: {st}"
+            if s.tree is not None:
+                s.tree.check_invariants()
+                if not s.running:
+                    assert s.tree.all_locks_released(), "a lock_ref is above 0 while idle"
+            return st
+        return self._call(check)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.grammar_cache is not None:
+            self.grammar_cache.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()

