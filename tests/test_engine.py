@@ -215,7 +215,7 @@ def test_unknown_model_and_engine_args():
 
 
 def test_abort_stream_frees_pages(engine):
-    gen = engine.generate("Tell me a long story about a dragon.", {"max_new_tokens": 200, "temperature": 0},
+    gen = engine.generate("Tell me a long story about a dragon.", {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True},
                           stream=True)
     first = next(gen)
     assert first["meta_info"]["finish_reason"] is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Iterator
 
 import msgspec
@@ -99,7 +100,7 @@ class Engine:
         with self._lock:
             q = self._outs.get(s.rid)
         if q is not None:
-            q.put(s)
+            q.put((time.perf_counter(), s))
 
     def _call(self, fn):
         if self._error is not None:
@@ -140,8 +141,9 @@ class Engine:
             if not single:
                 raise ValueError("stream=True takes one prompt")
             return self._stream(reqs[0], return_logprob, return_text_in_logprobs)
+        accs = [ReqOutput(r.rid, self.tokenizer, return_text_in_logprobs) for r in reqs]
         qs = [self._submit(r) for r in reqs]
-        outs = [self._collect(r, q, return_logprob, return_text_in_logprobs) for r, q in zip(reqs, qs)]
+        outs = [self._collect(a, q, return_logprob) for a, q in zip(accs, qs)]
         return outs[0] if single else outs
 
     def _submit(self, r: GenerateReq) -> queue.Queue:
@@ -155,27 +157,27 @@ class Engine:
         self._inbox.put(r)
         return q
 
-    def _next(self, rid: str, q: queue.Queue) -> StrOut:
-        s = q.get()
-        if isinstance(s, BaseException):
-            raise RuntimeError(f"the scheduler has stopped: {s!r}")
+    def _next(self, rid: str, q: queue.Queue) -> tuple[StrOut, float]:
+        item = q.get()
+        if isinstance(item, BaseException):
+            raise RuntimeError(f"the scheduler has stopped: {item!r}")
+        t, s = item
         if s.token.finished_reason is not None:
             with self._lock:
                 self._outs.pop(rid, None)
-        return s
+        return s, t
 
-    def _collect(self, r: GenerateReq, q: queue.Queue, lp: bool, lp_text: bool) -> dict:
-        acc = ReqOutput(r.rid, self.tokenizer, lp_text)
+    def _collect(self, acc: ReqOutput, q: queue.Queue, lp: bool) -> dict:
         while not acc.finished:
-            acc.add(self._next(r.rid, q))
+            acc.add(*self._next(acc.rid, q))
         return acc.to_dict(lp)
 
     def _stream(self, r: GenerateReq, lp: bool, lp_text: bool) -> Iterator[dict]:
-        q = self._submit(r)
         acc = ReqOutput(r.rid, self.tokenizer, lp_text)
+        q = self._submit(r)
         try:
             while not acc.finished:
-                acc.add(self._next(r.rid, q))
+                acc.add(*self._next(r.rid, q))
                 yield acc.to_dict(lp)
         finally:
             if not acc.finished:  # the caller stopped iterating: abort, free its pages

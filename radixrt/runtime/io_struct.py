@@ -132,14 +132,19 @@ class ReqOutput:
     input_token_logprobs: Optional[list] = None
     input_top_logprobs: Optional[list] = None
     first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
 
-    def add(self, s: StrOut) -> None:
+    def add(self, s: StrOut, now: Optional[float] = None) -> None:
+        """Fold in one delta; ``now`` is when it arrived (perf_counter seconds), default: now."""
+        now = time.perf_counter() if now is None else now
         o = s.token
         self.text += s.text_delta
         self.output_ids.extend(o.new_token_ids)
         if o.new_token_ids and self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
+            self.first_token_time = now
         self.finished_reason = o.finished_reason
+        if self.finished_reason is not None:
+            self.finish_time = now
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = \
             o.prompt_tokens, o.completion_tokens, o.cached_tokens
         self.output_token_logprobs.extend(o.output_token_logprobs)
@@ -166,7 +171,7 @@ class ReqOutput:
     def to_dict(self, return_logprob: bool) -> dict:
         meta = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "cached_tokens": self.cached_tokens, "finish_reason": self.finished_reason,
-                "e2e_latency": time.perf_counter() - self.created,
+                "e2e_latency": (self.finish_time or time.perf_counter()) - self.created,
                 "ttft": (self.first_token_time - self.created) if self.first_token_time else None}
         if return_logprob:
             meta["output_token_logprobs"] = self._lp(self.output_token_logprobs)

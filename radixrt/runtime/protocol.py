@@ -129,6 +129,7 @@ class DslRequest(msgspec.Struct, tag=True, kw_only=True):
     req_id: str
     op: str
     body: dict = {}
+    api_key: Optional[str] = None  # required (compared with --api-key) when the server has one
 
 
 class DslReply(msgspec.Struct, tag=True, kw_only=True):
@@ -139,3 +140,20 @@ class DslReply(msgspec.Struct, tag=True, kw_only=True):
     req_id: str
     event: str
     data: object = None
+
+
+# ---- Appended for the server (issue 4) ------------------------------------------------------------------
+class ReadyOut(msgspec.Struct, tag=True, kw_only=True):
+    """Scheduler -> main (through the detokenizer), once: the model is loaded, or it failed to (``error``)."""
+
+    error: Optional[str] = None
+    model_name: str = ""
+    context_length: int = 0
+    vocab_size: int = 0
+    max_total_tokens: int = 0
+    page_size: int = 0
+
+
+# What the scheduler sends to the detokenizer, and what the detokenizer sends to the main process.
+SchedulerProcessOutput = Union[BatchTokenOut, InfoOut, ReadyOut]
+DetokenizerOutput = Union[BatchStrOut, InfoOut, ReadyOut]

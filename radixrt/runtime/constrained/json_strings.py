@@ -175,6 +175,50 @@ def regex_ebnf_to_json_string(body: str) -> str:
     return "".join(out)
 
 
+def _ebnf_to_regex(ebnf: str) -> str:
+    """Turn the EBNF made by :func:`regex_ebnf_to_json_string` back into a regex (Rust/Python syntax)."""
+    out, i, n = [], 0, len(ebnf)
+    while i < n:
+        ch = ebnf[i]
+        if ch == '"':
+            text, i = _decode_literal(ebnf, i)
+            out.append("".join(c if c.isalnum() or c in " _-,:;'\"<>=!@#%&~`/" else
+                               (f"\\x{ord(c):02x}" if ord(c) < 0x80 else c) for c in text))
+        elif ch == "[":
+            j = ebnf.index("]", i + 1)  # our classes hold only \uXXXX escapes, so no "\]" inside
+            out.append(ebnf[i:j + 1])
+            i = j + 1
+        elif ch == "{":
+            j = ebnf.index("}", i)
+            out.append(ebnf[i:j + 1].replace(" ", ""))
+            i = j + 1
+        elif ch in "()|*+?":
+            out.append(ch)
+            i += 1
+        elif ch in " \t\n":
+            i += 1
+        else:
+            raise ValueError(f"unexpected {ch!r} in EBNF")
+    return "".join(out)
+
+
+def pattern_to_json_regex(pattern: str) -> str:
+    """A regex over the JSON-escaped text of the strings that fully match ``pattern`` (anchors dropped).
+
+    Used by the outlines backend, which splices a schema's ``pattern`` between the quotes verbatim.
+
+    Raises:
+        ValueError: xgrammar's regex converter or this module cannot handle ``pattern``.
+    """
+    from xgrammar.testing import _regex_to_ebnf
+
+    try:
+        body = _regex_to_ebnf(pattern, False)
+    except Exception as e:
+        raise ValueError(f"pattern {pattern!r}: {e}") from None
+    return "(" + _ebnf_to_regex(regex_ebnf_to_json_string(body.strip())) + ")"
+
+
 def fix_json_string_rules(grammar_text: str) -> str:
     """Rewrite a JSON-schema grammar's bounded strings and patterns to accept escapes (see module doc).
 

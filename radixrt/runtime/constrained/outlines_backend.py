@@ -18,8 +18,21 @@ import torch
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, compile_error, fill_single_token,
                    reraise_fatal, special_token_ids, validate_spec)
-from .schema_prep import prepare_schema
+from .json_strings import pattern_to_json_regex
+from .schema_prep import prepare_schema, rewrite_patterns
 from .specs import GRAMMAR_KINDS
+
+
+# outlines-core 0.2.14's JSON regexes deviate from RFC 8259; these textual fixes restore it:
+# exponents without a sign (1e10, 1E5); \uXXXX escapes (a surrogate pair counts as one character, as
+# JSON Schema's maxLength does); raw U+007F..U+009F, which JSON allows unescaped.
+_HEX = "[0-9a-fA-F]"
+_FIXES = (
+    ("[eE][+-][0-9]+", "[eE][+-]?[0-9]+"),
+    ('\\\\["\\\\/bfnrt]', '\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF]{h}{{3}}|[dD][0-7]{h}{{2}}|'
+     '[dD][89abAB]{h}{{2}}\\\\u[dD][c-fC-F]{h}{{2}}))'.format(h=_HEX)),
+    ('[^"\\\\\\x00-\\x1F\\x7F-\\x9F]', '[^"\\\\\\x00-\\x1F]'),
+)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -147,9 +160,16 @@ class OutlinesBackend(GrammarBackend):
         self.vocabulary = build_vocabulary(tokenizer, self.vocab_size, self.eos_token_id)
 
     def schema_to_regex(self, text: str, any_whitespace: bool = False) -> str:
-        """The regex outlines-core derives from a JSON schema text (raises its own errors)."""
+        """The regex outlines-core derives from a JSON schema text, with RFC 8259 fixes (see ``_FIXES``).
+
+        Raises:
+            ValueError: outlines-core does not support the schema.
+        """
         ws = f"[ \\t\\n\\r]{{0,{self.whitespace_max}}}" if any_whitespace else ""
-        return oc.json_schema.build_regex_from_schema(text, ws, self.max_recursion_depth)
+        regex = oc.json_schema.build_regex_from_schema(text, ws, self.max_recursion_depth)
+        for old, new in _FIXES:
+            regex = regex.replace(old, new)
+        return regex
 
     def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> OutlinesCompiled:
         """See :meth:`GrammarBackend.compile`. Raises ValueError("outlines: ...")."""
@@ -163,7 +183,8 @@ class OutlinesBackend(GrammarBackend):
             raise compile_error(self.name, kind, e) from None
         try:
             if kind == "json_schema":
-                text = json.dumps(prepare_schema(json.loads(text)), ensure_ascii=False)
+                schema = rewrite_patterns(prepare_schema(json.loads(text)), pattern_to_json_regex)
+                text = json.dumps(schema, ensure_ascii=False)
             regex = self.schema_to_regex(text, any_whitespace) if kind == "json_schema" else text
         except BaseException as e:
             reraise_fatal(e)

@@ -122,11 +122,17 @@ def _rewrite_refs(root: dict) -> None:
 def prepare_schema(schema: Any) -> Any:
     """A rewritten deep copy of ``schema`` (a parsed JSON object or boolean); see the module doc.
 
+    ``true`` becomes ``{}``.
+
     Raises:
-        ValueError: a ``$ref`` that cannot be resolved within the schema.
+        ValueError: a ``$ref`` that cannot be resolved within the schema; the root schema ``false``.
     """
+    if schema is True:
+        return {}
+    if schema is False:
+        raise ValueError("json_schema: the schema `false` accepts no value")
     if not isinstance(schema, dict):
-        return schema
+        raise ValueError(f"json_schema: a schema must be an object or a boolean, got {type(schema).__name__}")
     out = copy.deepcopy(schema)
     _rewrite_refs(out)
     stack = [out]
@@ -136,3 +142,15 @@ def prepare_schema(schema: Any) -> Any:
             _add_type(node)
             stack.extend(sub for _, sub in _children(node))
     return out
+
+
+def rewrite_patterns(schema: Any, fn) -> Any:
+    """Replace, in place, every subschema's string ``pattern`` ``p`` by ``fn(p)``; returns ``schema``."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                node["pattern"] = fn(node["pattern"])
+            stack.extend(sub for _, sub in _children(node))
+    return schema

@@ -1,0 +1,214 @@
+"""What every DSL backend provides, and the shared request logic.
+
+A backend speaks SGLang's native ``/generate`` body (``text`` or ``input_ids``, ``sampling_params``,
+``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``stream`` ...); subclasses only move
+that body: over ZMQ (:mod:`.zmq`), HTTP (:mod:`.http`) or into an in-process Engine (:mod:`.engine`).
+Generation, prefill-only prefix caching and ``select`` scoring are built on top here.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, Optional
+
+from radixrt.lang.chat_template import ChatTemplate, from_tokenizer
+from radixrt.lang.ir import SglSamplingParams
+
+
+class BackendError(RuntimeError):
+    """The backend failed while serving a request (a server-side error)."""
+
+
+class RequestError(ValueError):
+    """The backend rejected a request as invalid (bad regex, schema, length, parameter...)."""
+
+
+class BackendConnectionError(ConnectionError):
+    """The backend cannot be reached, or did not answer within the timeout."""
+
+
+def error_from_payload(data: Any, status: Optional[int] = None) -> Exception:
+    """Turn an OpenAI-style error object (``{"message", "type", "code"}``, maybe under ``"error"``) or a
+    FastAPI ``{"detail": ...}`` into :class:`RequestError` (4xx / invalid request) or :class:`BackendError`."""
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        data = data["error"]
+    if isinstance(data, dict):
+        msg = data.get("message") or data.get("detail") or str(data)
+        code = data.get("code")
+        kind = str(data.get("type", ""))
+    else:
+        msg, code, kind = str(data), None, ""
+    code = status if status is not None else code
+    invalid = (isinstance(code, int) and 400 <= code < 500) or "invalid" in kind.lower() or "BadRequest" in kind
+    return RequestError(str(msg)) if invalid else BackendError(str(msg))
+
+
+class BaseBackend:
+    """Base class. Subclasses implement :meth:`_request`, :meth:`_request_stream` and the info calls.
+
+    Thread-safe: programs of a batch call one backend from many threads.
+    """
+
+    is_chat_model: bool = False
+    supports_select: bool = True
+    supports_regex: bool = True
+
+    def __init__(self) -> None:
+        self._tok_lock = threading.Lock()
+        self._tokenizer: Any = None
+        self._tokenizer_loaded = False
+        self._chat_template: Optional[ChatTemplate] = None
+
+    # ---- transport: subclasses ---------------------------------------------------------------------
+    def _request(self, body: dict) -> Any:
+        """Send a ``/generate`` body; return the response dict (or list, for a batch)."""
+        raise NotImplementedError
+
+    def _request_stream(self, body: dict) -> Iterator[dict]:
+        """Send a ``/generate`` body with ``stream: true``; yield response dicts (cumulative text)."""
+        raise NotImplementedError
+
+    def flush_cache(self) -> bool:
+        raise NotImplementedError
+
+    def get_server_info(self) -> dict:
+        raise NotImplementedError
+
+    def get_model_info(self) -> dict:
+        raise NotImplementedError
+
+    def _load_tokenizer(self) -> Any:
+        """The model's tokenizer, or None where it cannot be had."""
+        return None
+
+    def close(self) -> None:
+        """Release sockets/connections. The backend must not be used afterwards."""
+
+    # ---- shared ------------------------------------------------------------------------------------
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (loaded once), or None."""
+        with self._tok_lock:
+            if not self._tokenizer_loaded:
+                self._tokenizer = self._load_tokenizer()
+                self._tokenizer_loaded = True
+            return self._tokenizer
+
+    def get_chat_template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            self._chat_template = from_tokenizer(self.get_tokenizer())
+        return self._chat_template
+
+    def tokenize(self, text: str) -> Optional[list[int]]:
+        """Token ids of ``text`` exactly as the server would make them (no special tokens added)."""
+        tok = self.get_tokenizer()
+        return None if tok is None else tok.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def _body(exe: Any, sp: SglSamplingParams, stream: bool = False) -> dict:
+        body: dict = {"text": exe.text_, "sampling_params": sp.to_srt(), "stream": stream}
+        if sp.return_logprob:
+            body["return_logprob"] = True
+            for k in ("logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"):
+                if getattr(sp, k) is not None:
+                    body[k] = getattr(sp, k)
+        return body
+
+    def generate(self, exe: Any, sp: SglSamplingParams) -> tuple[str, dict]:
+        """Continue ``exe.text_``; returns ``(completion text, meta_info)``."""
+        out = self._request(self._body(exe, sp))
+        return out["text"], out["meta_info"]
+
+    def generate_stream(self, exe: Any, sp: SglSamplingParams) -> Iterator[tuple[str, dict]]:
+        """Yield ``(text delta, meta_info so far)``."""
+        prev = ""
+        for chunk in self._request_stream(self._body(exe, sp, stream=True)):
+            text = chunk.get("text", "")
+            delta, prev = text[len(prev):], text
+            yield delta, chunk.get("meta_info", {})
+
+    def prefill(self, body: dict) -> Any:
+        """A prefill-only request (``max_new_tokens`` 0): fills the radix cache, returns logprobs if asked."""
+        body = dict(body)
+        body["sampling_params"] = {**body.get("sampling_params", {}), "max_new_tokens": 0}
+        return self._request(body)
+
+    def cache_prefix(self, text: str) -> dict:
+        """Prefill ``text`` once so later requests sharing it hit the radix cache; returns its meta_info."""
+        return self.prefill({"text": text})["meta_info"]
+
+    def select(self, exe: Any, choices: list[str], temperature: float, method: Any) -> Any:
+        """Score ``choices`` after ``exe.text_`` (see :mod:`radixrt.lang.choices`)."""
+        from radixrt.lang.choices import select_by_logprobs
+        return select_by_logprobs(self, exe.text_, choices, method)
+
+    def end_program(self, exe: Any) -> None:
+        """Called when a program state ends (nothing to release by default)."""
+
+
+class RuntimeEndpoint(BaseBackend):
+    """A running ``radixrt serve``. ``RuntimeEndpoint("tcp://host:port")`` speaks ZMQ to the DSL socket
+    (the default, HTTP port + 1); ``RuntimeEndpoint("http://host:port")`` the native HTTP API.
+
+    The constructor asks the server for its model (``get_model_info``) and fails fast when it is down.
+    The tokenizer (for chat templates and ``select`` boundaries) is loaded locally from the server's
+    ``tokenizer_path`` with :func:`radixrt.runtime.model_loader.load_tokenizer`, so nothing is downloaded;
+    if that fails, roles render as ChatML and ``select`` tokenizes on the server.
+
+    Args:
+        base_url: ``tcp://`` or ``http(s)://`` URL.
+        api_key: sent as ``Authorization: Bearer`` over HTTP, when the server wants one.
+        timeout: seconds to wait for a reply (for a stream: between two chunks) before giving up.
+        connect_timeout: seconds the first contact may take.
+
+    Raises:
+        ValueError: an unknown URL scheme.
+        BackendConnectionError: the server did not answer within ``connect_timeout``.
+    """
+
+    def __new__(cls, base_url: str = "tcp://127.0.0.1:30001", *args: Any, **kwargs: Any) -> "RuntimeEndpoint":
+        if cls is RuntimeEndpoint:
+            if not isinstance(base_url, str):
+                raise ValueError(f"base_url must be a string, got {base_url!r}")
+            if base_url.startswith("tcp://"):
+                from radixrt.lang.backend.zmq import ZmqEndpoint
+                cls = ZmqEndpoint
+            elif base_url.startswith(("http://", "https://")):
+                from radixrt.lang.backend.http import HttpEndpoint
+                cls = HttpEndpoint
+            else:
+                raise ValueError(f"base_url must start with tcp:// (ZMQ) or http(s):// (HTTP), got {base_url!r}")
+        return super().__new__(cls)
+
+    def __init__(self, base_url: str = "tcp://127.0.0.1:30001", api_key: Optional[str] = None,
+                 timeout: float = 600.0, connect_timeout: float = 10.0) -> None:
+        super().__init__()
+        self.base_url = base_url.rstrip("/")
+        self.api_key, self.timeout, self.connect_timeout = api_key, timeout, connect_timeout
+        self._connect()
+        self.model_info = self._info("get_model_info", connect_timeout)
+
+    def _connect(self) -> None:
+        """Open the transport (no network traffic needed)."""
+
+    def _info(self, op: str, timeout: Optional[float] = None) -> Any:
+        raise NotImplementedError
+
+    def get_model_info(self) -> dict:
+        return self._info("get_model_info")
+
+    def get_server_info(self) -> dict:
+        return self._info("get_server_info")
+
+    def _load_tokenizer(self) -> Any:
+        import logging
+
+        from radixrt.runtime.model_loader import load_tokenizer
+        for key in ("tokenizer_path", "model_path"):
+            try:
+                return load_tokenizer(self.model_info.get(key))
+            except Exception as e:  # noqa: BLE001 - fall back, as documented
+                logging.getLogger(__name__).warning("cannot load the tokenizer %r locally: %s",
+                                                    self.model_info.get(key), e)
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r})"

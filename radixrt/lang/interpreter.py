@@ -1,0 +1,421 @@
+"""Program states: ``s += ...`` queues an expression; a worker thread per state executes them in order.
+
+Appending returns at once, so the children of a ``fork`` (and the programs of a batch) send their
+requests concurrently and the server batches them. Reading a variable (``s["x"]``), ``s.text()`` or
+``s.messages()`` waits for what was queued before it. An exception while executing is kept on the state
+(``state.error()``); later expressions of that state are skipped and every variable wait is released.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+from radixrt.lang.backend.base import BackendConnectionError, BackendError, RequestError
+from radixrt.lang.ir import (SglArgument, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
+                             SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, dtype_regex, to_expr)
+from radixrt.lang.tracer import StopTrace
+
+_END = object()
+
+
+def _named(e: Exception, what: str) -> Exception:
+    """Re-raise a backend error with the primitive (and its variable name) that caused it."""
+    for cls in (RequestError, BackendConnectionError, BackendError):
+        if isinstance(e, cls):
+            return cls(f"{what}: {e}")
+    return e
+
+
+class StreamExecutor:
+    """Executes one state's expressions. ``trace=True`` executes inline and stops at the first dynamic step."""
+
+    def __init__(self, backend: Any, arguments: dict, default_sp: SglSamplingParams, chat_template: Any = None,
+                 stream: bool = False, trace: bool = False) -> None:
+        self.sid = uuid.uuid4().hex
+        self.backend, self.arguments, self.default_sp = backend, arguments, default_sp
+        self.stream, self.trace = stream, trace
+        self.variables: dict[Optional[str], Any] = {}
+        self.variable_event: dict[Optional[str], threading.Event] = {}
+        self.meta_info: dict[Optional[str], Any] = {}
+        self.error_: Optional[Exception] = None
+        self.text_ = ""
+        self.messages_: list[dict] = []
+        self.chat_template = chat_template or backend.get_chat_template()
+        self.cur_role: Optional[str] = None
+        self.cur_role_begin_pos: Optional[int] = None
+        self.fork_start_text_pos: Optional[int] = None
+        self.is_finished = False
+        self.cond = threading.Condition()  # guards the queue and text/variable updates; notified on change
+        self._queue: deque = deque()
+        self._pending = 0
+        self._worker: Optional[threading.Thread] = None
+
+    # ---- queueing ------------------------------------------------------------------------------------
+    def submit(self, expr: Any) -> None:
+        if expr is not _END:
+            expr = to_expr(expr)
+        if self.trace:
+            if expr is not _END:
+                self._init_var_event(expr)
+                self._execute(expr)
+            return
+        with self.cond:
+            if expr is not _END:
+                self._init_var_event(expr)
+                if self.error_ is not None:  # it will be skipped: never let a reader wait for it
+                    for ev in self.variable_event.values():
+                        ev.set()
+            self._queue.append(expr)
+            self._pending += 1
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name=f"radixrt-state-{self.sid[:6]}", daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                if not self._queue:
+                    self._worker = None
+                    return
+                expr = self._queue.popleft()
+            try:
+                if expr is _END:
+                    self.is_finished = True
+                elif self.error_ is None:
+                    self._execute(expr)
+            except Exception as e:  # noqa: BLE001 - kept on the state, see the module docstring
+                self.set_error(e)
+            finally:
+                with self.cond:
+                    self._pending -= 1
+                    self.cond.notify_all()
+
+    def set_error(self, e: Exception) -> None:
+        with self.cond:
+            if self.error_ is None:
+                self.error_ = e
+            for ev in self.variable_event.values():
+                ev.set()
+            self.cond.notify_all()
+
+    def sync(self) -> None:
+        """Wait until everything queued so far has run."""
+        with self.cond:
+            while self._pending:
+                self.cond.wait()
+
+    def end(self) -> None:
+        """The program function returned: mark the state finished once its queue drains."""
+        if self.trace:
+            self.is_finished = True
+        else:
+            self.submit(_END)
+
+    # ---- reading -------------------------------------------------------------------------------------
+    def get_var(self, name: str) -> Any:
+        if self.trace:
+            raise StopTrace(name)
+        ev = self.variable_event.get(name)
+        if ev is not None:
+            ev.wait()
+        if name not in self.variables:
+            if self.error_ is not None:
+                raise RuntimeError(f"variable {name!r} is missing: the program failed: {self.error_}") from self.error_
+            raise KeyError(f"no variable {name!r}; variables: {sorted(str(k) for k in self.variables)}")
+        return self.variables[name]
+
+    def get_meta_info(self, name: str) -> Any:
+        ev = self.variable_event.get(name)
+        if ev is not None:
+            ev.wait()
+        return self.meta_info.get(name)
+
+    def fork(self, size: int) -> list["StreamExecutor"]:
+        """Children that start from this state's text. The shared text is prefilled once first."""
+        if self.trace:
+            raise StopTrace("fork")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"fork size must be a positive integer, got {size!r}")
+        self.sync()
+        if self.error_ is not None:
+            raise RuntimeError(f"cannot fork a failed state: {self.error_}") from self.error_
+        if size > 1 and self.text_:
+            self.backend.cache_prefix(self.text_)
+        kids = [StreamExecutor(self.backend, self.arguments, self.default_sp, self.chat_template, self.stream)
+                for _ in range(size)]
+        for k in kids:
+            k.variables, k.meta_info = dict(self.variables), dict(self.meta_info)
+            k.text_, k.messages_ = self.text_, list(self.messages_)
+            k.cur_role, k.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
+            k.fork_start_text_pos = len(self.text_)
+        return kids
+
+    # ---- execution -----------------------------------------------------------------------------------
+    def _init_var_event(self, expr: SglExpr) -> None:
+        if isinstance(expr, (SglGen, SglSelect)):
+            self.variable_event[expr.name] = threading.Event()
+        elif isinstance(expr, SglExprList):
+            for e in expr.exprs:
+                self._init_var_event(e)
+
+    def _fill(self, value: str) -> None:
+        with self.cond:
+            self.text_ += value
+            self.cond.notify_all()
+
+    def _execute(self, e: SglExpr) -> None:
+        if isinstance(e, SglConstantText):
+            self._fill(e.value)
+        elif isinstance(e, SglExprList):
+            for x in e.exprs:
+                self._execute(x)
+        elif isinstance(e, SglRoleBegin):
+            self._role_begin(e.role)
+        elif isinstance(e, SglRoleEnd):
+            self._role_end(e.role)
+        elif self.trace or isinstance(e, SglArgument):
+            raise StopTrace(type(e).__name__)
+        elif isinstance(e, SglGen):
+            self._gen(e)
+        elif isinstance(e, SglSelect):
+            self._select(e)
+        elif isinstance(e, SglConcateAndAppend):
+            new = ""
+            for st in e.states:
+                st.stream_executor.sync()
+                new += st.stream_executor.text_[st.stream_executor.fork_start_text_pos:]
+            self._fill(new)
+        else:
+            raise ValueError(f"unknown expression {e!r}")
+
+    def _role_begin(self, role: str) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"cannot begin a {role!r} message inside an open {self.cur_role!r} message")
+        if not self.messages_ and role != "system" and self.chat_template.default_system_prompt:
+            self._role_begin("system")
+            self._fill(self.chat_template.default_system_prompt)
+            self._role_end("system")
+        prefix, _ = self.chat_template.get_prefix_and_suffix(role, self.messages_)
+        self.cur_role = role
+        self._fill(prefix)
+        self.cur_role_begin_pos = len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        if self.cur_role != role:
+            raise ValueError(f"{role}_end without a matching {role}_begin (open message: {self.cur_role!r})")
+        content = self.text_[self.cur_role_begin_pos:]
+        _, suffix = self.chat_template.get_prefix_and_suffix(role, self.messages_)
+        self.cur_role = None
+        self._fill(suffix)
+        self.messages_.append({"role": role, "content": content})
+
+    def _set(self, name: Optional[str], value: Any, meta: Any) -> None:
+        with self.cond:
+            self.variables[name] = value
+            self.meta_info[name] = meta
+            self.cond.notify_all()
+        self.variable_event[name].set()
+
+    def _gen(self, e: SglGen) -> None:
+        what = f"gen({e.name!r})"
+        sp = self.default_sp.merged(e.sampling_params)
+        if e.dtype is not None and sp.regex is None and sp.json_schema is None:
+            sp.regex = dtype_regex(e.dtype)
+        if not self.text_:
+            raise ValueError(f"{what}: nothing to continue: the state has no text yet")
+        try:
+            if not self.stream:
+                comp, meta = self.backend.generate(self, sp)
+                self._fill(comp)
+                self._set(e.name, comp, meta)
+                return
+            with self.cond:
+                self.variables[e.name] = ""
+            meta: dict = {}
+            for delta, meta in self.backend.generate_stream(self, sp):
+                with self.cond:
+                    self.text_ += delta
+                    self.variables[e.name] += delta
+                    self.cond.notify_all()
+            self._set(e.name, self.variables[e.name], meta)
+        except Exception as ex:
+            raise _named(ex, what) from ex
+
+    def _select(self, e: SglSelect) -> None:
+        try:
+            d = self.backend.select(self, e.choices, e.temperature, e.choices_method)
+        except Exception as ex:
+            raise _named(ex, f"select({e.name!r})") from ex
+        self._fill(d.decision)
+        self._set(e.name, d.decision, d.meta_info)
+
+
+class ProgramState:
+    """What a program sees as ``s``: append with ``+=``, read with ``s["name"]``, ``s.text()``..."""
+
+    def __init__(self, stream_executor: StreamExecutor) -> None:
+        self.stream_executor = stream_executor
+        self.ret_value: Any = None
+
+    def _role(self, role: str, expr: Any = None) -> Any:
+        if expr is not None:
+            self.stream_executor.submit(SglExprList([SglRoleBegin(role), to_expr(expr), SglRoleEnd(role)]))
+            return None
+
+        @contextmanager
+        def scope() -> Iterator[None]:
+            self.stream_executor.submit(SglRoleBegin(role))
+            yield
+            self.stream_executor.submit(SglRoleEnd(role))
+        return scope()
+
+    def system(self, expr: Any = None) -> Any:
+        """``s.system("...")`` appends a system message; ``with s.system(): ...`` wraps appends in one."""
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    def fork(self, size: int = 1) -> "ProgramStateGroup":
+        """``size`` states continuing from this one's text (its shared text is prefilled once)."""
+        return ProgramStateGroup([ProgramState(x) for x in self.stream_executor.fork(size)], self)
+
+    @contextmanager
+    def copy(self) -> Iterator["ProgramState"]:
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    def text(self) -> str:
+        self.stream_executor.sync()
+        return self.stream_executor.text_
+
+    def messages(self) -> list[dict]:
+        """The conversation as OpenAI-style messages (complete messages only)."""
+        self.stream_executor.sync()
+        return list(self.stream_executor.messages_)
+
+    def sync(self) -> None:
+        self.stream_executor.sync()
+
+    def error(self) -> Optional[Exception]:
+        """The exception that stopped this program (None when it ran through)."""
+        self.stream_executor.sync()
+        return self.stream_executor.error_
+
+    def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
+        """Yield text as it is produced (the whole text, or one variable) until it is complete.
+
+        Without ``stream=True`` yields the final text (or value) once.
+        """
+        exe = self.stream_executor
+        if not exe.stream:
+            yield self.text() if var_name is None else self.get_var(var_name)
+            return
+        prev = 0
+        while True:
+            with exe.cond:
+                while True:
+                    ev = exe.variable_event.get(var_name) if var_name is not None else None
+                    done = exe.is_finished or exe.error_ is not None or (ev is not None and ev.is_set())
+                    cur = exe.text_ if var_name is None else str(exe.variables.get(var_name, ""))
+                    if len(cur) > prev or done:
+                        break
+                    exe.cond.wait(1.0)
+            if len(cur) > prev:
+                yield cur[prev:]
+                prev = len(cur)
+            if done:
+                return
+
+    def get_var(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.variables[name] = value
+
+    def get_meta_info(self, name: str) -> Any:
+        """The backend's meta info of ``gen``/``select`` ``name`` (cached_tokens, e2e_latency, finish_reason,
+        prompt_tokens, completion_tokens; for select: scores per choice)."""
+        return self.stream_executor.get_meta_info(name)
+
+    def __iadd__(self, other: Any) -> "ProgramState":
+        if other is None:
+            raise ValueError("cannot append None to a program state")
+        self.stream_executor.submit(other)
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.stream_executor.variables
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+
+class ProgramStateGroup:
+    """The states of a ``fork``: ``forks += expr`` (or a list, or ``lambda i: expr``) appends to each."""
+
+    def __init__(self, states: list[ProgramState], src_state: ProgramState) -> None:
+        self.states, self.src_state = states, src_state
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """``gather_variable``: each new child variable becomes a list on the parent, one value per child.
+        ``concate_and_append``: the children's new text is appended to the parent, in order.
+
+        Raises:
+            the first child's error, if a child failed (the parent program then fails with it).
+        """
+        for st in self.states:
+            st.stream_executor.sync()
+        failed = [st.stream_executor.error_ for st in self.states if st.stream_executor.error_ is not None]
+        if failed:
+            raise failed[0]
+        if mode == "gather_variable":
+            src = self.src_state.stream_executor
+            src.sync()
+            known = set(src.variables)
+            for st in self.states:
+                for k in [k for k in st.stream_executor.variables if k not in known]:
+                    src.variables.setdefault(k, []).append(st.stream_executor.variables[k])
+                    src.meta_info.setdefault(k, []).append(st.stream_executor.meta_info.get(k))
+        elif mode == "concate_and_append":
+            self.src_state += SglConcateAndAppend(self.states)
+            self.src_state.sync()
+        else:
+            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> "ProgramStateGroup":
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"{len(other)} expressions for {len(self.states)} forks")
+            items: list[Any] = list(other)
+        elif callable(other) and not isinstance(other, SglExpr):
+            items = [other(i) for i in range(len(self.states))]
+        else:
+            items = [other] * len(self.states)
+        for st, x in zip(self.states, items):
+            st += x
+        return self

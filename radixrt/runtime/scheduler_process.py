@@ -1,0 +1,136 @@
+"""The scheduler process of ``radixrt serve``: model, KV pool, radix tree.
+
+    main (TokenizerManager) --PUSH/PULL GenerateReq|AbortReq|FlushCacheReq|GetInfoReq--> scheduler
+    scheduler --PUSH/PULL BatchTokenOut|InfoOut|ReadyOut--> detokenizer (InfoOut/ReadyOut pass through)
+
+Every message is a msgspec msgpack Struct (tagged union); nothing is pickled. Info and flush replies go
+through the same pipe as the token outputs, so they reach the main process in order with them (a reply
+to a GetInfoReq sent after a request finished comes after that request's last output).
+
+The process exits when its parent dies (it polls ``os.getppid()``), so no orphan survives a killed server.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Union
+
+import msgspec
+import zmq
+
+from radixrt.runtime.protocol import (AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
+                                      ReadyOut, TokenOut)
+
+logger = logging.getLogger("radixrt.scheduler_process")
+
+IDLE_POLL_MS = 200        # block this long on the socket when there is nothing to do (parent check period)
+GRAMMAR_POLL_MS = 2       # only requests waiting for a grammar compile: poll often, but do not spin
+
+
+def setup_child(log_level: str, name: str) -> None:
+    """Common start of a child process: logging to stderr, Ctrl-C left to the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C reaches the whole group
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format=f"[%(asctime)s {name}] %(levelname)s %(name)s: %(message)s")
+
+
+def parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid
+
+
+def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_pid: int) -> None:
+    """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs."""
+    from radixrt.runtime.config import ServerArgs
+
+    args = msgspec.json.decode(args_json, type=ServerArgs)
+    setup_child(args.log_level, "scheduler")
+    ctx = zmq.Context(1)
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(in_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(out_addr)
+    enc = msgspec.msgpack.Encoder()
+    try:
+        sched = _build(args)
+    except BaseException as e:  # tell the main process why, then exit
+        logger.error("model load failed:\n%s", traceback.format_exc())
+        push.send(enc.encode(ReadyOut(error=f"{type(e).__name__}: {e}")))
+        push.close(linger=2000)
+        ctx.term()
+        sys.exit(1)
+    runner = sched.runner
+    push.send(enc.encode(ReadyOut(model_name=runner.source.name, context_length=runner.context_length,
+                                  vocab_size=runner.vocab_size, max_total_tokens=runner.num_pages * runner.page_size,
+                                  page_size=runner.page_size)))
+    try:
+        _loop(sched, pull, push, enc, parent_pid)
+    except BaseException:
+        logger.error("scheduler loop died:\n%s", traceback.format_exc())
+        raise
+    finally:
+        if sched.grammar_cache is not None:
+            sched.grammar_cache.shutdown(wait=False)
+
+
+def _build(args):
+    from radixrt.runtime.engine import make_grammar_cache
+    from radixrt.runtime.model_loader import load_tokenizer
+    from radixrt.runtime.model_runner import ModelRunner
+    from radixrt.runtime.scheduler import Scheduler
+
+    tokenizer = load_tokenizer(args.model)
+    runner = ModelRunner(args)
+    grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
+    return Scheduler(args, runner, tokenizer, grammar_cache)
+
+
+def _info(sched, flushed=None) -> InfoOut:
+    return InfoOut(cache=sched.cache_stats(), num_running=len(sched.running),
+                   num_waiting=len(sched.waiting) + len(sched.grammar_queue), flushed=flushed)
+
+
+def _loop(sched, pull, push, enc, parent_pid: int) -> None:
+    dec = msgspec.msgpack.Decoder(Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq])
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    while True:
+        if not parent_alive(parent_pid):
+            logger.info("the parent process is gone; exiting")
+            return
+        if sched.running or sched.waiting or sched.finished_outs:
+            timeout = 0
+        elif sched.grammar_queue:
+            timeout = GRAMMAR_POLL_MS
+        else:
+            timeout = IDLE_POLL_MS
+        if poller.poll(timeout):
+            while True:
+                try:
+                    frame = pull.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                _handle(sched, dec.decode(frame), push, enc)
+        if sched.has_work:
+            outs = sched.step()
+            if outs:
+                push.send(enc.encode(BatchTokenOut(outs)))
+
+
+def _handle(sched, msg, push, enc) -> None:
+    if isinstance(msg, GenerateReq):
+        try:
+            sched.add_request(msg)
+        except Exception as e:  # validated in the main process; never let one request kill the loop
+            logger.exception("add_request failed for %s", msg.rid)
+            push.send(enc.encode(BatchTokenOut([TokenOut(
+                rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids),
+                finished_reason={"type": "abort", "message": f"{type(e).__name__}: {e}"})])))
+    elif isinstance(msg, AbortReq):
+        sched.abort(msg.rid)
+    elif isinstance(msg, FlushCacheReq):
+        push.send(enc.encode(_info(sched, flushed=sched.flush_cache())))
+    elif isinstance(msg, GetInfoReq):
+        push.send(enc.encode(_info(sched)))

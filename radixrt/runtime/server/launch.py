@@ -1,0 +1,156 @@
+"""``radixrt serve``: start the three processes and the HTTP + DSL front ends.
+
+    radixrt serve [--model M] [--host 127.0.0.1] [--port 30000] [--zmq-port PORT+1] [--api-key K] ...
+    python -m radixrt serve ...          python -m radixrt.runtime.server.launch serve ...
+
+- main process: FastAPI on uvicorn (uvloop), the TokenizerManager and the DSL's ZMQ ROUTER;
+- scheduler process (model, KV pool, radix tree) and detokenizer process, started with multiprocessing's
+  "spawn" context and wired with ZMQ over ``ipc://`` paths in a private temporary folder;
+- HTTP is up at once: ``/health`` answers 503 until the model is loaded, then 200; at that moment exactly
+  one line is printed on stdout:
+  ``radixrt ready: http://127.0.0.1:30000 (zmq tcp://127.0.0.1:30001) model=SmolLM2-135M-Instruct``;
+- Ctrl-C or SIGTERM: open requests end with an error, the children are terminated (SIGTERM, then SIGKILL)
+  and joined, and the IPC folder is removed. The children also exit on their own when the main process
+  disappears (they poll their parent pid), so a SIGKILLed server leaves no orphans.
+- If the model fails to load, the server prints the reason on stderr and exits with status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Optional
+
+from radixrt.runtime.config import ServerArgs
+
+logger = logging.getLogger("radixrt.server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixrt", description="radixrt: a prefix-caching LLM runtime")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible and SGLang-native server",
+                           description="Run the server: OpenAI-compatible and SGLang-native HTTP APIs, "
+                                       "plus the DSL's ZMQ socket.")
+    ServerArgs.add_cli_args(serve)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command != "serve":
+        parser.print_help()
+        return 2
+    try:
+        args = ServerArgs.from_cli_args(ns)
+    except ValueError as e:
+        parser.error(str(e))
+    return serve(args)
+
+
+def serve(args: ServerArgs) -> int:
+    """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
+    import uvicorn
+
+    from radixrt.runtime.model_loader import resolve_model
+    from radixrt.runtime.server.dsl_socket import DslServer
+    from radixrt.runtime.server.http import create_app
+    from radixrt.runtime.server.tokenizer_manager import TokenizerManager
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
+    try:
+        src = resolve_model(args.model)
+    except ValueError as e:
+        print(f"radixrt: error: {e}", file=sys.stderr)
+        return 2
+    metrics = None
+    if args.enable_metrics:
+        from radixrt.runtime.server.metrics import Metrics
+        metrics = Metrics(args.served_model_name or src.name)
+    tm = TokenizerManager(args, src.name, metrics)
+    holder: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await tm.start()
+        dsl = DslServer(args, tm)
+        try:
+            await dsl.start()
+        except Exception as e:
+            tm.stop_processes()
+            raise RuntimeError(f"cannot bind the DSL socket {dsl.address}: {e}") from e
+        announce = asyncio.create_task(_announce(args, tm, holder, dsl.address))
+        try:
+            yield
+        finally:
+            announce.cancel()
+            await dsl.stop()
+            await tm.shutdown()
+
+    app = create_app(args, tm, metrics, lifespan=lifespan)
+    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", http="auto",
+                            log_level="debug" if args.log_level == "debug" else "warning",
+                            access_log=args.log_level == "debug", lifespan="on", timeout_graceful_shutdown=3,
+                            timeout_keep_alive=30)
+    server = _Server(config, tm)
+    holder["server"] = server
+    tm.on_fatal = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run()
+    finally:
+        tm.stop_processes()
+    if tm.fatal is not None:
+        print(f"radixrt: error: {tm.fatal}", file=sys.stderr)
+        return 1
+    return 0 if server.started else 1
+
+
+async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> None:
+    """Print the one ready line once the model is loaded and HTTP is listening."""
+    await tm.ready.wait()
+    server = holder["server"]
+    while not server.started:
+        await asyncio.sleep(0.02)
+    host = args.host if ":" not in args.host else f"[{args.host}]"
+    print(f"radixrt ready: http://{host}:{args.port} ({zmq_address.replace('*', args.host)}) "
+          f"model={tm.model_name}", flush=True)
+
+
+class _Server:
+    """uvicorn's Server, with our own SIGINT/SIGTERM handling: fail open requests at once, shut down, and
+    return normally (uvicorn would re-raise the signal after shutdown, skipping our clean-up)."""
+
+    def __new__(cls, config, tm):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    yield
+                finally:
+                    for sig, handler in original.items():
+                        signal.signal(sig, handler)
+
+            def handle_exit(self, sig, frame):
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                else:
+                    self.should_exit = True
+                try:
+                    loop = asyncio.get_running_loop()
+                    loop.call_soon_threadsafe(tm.begin_shutdown)
+                except RuntimeError:
+                    pass
+
+        return Server(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
