@@ -24,11 +24,12 @@ from radixrt.lang.ir import (SglExpr, SglExprList, SglGen, SglRoleBegin, SglRole
                              dtype_regex, role_expr, schema_to_str)
 from radixrt.lang.program import SglFunction, get_default_backend, set_default_backend
 
+# Also here, imported lazily (so that a ZMQ/HTTP client never imports torch or openai): Engine, EngineBackend,
+# OpenAI.
 __all__ = [
     "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin",
     "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end", "set_default_backend",
-    "get_default_backend", "flush_cache", "get_server_info", "RuntimeEndpoint", "OpenAI", "Engine",
-    "EngineBackend", "ProgramState", "ProgramStateGroup", "SglFunction", "BaseBackend", "BackendError",
+    "get_default_backend", "flush_cache", "get_server_info", "RuntimeEndpoint", "ProgramState", "ProgramStateGroup", "SglFunction", "BaseBackend", "BackendError",
     "BackendConnectionError", "RequestError", "ChoicesDecision", "ChoicesSamplingMethod", "token_length_normalized",
     "greedy_token_selection", "unconditional_likelihood_normalized",
 ]

@@ -298,8 +298,8 @@ class Scheduler:
         self._record_input_logprobs(logits, lp_at)
         self._sample(logits, sample_at)
         for req, n in batch:
-            if req.finished_reason is None and req.extend_len > 1:
-                self._cache_computed(req)  # a finished chunk: valid KV goes to the tree at once
+            if req.finished_reason is None and n > 1:
+                self._cache_computed(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
         self.sched_time += time.perf_counter() - t1
         self.step_time += time.perf_counter() - t0
 

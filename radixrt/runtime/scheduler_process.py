@@ -43,6 +43,10 @@ def parent_alive(parent_pid: int) -> bool:
 
 def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_pid: int) -> None:
     """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs."""
+    # OpenMP workers that spin between parallel regions fight the main and detokenizer processes (and
+    # anything else on the host) for cores: on a busy 2-core machine a decode step got ~10x slower.
+    # Sleeping workers cost nothing measurable when the cores are free. An explicit setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from radixrt.runtime.config import ServerArgs
 
     args = msgspec.json.decode(args_json, type=ServerArgs)

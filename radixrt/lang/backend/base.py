@@ -155,7 +155,8 @@ class RuntimeEndpoint(BaseBackend):
 
     Args:
         base_url: ``tcp://`` or ``http(s)://`` URL.
-        api_key: sent as ``Authorization: Bearer`` over HTTP, when the server wants one.
+        api_key: for a server started with ``--api-key`` (HTTP: ``Authorization: Bearer``; ZMQ: in each
+            ``DslRequest``).
         timeout: seconds to wait for a reply (for a stream: between two chunks) before giving up.
         connect_timeout: seconds the first contact may take.
 

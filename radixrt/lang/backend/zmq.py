@@ -15,7 +15,8 @@ from typing import Any, Iterator, Optional
 import msgspec
 import zmq
 
-from radixrt.lang.backend.base import BackendConnectionError, BackendError, RuntimeEndpoint, error_from_payload
+from radixrt.lang.backend.base import (BackendConnectionError, BackendError, RequestError, RuntimeEndpoint,
+                                       error_from_payload)
 from radixrt.runtime.protocol import DslReply, DslRequest
 
 _ENC = msgspec.msgpack.Encoder()
@@ -53,7 +54,7 @@ class ZmqEndpoint(RuntimeEndpoint):
         sock = self._checkout()
         healthy = False
         try:
-            sock.send(_ENC.encode(DslRequest(req_id=req_id, op=op, body=body)))
+            sock.send(_ENC.encode(DslRequest(req_id=req_id, op=op, body=body, api_key=self.api_key)))
             while True:
                 deadline = time.monotonic() + timeout
                 while True:
@@ -82,7 +83,8 @@ class ZmqEndpoint(RuntimeEndpoint):
     def _abort(self, rid: str) -> None:
         try:
             s = self._checkout()
-            s.send(_ENC.encode(DslRequest(req_id=uuid.uuid4().hex, op="abort", body={"rid": rid})))
+            s.send(_ENC.encode(DslRequest(req_id=uuid.uuid4().hex, op="abort", body={"rid": rid},
+                                          api_key=self.api_key)))
             s.close(linger=100)
         except Exception:  # noqa: BLE001 - best effort
             pass
@@ -120,8 +122,12 @@ class ZmqEndpoint(RuntimeEndpoint):
         raise BackendError(f"no result for {op}")
 
     def flush_cache(self) -> bool:
-        r = self._info("flush_cache")
-        return bool(r.get("flushed", r.get("success", True))) if isinstance(r, dict) else bool(r)
+        """True when flushed; False while requests run (the server refuses then)."""
+        try:
+            r = self._info("flush_cache")
+        except RequestError:
+            return False
+        return bool(r.get("success", True)) if isinstance(r, dict) else bool(r)
 
     def close(self) -> None:
         self._closed = True

@@ -150,6 +150,40 @@ def _literal_to_json(text: str) -> str:
     return "(" + " ".join(parts) + ")" if parts else '""'
 
 
+def _dot_excludes_newlines(pattern: str) -> str:
+    """Spell each ``.`` outside a class as ``[^\\n\\r\\u2028\\u2029]`` (ECMA-262/Python meaning);
+    xgrammar's converter lets ``.`` match line terminators too."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]" or out[-1] in ("[", "[^")
+        elif ch == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[^")
+                i += 2
+                continue
+        elif ch == ".":
+            ch = "[^\\n\\r\\u2028\\u2029]"
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _pattern_ebnf(pattern: str) -> str:
+    from xgrammar.testing import _regex_to_ebnf  # the installed converter (0.2.9); import errors surface
+
+    try:
+        return _regex_to_ebnf(_dot_excludes_newlines(pattern), False).strip()
+    except Exception as e:
+        raise ValueError(f"pattern {pattern!r}: {e}") from None
+
+
 def regex_ebnf_to_json_string(body: str) -> str:
     """Rewrite the EBNF of a regex (xgrammar's converter output) to match its JSON-escaped spelling."""
     out, i, n = [], 0, len(body)
@@ -210,13 +244,7 @@ def pattern_to_json_regex(pattern: str) -> str:
     Raises:
         ValueError: xgrammar's regex converter or this module cannot handle ``pattern``.
     """
-    from xgrammar.testing import _regex_to_ebnf
-
-    try:
-        body = _regex_to_ebnf(pattern, False)
-    except Exception as e:
-        raise ValueError(f"pattern {pattern!r}: {e}") from None
-    return "(" + _ebnf_to_regex(regex_ebnf_to_json_string(body.strip())) + ")"
+    return "(" + _ebnf_to_regex(regex_ebnf_to_json_string(_pattern_ebnf(pattern))) + ")"
 
 
 def fix_json_string_rules(grammar_text: str) -> str:
@@ -225,16 +253,10 @@ def fix_json_string_rules(grammar_text: str) -> str:
     Raises:
         ValueError: a construct this rewriter does not understand.
     """
-    from xgrammar.testing import _regex_to_ebnf  # the installed converter (0.2.9); import errors surface
-
     text = grammar_text.replace(_BOUNDED_CLASS, _ESC_CHAR)
 
     def convert(m: re.Match) -> str:
         pattern, _ = _decode_literal(m.group(1), 0)
-        try:
-            body = _regex_to_ebnf(pattern, False)
-        except Exception as e:
-            raise ValueError(f"pattern {pattern!r}: {e}") from None
-        return "(" + regex_ebnf_to_json_string(body.strip()) + ")"
+        return "(" + regex_ebnf_to_json_string(_pattern_ebnf(pattern)) + ")"
 
     return _REGEX_CALL.sub(convert, text)

@@ -48,15 +48,28 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int) -> oc.Vocabulary:
+# outlines-core 0.2.14 drops, from a final state, every token that leads to a non-final state: for
+# "0(\\.5)?" the token "." is refused after "0" (so 0.5, 1e10 as root values were impossible). We keep the
+# index free of final states inside the grammar by appending an end sentinel, U+10FFFF, that stands for
+# EOS: the EOS id is mapped to its bytes, tokens that could start it are left out of the vocabulary, and
+# EOS is allowed exactly where consuming the sentinel reaches a final state.
+SENTINEL = "\U0010FFFF"
+_SENTINEL_BYTES = SENTINEL.encode("utf-8")
+_SENTINEL_REGEX = r"\x{10FFFF}"
+
+
+def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int, placeholder_id: int) -> oc.Vocabulary:
     """``outlines_core.Vocabulary`` of the byte strings of every ordinary token id ``< vocab_size``.
 
     Byte-level tokens are decoded with the inverse GPT-2 table; a token with characters outside it
-    (a non-byte-level tokenizer) falls back to its UTF-8 text.
+    (a non-byte-level tokenizer) falls back to its UTF-8 text. ``eos_token_id`` is mapped to the sentinel;
+    tokens ending with a proper prefix of the sentinel's bytes (only plane-16 private-use characters start
+    so) are left out. ``placeholder_id`` is what outlines-core is told the EOS is (never used).
     """
     table = _byte_decoder()
     skip = special_token_ids(tokenizer) | {eos_token_id}
-    mapping: dict[bytes, list[int]] = {}
+    prefixes = tuple(_SENTINEL_BYTES[:k] for k in range(1, len(_SENTINEL_BYTES)))
+    mapping: dict[bytes, list[int]] = {_SENTINEL_BYTES: [eos_token_id]}
     for text, tid in tokenizer.get_vocab().items():
         if tid in skip or tid >= vocab_size:
             continue
@@ -64,14 +77,17 @@ def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int) -> oc.Vocabu
             raw = bytes(table[ch] for ch in text)
         except KeyError:
             raw = text.replace("\u2581", " ").encode("utf-8")
+        if raw.endswith(prefixes) or _SENTINEL_BYTES in raw:
+            continue
         mapping.setdefault(raw, []).append(tid)
-    return oc.Vocabulary(eos_token_id, mapping)
+    return oc.Vocabulary(placeholder_id, mapping)
 
 
 class OutlinesMatcher(GrammarMatcher):
     """Wraps ``outlines_core.Guide``; rollback up to ``max_rollback`` tokens. Not thread-safe."""
 
     def __init__(self, index: oc.Index, eos_token_id: int, max_rollback: int):
+        self._index = index
         self._guide = oc.Guide(index, max_rollback=max_rollback)
         self._eos = eos_token_id
         self._terminated = False
@@ -90,18 +106,21 @@ class OutlinesMatcher(GrammarMatcher):
             fill_single_token(bitmask, row, self._eos)
             return
         self._guide.write_mask_into(target.data_ptr(), target.numel(), 4)
+        word, bit = divmod(self._eos, 32)
+        value = int(target[word]) & ~(1 << bit)  # the sentinel may be "content" too: decide EOS here
+        if self.can_terminate():
+            value |= 1 << bit
+        target[word] = value - (1 << 32) if value >= 1 << 31 else value
 
     def accept_token(self, token_id: int) -> bool:
         if self._terminated:
             return False
         if token_id == self._eos:
-            if self._guide.is_finished():
-                self._terminated = True
-                return True
-            return False
+            self._terminated = self.can_terminate()
+            return self._terminated
         try:
             self._guide.advance(int(token_id), False)
-        except (ValueError, OverflowError):
+        except (ValueError, OverflowError, TypeError):
             return False
         return True
 
@@ -109,7 +128,10 @@ class OutlinesMatcher(GrammarMatcher):
         return self._terminated
 
     def can_terminate(self) -> bool:
-        return self._terminated or self._guide.is_finished()
+        if self._terminated:
+            return True
+        nxt = self._index.get_next_state(self._guide.get_state(), self._eos)
+        return nxt is not None and self._index.is_final_state(nxt)
 
     def rollback(self, n: int) -> None:
         if n < 0:
@@ -127,13 +149,24 @@ class OutlinesMatcher(GrammarMatcher):
 class OutlinesCompiled(CompiledGrammar):
     def __init__(self, kind: str, regex: str, index: oc.Index, eos_token_id: int, max_rollback: int):
         self.kind = kind
-        self.regex = regex
+        self.regex = regex  # without the end sentinel
         self._index = index
         self._eos = eos_token_id
         self._max_rollback = max_rollback
 
     def matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self._index, self._eos, self._max_rollback)
+
+
+def _strip_anchors(regex: str) -> str:
+    """Drop a leading ``^`` and a trailing unescaped ``$`` (the whole output is matched anyway)."""
+    if regex.startswith("^"):
+        regex = regex[1:]
+    if regex.endswith("$"):
+        body = regex[:-1]
+        if (len(body) - len(body.rstrip("\\"))) % 2 == 0:  # not an escaped "\$"
+            regex = body
+    return regex
 
 
 class OutlinesBackend(GrammarBackend):
@@ -157,7 +190,10 @@ class OutlinesBackend(GrammarBackend):
         self.whitespace_max = whitespace_max
         self.max_recursion_depth = max_recursion_depth
         self.max_rollback = max_rollback
-        self.vocabulary = build_vocabulary(tokenizer, self.vocab_size, self.eos_token_id)
+        spare = sorted(special_token_ids(tokenizer) - {self.eos_token_id}) + list(range(len(tokenizer), vocab_size))
+        if not spare:
+            raise ValueError("outlines: the tokenizer has no spare token id to stand in for outlines-core's EOS")
+        self.vocabulary = build_vocabulary(tokenizer, self.vocab_size, self.eos_token_id, spare[0])
 
     def schema_to_regex(self, text: str, any_whitespace: bool = False) -> str:
         """The regex outlines-core derives from a JSON schema text, with RFC 8259 fixes (see ``_FIXES``).
@@ -183,14 +219,16 @@ class OutlinesBackend(GrammarBackend):
             raise compile_error(self.name, kind, e) from None
         try:
             if kind == "json_schema":
-                schema = rewrite_patterns(prepare_schema(json.loads(text)), pattern_to_json_regex)
+                schema = rewrite_patterns(prepare_schema(json.loads(text), expand_types=False, explicit_any=True),
+                                          pattern_to_json_regex)
                 text = json.dumps(schema, ensure_ascii=False)
             regex = self.schema_to_regex(text, any_whitespace) if kind == "json_schema" else text
         except BaseException as e:
             reraise_fatal(e)
-            raise compile_error(self.name, kind, f"{type(e).__name__}: {e}") from None
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise compile_error(self.name, kind, f"{type(e).__name__}: {first[:300]}") from None
         try:
-            index = oc.Index(regex, self.vocabulary)
+            index = oc.Index(f"(?:{_strip_anchors(regex)}){_SENTINEL_REGEX}", self.vocabulary)
         except BaseException as e:
             reraise_fatal(e)
             msg = str(e)

@@ -9,8 +9,9 @@ dropped (``{"maxLength": 2}`` would accept ``"foo"``). :func:`prepare_schema` re
    constrained types): real-world schemas routinely omit ``"type": "object"``, and generating a bare
    ``null`` for them would be useless. Subschemas with ``$ref``/``anyOf``/``oneOf``/``allOf``/``not``/
    ``if``/``enum``/``const`` are left alone.
-2. **Arrays without ``items``/``prefixItems`` get ``"items": {}``** (same meaning; xgrammar's strict
-   mode would otherwise allow only ``[]`` once ``minItems``/``maxItems`` is present, or fail to compile).
+2. **Arrays without ``items``/``prefixItems`` get ``"items": {}``, objects with other keywords but no
+   ``properties``/``patternProperties``/``additionalProperties`` get ``"additionalProperties": {}``** (same
+   meaning; xgrammar's strict mode would otherwise allow only ``[]``/``{}``, or fail to compile).
 3. **Integral ``multipleOf`` turns ``number`` into ``integer``** (only integers are multiples of an
    integer; backends enforce ``multipleOf`` on integers but ignore it on numbers).
 4. **``$ref`` through embedded ``$id``/``id``/``$anchor``** is rewritten to a local ``#/...`` pointer.
@@ -61,15 +62,20 @@ def _pointer(path: list[str]) -> str:
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
 
 
-def _add_type(node: dict) -> None:
+def _add_type(node: dict, expand_types: bool) -> None:
     if "type" not in node and not any(k in node for k in _SKIP_TYPING):
         groups = [t for t, kws in TYPE_KEYWORDS.items() if any(k in node for k in kws)]
-        if groups:
-            node["type"] = groups if "object" in groups else list(ALL_TYPES)
+        if groups and "object" in groups:
+            node["type"] = groups
+        elif groups and expand_types:
+            node["type"] = list(ALL_TYPES)
     types = node.get("type")
     if (types == "array" or isinstance(types, list) and "array" in types) and "items" not in node \
             and "prefixItems" not in node:
         node["items"] = {}  # same meaning; xgrammar's strict mode otherwise allows only [] here
+    if (types == "object" or isinstance(types, list) and "object" in types) and len(node) > 1 \
+            and not any(k in node for k in ("properties", "patternProperties", "additionalProperties")):
+        node["additionalProperties"] = {}  # likewise: strict mode would allow only {}
     mult = node.get("multipleOf")
     if isinstance(mult, (int, float)) and not isinstance(mult, bool) and float(mult).is_integer() and mult > 0:
         types = node.get("type")
@@ -83,7 +89,9 @@ def _collect_ids(node: Any, base: str, path: list[str], ids: dict, bases: list) 
     if not isinstance(node, dict):
         return
     ident = node.get("$id", node.get("id"))
-    if isinstance(ident, str) and not ident.startswith("#"):
+    if isinstance(ident, str) and ident.startswith("#"):  # draft-04 plain-name fragment: an anchor
+        ids[base + ident] = path
+    elif isinstance(ident, str):
         base = urldefrag(urljoin(base, ident))[0]
         ids[base] = path
     anchor = node.get("$anchor")
@@ -92,6 +100,22 @@ def _collect_ids(node: Any, base: str, path: list[str], ids: dict, bases: list) 
     bases.append((node, base, path))
     for suffix, sub in _children(node):
         _collect_ids(sub, base, path + suffix, ids, bases)
+
+
+def _split_pointer(ptr: str) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in ptr.split("/")[1:]] if ptr else []
+
+
+def _exists(root: Any, path: list[str]) -> bool:
+    node = root
+    for part in path:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
 
 
 def _rewrite_refs(root: dict) -> None:
@@ -105,8 +129,13 @@ def _rewrite_refs(root: dict) -> None:
         ref = node.get("$ref")
         if not isinstance(ref, str):
             continue
-        if (ref == "#" or ref.startswith("#/")) and base == root_base:
-            continue  # plain local pointer: the backends resolve it
+        if ref == "#" or ref.startswith("#/"):
+            if base == root_base:
+                continue  # plain local pointer: the backends resolve it
+            inner = ids[base] + _split_pointer(ref[1:])
+            if _exists(root, inner) or not _exists(root, _split_pointer(ref[1:])):
+                node["$ref"] = "#" + _pointer(inner)
+            continue  # else: many real schemas mean the root document despite a nested id; keep it
         doc, frag = urldefrag(urljoin(base, ref))
         if frag and not frag.startswith("/"):  # "#anchor"
             target = ids.get(doc + "#" + frag)
@@ -119,10 +148,13 @@ def _rewrite_refs(root: dict) -> None:
         node["$ref"] = "#" + _pointer(target) + frag
 
 
-def prepare_schema(schema: Any) -> Any:
+def prepare_schema(schema: Any, expand_types: bool = True, explicit_any: bool = False) -> Any:
     """A rewritten deep copy of ``schema`` (a parsed JSON object or boolean); see the module doc.
 
-    ``true`` becomes ``{}``.
+    ``true`` becomes ``{}``. ``expand_types=False`` skips the "every JSON type" part of rule 1 (the
+    subschema stays typeless, which outlines-core refuses with a clear error). ``explicit_any=True`` turns
+    every empty subschema (``{}``/``true``) into ``{"type": [all types]}`` (outlines-core 0.2.14 splices an
+    empty subschema's alternation unparenthesized: ``{"a":{}}`` would also match a bare ``null``).
 
     Raises:
         ValueError: a ``$ref`` that cannot be resolved within the schema; the root schema ``false``.
@@ -139,9 +171,24 @@ def prepare_schema(schema: Any) -> Any:
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            _add_type(node)
-            stack.extend(sub for _, sub in _children(node))
+            _add_type(node, expand_types)
+            for suffix, sub in _children(node):
+                if explicit_any and (sub is True or sub == {}):
+                    _set_child(node, suffix, {"type": list(ALL_TYPES)})
+                else:
+                    stack.append(sub)
+    if explicit_any and out == {}:
+        out["type"] = list(ALL_TYPES)
     return out
+
+
+def _set_child(node: dict, suffix: list[str], value: Any) -> None:
+    if len(suffix) == 1:
+        node[suffix[0]] = value
+    elif isinstance(node[suffix[0]], list):
+        node[suffix[0]][int(suffix[1])] = value
+    else:
+        node[suffix[0]][suffix[1]] = value
 
 
 def rewrite_patterns(schema: Any, fn) -> Any:

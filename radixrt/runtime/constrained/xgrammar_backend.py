@@ -137,12 +137,15 @@ class XGrammarBackend(GrammarBackend):
             properties/items (xgrammar's default; keeps generations to the declared shape).
         fix_string_escapes: post-process json_schema grammars (see :mod:`.json_strings`).
         max_threads: compiler threads (default: min(8, cpu count)).
+        dynamic_compilation: build token-mask caches lazily on first use (compile ~50x faster, first
+            masks slower). Default False: all mask work happens in ``compile``, off the scheduler thread.
     """
 
     name = "xgrammar"
 
     def __init__(self, tokenizer, vocab_size: int, *, stop_token_ids: list[int] | None = None,
-                 strict_mode: bool = True, fix_string_escapes: bool = True, max_threads: int | None = None):
+                 strict_mode: bool = True, fix_string_escapes: bool = True, max_threads: int | None = None,
+                 dynamic_compilation: bool = False):
         eos = tokenizer.eos_token_id
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids else [eos]
         self.eos_token_id = self.stop_token_ids[0]
@@ -152,7 +155,8 @@ class XGrammarBackend(GrammarBackend):
         self.tokenizer_info = build_tokenizer_info(tokenizer, self.vocab_size, self.stop_token_ids)
         threads = max_threads or max(1, min(8, os.cpu_count() or 1))
         # Compiled grammars are cached by GrammarCache; xgrammar's own cache would hold a second copy.
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False)
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False,
+                                             enable_dynamic_compilation=dynamic_compilation)
 
     def _json_schema(self, text: str, any_whitespace: bool) -> xgr.CompiledGrammar:
         text = json.dumps(prepare_schema(json.loads(text)), ensure_ascii=False)

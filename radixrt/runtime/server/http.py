@@ -23,6 +23,7 @@ from typing import Any, Optional
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response, StreamingResponse
 
@@ -109,6 +110,16 @@ def _loc_param(loc) -> Optional[str]:
                 continue
             out += ("." if out else "") + str(p)
     return out or None
+
+
+def validation_error(errs: list) -> ApiError:
+    """A pydantic / FastAPI validation error list as a 400 naming the first bad field."""
+    first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+    param = _loc_param(first.get("loc", ()))
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        return ApiError(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}")
+    return ApiError(f"{param}: {msg}" if param else msg, param=param)
 
 
 async def _disconnected(request: Request) -> None:
@@ -201,15 +212,7 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
-        errs = e.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        param = _loc_param(first.get("loc", ()))
-        msg = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            param, msg = None, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}"
-        elif param:
-            msg = f"{param}: {msg}"
-        return JSONResp(error_body(msg, param), status_code=400)
+        return api_error_response(validation_error(e.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
@@ -228,6 +231,16 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
             return msgspec.json.decode(raw) if raw else {}
         except msgspec.DecodeError as e:
             raise ApiError(f"the request body is not valid JSON: {e}") from None
+
+    async def parse(request: Request, model_cls):
+        """The JSON body as ``model_cls`` (any content type; pydantic errors -> 400 naming the field)."""
+        body = await body_json(request)
+        if not isinstance(body, dict):
+            raise ApiError("the request body must be a JSON object")
+        try:
+            return model_cls.model_validate(body)
+        except ValidationError as e:
+            raise validation_error(e.errors()) from None
 
     def check_model(model: Optional[str]) -> None:
         ok = {tm.model_name, args.model, args.served_model_name} - {None}
@@ -319,7 +332,8 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
             raise ApiError(msg, param=openai_param(native_param(msg), msg, prompt_param, max_param)) from None
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
+    async def chat_completions(request: Request):
+        req = await parse(request, ChatCompletionRequest)
         tm.check_ready()
         check_model(req.model)
         check_tools(req)
@@ -385,7 +399,8 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
                          "system_fingerprint": None, "choices": choices, "usage": batch_usage(outs, n)})
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
+    async def completions(request: Request):
+        req = await parse(request, CompletionRequest)
         tm.check_ready()
         check_model(req.model)
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:

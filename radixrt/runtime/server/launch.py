@@ -117,7 +117,7 @@ async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> Non
     while not server.started:
         await asyncio.sleep(0.02)
     host = args.host if ":" not in args.host else f"[{args.host}]"
-    print(f"radixrt ready: http://{host}:{args.port} ({zmq_address.replace('*', args.host)}) "
+    print(f"radixrt ready: http://{host}:{args.port} (zmq {zmq_address.replace('*', args.host)}) "
           f"model={tm.model_name}", flush=True)
 
 

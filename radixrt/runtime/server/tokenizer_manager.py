@@ -57,6 +57,8 @@ def native_param(msg: str) -> Optional[str]:
     for kind in ("json_schema", "regex", "ebnf", "structural_tag"):
         if f"compile {kind}" in msg:
             return kind
+    if msg.startswith("unknown sampling parameter"):
+        return "sampling_params"
     if msg.startswith("only one of"):
         return "sampling_params"
     return None
@@ -406,7 +408,8 @@ class TokenizerManager:
         return {**self.args.to_dict(), "cache": info.cache, "num_running": info.num_running,
                 "num_waiting": info.num_waiting, "context_length": r.context_length,
                 "max_total_tokens": r.max_total_tokens, "model_name": self.model_name,
-                "version": _version()}
+                "version": _version(), "process_ids": {"main": os.getpid(),
+                                                       **{n: p.pid for n, p in self.procs.items()}}}
 
     # ---- the native API (/generate and the DSL socket) ------------------------------------------------
     async def native_generate(self, body: Any) -> NativeCall:
