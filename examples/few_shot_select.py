@@ -35,7 +35,8 @@ SHOTS = [
     ("The report has twelve pages.", "neutral"),
 ]
 INPUTS = [
-    ("This book was a delight from start to finish.", "positive"), ("The train was late again, so annoying.", "negative"),
+    ("This book was a delight from start to finish.", "positive"),
+    ("The train was late again, so annoying.", "negative"),
     ("The museum is on Main Street.", "neutral"), ("Amazing pizza, friendly staff!", "positive"),
     ("My order never arrived and nobody answers.", "negative"), ("The bus leaves every 20 minutes.", "neutral"),
     ("I am so happy with my new bike.", "positive"), ("The movie was boring and far too long.", "negative"),

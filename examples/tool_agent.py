@@ -2,7 +2,8 @@
 
 Every step the model emits ONE tool call, generated under the tools' JSON schema (so it always parses),
 the call is executed and its observation appended as the next user message. The loop ends with a
-``final_answer`` call or at the step bound (the last step may only answer). The system prompt and the
+``final_answer`` call or at the step bound (the last step, and the step after a repeated call, may only
+answer). The system prompt and the
 few-shot turns are the same for every question: ``run_batch`` prefills them once, and every later step
 reuses all earlier turns of its own conversation from the radix cache.
 
@@ -86,7 +87,8 @@ def run_tool(call: dict) -> str:
             return _fmt(calculator(call["expression"]))
         if call["tool"] == "convert":
             v = float(call["value"])
-            return f"{call['value']} {call['from_unit']} = {_fmt(convert(v, call['from_unit'], call['to_unit']))} {call['to_unit']}"
+            a, b = call["from_unit"], call["to_unit"]
+            return f"{call['value']} {a} = {_fmt(convert(v, a, b))} {b}"
         if call["tool"] == "lookup":
             return KNOWLEDGE[call["key"]]["fact"]
     except (ValueError, KeyError) as e:
@@ -103,33 +105,39 @@ def _tool(name: str, **props: Any) -> dict:
             "required": ["tool", *props], "additionalProperties": False}
 
 
-FINAL = _tool("final_answer", answer={"type": "string", "pattern": f"[A-Za-z0-9 .,:%()/+-]{{1,{ANSWER_MAX}}}"})
+FINAL = _tool("final_answer", answer={"type": "string", "maxLength": ANSWER_MAX,
+                                     "pattern": f"^[A-Za-z0-9 .,:%()/+-]{{1,{ANSWER_MAX}}}$"})
 CALL_SCHEMA = {"anyOf": [
-    _tool("calculator", expression={"type": "string", "pattern": f"[0-9+*/%(). -]{{1,{EXPR_MAX}}}"}),
-    _tool("convert", value={"type": "string", "pattern": r"-?[0-9]{1,7}(\.[0-9]{1,3})?"},
+    _tool("calculator", expression={"type": "string", "maxLength": EXPR_MAX,
+                                    "pattern": f"^[0-9+*/%(). -]{{1,{EXPR_MAX}}}$"}),
+    _tool("convert", value={"type": "string", "maxLength": NUM_MAX, "pattern": r"^-?[0-9]{1,7}(\.[0-9]{1,3})?$"},
           from_unit={"enum": UNITS}, to_unit={"enum": UNITS}),
     _tool("lookup", key={"enum": sorted(KNOWLEDGE)}),
     FINAL]}
 _LONGEST = [{"tool": "calculator", "expression": "x" * EXPR_MAX},
-            {"tool": "convert", "value": "x" * NUM_MAX, "from_unit": max(UNITS, key=len), "to_unit": max(UNITS, key=len)},
+            {"tool": "convert", "value": "x" * NUM_MAX, "from_unit": max(UNITS, key=len),
+             "to_unit": max(UNITS, key=len)},
             {"tool": "lookup", "key": max(KNOWLEDGE, key=len)}, {"tool": "final_answer", "answer": "x" * ANSWER_MAX}]
 # The patterns admit no character JSON must escape and every token is >= 1 character, so this many tokens
 # always completes the longest call (+1 for the end-of-turn token): a call can never be cut off.
 CALL_MAX_TOKENS = max(len(json.dumps(c, separators=(",", ":"))) for c in _LONGEST) + 1
 
+KEYS, UNIT_LIST = ", ".join(sorted(KNOWLEDGE)), " ".join(UNITS) + " (c f k are degrees)"
 SYSTEM = f"""You answer questions by calling tools. Reply with exactly one JSON tool call per message.
 Tools:
-- lookup: a fact from the knowledge base. {{"tool":"lookup","key":"KEY"}} with KEY one of: {", ".join(sorted(KNOWLEDGE))}.
-- convert: unit conversion. {{"tool":"convert","value":"330","from_unit":"m","to_unit":"ft"}}. Units: {" ".join(UNITS)} (c f k are degrees).
+- lookup: a fact from the knowledge base. {{"tool":"lookup","key":"KEY"}} with KEY one of: {KEYS}.
+- convert: unit conversion. {{"tool":"convert","value":"330","from_unit":"m","to_unit":"ft"}}. Units: {UNIT_LIST}.
 - calculator: arithmetic with + - * / ( ). {{"tool":"calculator","expression":"17*23"}}
 - final_answer: {{"tool":"final_answer","answer":"..."}} once you know the answer.
 Each call is answered with an Observation."""
 FEW_SHOT = [
+    ("What is 12 * 12 + 1?", '{"tool":"calculator","expression":"12*12+1"}'),
+    ("Observation: 145", '{"tool":"final_answer","answer":"12 * 12 + 1 = 145"}'),
+    ("How many meters are in 3 km?", '{"tool":"convert","value":"3","from_unit":"km","to_unit":"m"}'),
+    ("Observation: 3 km = 3000 m", '{"tool":"final_answer","answer":"3 km is 3000 m."}'),
     ("How tall is Mount Everest in kilometers?", '{"tool":"lookup","key":"mount_everest_height"}'),
     ("Observation: Mount Everest is 8849 m high.", '{"tool":"convert","value":"8849","from_unit":"m","to_unit":"km"}'),
     ("Observation: 8849 m = 8.849 km", '{"tool":"final_answer","answer":"Mount Everest is 8.849 km high."}'),
-    ("What is 12 * 12 + 1?", '{"tool":"calculator","expression":"12*12+1"}'),
-    ("Observation: 145", '{"tool":"final_answer","answer":"145"}'),
 ]
 QUESTIONS = [
     "How tall is the Eiffel Tower in feet?", "What is 17 * 23?", "Convert 100 km to miles.",
@@ -152,7 +160,9 @@ def agent(s: Any, question: str, max_steps: int) -> list[dict]:
     s += rt.user(question)
     calls: list[dict] = []
     for step in range(max_steps):
-        schema = FINAL if step == max_steps - 1 else CALL_SCHEMA
+        # The last step may only answer; so may the step after a call that repeats the one before it.
+        repeated = len(calls) >= 2 and calls[-1]["raw"] == calls[-2]["raw"]
+        schema = FINAL if step == max_steps - 1 or repeated else CALL_SCHEMA
         name = f"call_{step}"
         s += rt.assistant(rt.gen(name, json_schema=schema, max_tokens=CALL_MAX_TOKENS, temperature=0))
         rec: dict = {"raw": s[name], "parsed": False}

@@ -77,7 +77,7 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
         r = st.ret_value
         for approach, answer, score in r["leaves"]:
             mark = "*" if (approach, answer, score) == r["best"] else " "
-            print(f" {mark} [{score:+.2f}] {approach[:60]!r} -> answer{answer[:40]!r}")
+            print(f" {mark} [{score:+.2f}] {approach[:60]!r} -> answer: {answer[:40]!r}")
         print(f"   best: {r['best'][1].strip()}")
     u = token_usage(states)
     print(f"\n{len(questions)} trees of {width}x{depth} leaves; cached-token share {100 * u['cached_share']:.1f} % "

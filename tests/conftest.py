@@ -4,6 +4,10 @@ must satisfy free + evictable + protected (+ private, while busy) = total pages,
 from __future__ import annotations
 
 import os
+
+# Idle OpenMP workers sleep instead of spinning, so the test process, a server's scheduler process and
+# the reference model do not fight over the 2 cores (set before torch is imported).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import time
 from pathlib import Path
 

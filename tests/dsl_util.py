@@ -1,10 +1,13 @@
 """Shared by test_lang.py and test_examples.py: ONE ``radixrt serve`` process for the whole session
-(context 1024, KV pool 8192 tokens, one torch thread), started while the in-process engine loads, stopped at session end."""
+(context 1024, KV pool 8192 tokens, one torch thread), started while the in-process engine loads and
+stopped at session end."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from server_util import ServerProc
+from server_util import ROOT, ServerProc
+
+__all__ = ["ROOT", "start_server", "endpoint", "page_floor", "common_prefix"]
 
 PAGE = 16
 _server: Optional[ServerProc] = None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -98,6 +99,7 @@ class ServerProc:
                 os.killpg(self.pgid, signal.SIGKILL)
                 raise RuntimeError("processes of the server's group survived its exit (orphans)")
             time.sleep(0.1)
+        shutil.rmtree(self.dir, ignore_errors=True)
         return rc
 
     def kill(self) -> None:

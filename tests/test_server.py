@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -72,12 +73,6 @@ def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def tok():
-    from radixrt.runtime.model_loader import load_tokenizer
-    return load_tokenizer()
-
-
 def chat_ids(tok, messages) -> list[int]:
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tok.encode(text, add_special_tokens=False)
@@ -117,8 +112,11 @@ def test_startup_line_and_health(server, http):
 
 
 @pytest.mark.parametrize("cmd", [[sys.executable, "-m", "radixrt.runtime.server.launch"],
-                                 [sys.executable, "-m", "radixrt"]], ids=["launch", "module"])
+                                 [sys.executable, "-m", "radixrt"],
+                                 [str(Path(sys.executable).parent / "radixrt")]], ids=["launch", "module", "script"])
 def test_cli_help(cmd):
+    if not Path(cmd[0]).exists():
+        pytest.skip("the radixrt console script is not installed")
     out = subprocess.run(cmd + ["serve", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for flag in ("--page-size", "--max-total-tokens", "--max-running-requests", "--chunked-prefill-size",
@@ -128,9 +126,9 @@ def test_cli_help(cmd):
 
 
 # ---- OpenAI API with the official client -------------------------------------------------------------------
-def test_openai_chat_and_usage(oai, http, tok):
+def test_openai_chat_and_usage(oai, http, tokenizer):
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
-    ids = chat_ids(tok, msgs)
+    ids = chat_ids(tokenizer, msgs)
     ref = gen(http, input_ids=ids, sampling_params={"max_new_tokens": 8, **GREEDY})
     http.post("/flush_cache")
     r = oai.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
@@ -474,8 +472,8 @@ def stream_completion(http, body) -> tuple[list[str], list]:
     return [e["choices"][0]["text"] for e in events[:-1]], [e["choices"][0]["finish_reason"] for e in events[:-1]]
 
 
-def test_edge6_multi_token_stop_string(http, tok):
-    assert len(tok.encode(STOP, add_special_tokens=False)) >= 3
+def test_edge6_multi_token_stop_string(http, tokenizer):
+    assert len(tokenizer.encode(STOP, add_special_tokens=False)) >= 3
     body = {"prompt": COUNT, "max_tokens": 24, "stop": [STOP], **GREEDY}
     full = http.post("/v1/completions", json=body).json()["choices"][0]
     assert full["text"] == " 11, 12, 13," and full["finish_reason"] == "stop"

@@ -20,7 +20,7 @@ from radixrt.lang.backend import (BackendConnectionError, BackendError, BaseBack
 from radixrt.lang.choices import (ChoicesDecision, ChoicesSamplingMethod, check_choices, greedy_token_selection,
                                   resolve_method, token_length_normalized, unconditional_likelihood_normalized)
 from radixrt.lang.interpreter import ProgramState, ProgramStateGroup
-from radixrt.lang.ir import (SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect,
+from radixrt.lang.ir import (SglExpr, SglGen, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect,
                              dtype_regex, role_expr, schema_to_str)
 from radixrt.lang.program import SglFunction, get_default_backend, set_default_backend
 
@@ -29,8 +29,9 @@ from radixrt.lang.program import SglFunction, get_default_backend, set_default_b
 __all__ = [
     "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin",
     "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end", "set_default_backend",
-    "get_default_backend", "flush_cache", "get_server_info", "RuntimeEndpoint", "ProgramState", "ProgramStateGroup", "SglFunction", "BaseBackend", "BackendError",
-    "BackendConnectionError", "RequestError", "ChoicesDecision", "ChoicesSamplingMethod", "token_length_normalized",
+    "get_default_backend", "flush_cache", "get_server_info", "RuntimeEndpoint", "ProgramState",
+    "ProgramStateGroup", "SglFunction", "BaseBackend", "BackendError", "BackendConnectionError", "RequestError",
+    "ChoicesDecision", "ChoicesSamplingMethod", "token_length_normalized",
     "greedy_token_selection", "unconditional_likelihood_normalized",
 ]
 
@@ -109,6 +110,7 @@ def select(name: Optional[str] = None, choices: Optional[list[str]] = None, temp
 
     ``choices_method``: ``token_length_normalized`` (default), ``greedy_token_selection``,
     ``unconditional_likelihood_normalized`` (objects or names). Meta info holds every choice's score.
+    ``temperature`` is accepted for SGLang compatibility; the choice is always the method's argmax.
 
     Raises:
         ValueError: no/empty choices or an unknown method.
@@ -181,6 +183,3 @@ def __getattr__(name: str) -> Any:  # lazy, so that a ZMQ/HTTP client never impo
     raise AttributeError(f"module 'radixrt.lang.api' has no attribute {name!r}")
 
 
-_ = (SglExprList, BaseBackend, BackendError, BackendConnectionError, RequestError, ProgramState, ProgramStateGroup,
-     ChoicesDecision, ChoicesSamplingMethod, greedy_token_selection, unconditional_likelihood_normalized,
-     RuntimeEndpoint)

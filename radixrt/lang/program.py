@@ -66,7 +66,8 @@ def _run_params(max_new_tokens: Optional[int], stop: Any, stop_token_ids: Any, t
         return_text_in_logprobs=return_text_in_logprobs, seed=seed))
 
 
-def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSamplingParams, stream: bool) -> ProgramState:
+def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSamplingParams,
+                stream: bool) -> ProgramState:
     """Run ``func(state, **kwargs)``. Never raises for an error inside the program: see ``state.error()``.
     With ``stream=True`` the function runs in a background thread and the state is returned at once."""
     exe = StreamExecutor(backend, kwargs, sp, stream=stream)

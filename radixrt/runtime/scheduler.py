@@ -138,6 +138,8 @@ class Scheduler:
     def _preempt(self, req: Req) -> None:
         self.running.remove(req)
         self._release(req)
+        if req.input_logprobs is not None and not req.input_logprobs_done:
+            req.input_logprobs, req.input_top_logprobs = [], []  # recomputed from the start
         self.num_preemptions += 1
         self.waiting.append(req)  # keeps its arrival number, so it goes first under fcfs
 
@@ -203,7 +205,16 @@ class Scheduler:
                 budget -= 1
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if n > 0 and self._grow(req, n):
+            if n <= 0 or req not in self.running:
+                continue
+            while not self._grow(req, n):
+                # Out of pages mid-prefill: preempt the newest request not already in this step.
+                in_batch = {r for r, _ in batch}
+                victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
+                self._preempt(victim)
+                if victim is req:
+                    break
+            if req in self.running:
                 batch.append((req, n))
                 budget -= n
         if budget <= 0 or not self.waiting:

@@ -100,7 +100,10 @@ class BaseBackend:
     def tokenize(self, text: str) -> Optional[list[int]]:
         """Token ids of ``text`` exactly as the server would make them (no special tokens added)."""
         tok = self.get_tokenizer()
-        return None if tok is None else tok.encode(text, add_special_tokens=False)
+        if tok is None:
+            return None
+        with self._tok_lock:  # a fast tokenizer's Rust state must not be borrowed from two threads at once
+            return tok.encode(text, add_special_tokens=False)
 
     @staticmethod
     def _body(exe: Any, sp: SglSamplingParams, stream: bool = False) -> dict:

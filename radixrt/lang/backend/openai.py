@@ -44,7 +44,8 @@ class OpenAI(BaseBackend):
         try:
             return fn()
         except (o.APIConnectionError, o.APITimeoutError) as e:
-            raise BackendConnectionError(f"cannot reach the OpenAI-compatible server at {self.client.base_url}: {e}") from e
+            raise BackendConnectionError(
+                f"cannot reach the OpenAI-compatible server at {self.client.base_url}: {e}") from e
         except (o.BadRequestError, o.UnprocessableEntityError) as e:
             raise RequestError(str(e)) from e
         except o.APIError as e:

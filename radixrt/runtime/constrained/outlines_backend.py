@@ -179,18 +179,21 @@ class OutlinesBackend(GrammarBackend):
         whitespace_max: with ``any_whitespace``, at most this many whitespace chars between JSON tokens.
         max_recursion_depth: how deep recursive ``$ref`` is unrolled.
         max_rollback: how many tokens a matcher can roll back.
+        max_regex_chars: larger derived regexes are refused (index building would take minutes or more).
     """
 
     name = "outlines"
 
     def __init__(self, tokenizer, vocab_size: int, *, eos_token_id: int | None = None,
-                 whitespace_max: int = 8, max_recursion_depth: int = 3, max_rollback: int = 64):
+                 whitespace_max: int = 8, max_recursion_depth: int = 3, max_rollback: int = 64,
+                 max_regex_chars: int = 100_000):
         self.vocab_size = int(vocab_size)
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.whitespace_max = whitespace_max
         self.max_recursion_depth = max_recursion_depth
         self.max_rollback = max_rollback
-        spare = sorted(special_token_ids(tokenizer) - {self.eos_token_id}) + list(range(len(tokenizer), vocab_size))
+        self.max_regex_chars = max_regex_chars
+        spare = [*sorted(special_token_ids(tokenizer) - {self.eos_token_id}), *range(len(tokenizer), vocab_size)]
         if not spare:
             raise ValueError("outlines: the tokenizer has no spare token id to stand in for outlines-core's EOS")
         self.vocabulary = build_vocabulary(tokenizer, self.vocab_size, self.eos_token_id, spare[0])
@@ -227,6 +230,9 @@ class OutlinesBackend(GrammarBackend):
             reraise_fatal(e)
             first = (str(e).strip().splitlines() or [""])[0]
             raise compile_error(self.name, kind, f"{type(e).__name__}: {first[:300]}") from None
+        if len(regex) > self.max_regex_chars:
+            raise compile_error(self.name, kind, f"the spec expands to a {len(regex)}-character regex (limit "
+                                f"{self.max_regex_chars}); use --grammar-backend xgrammar")
         try:
             index = oc.Index(f"(?:{_strip_anchors(regex)}){_SENTINEL_REGEX}", self.vocabulary)
         except BaseException as e:

@@ -333,6 +333,13 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        """OpenAI chat completions over the model's chat template.
+
+        ``max_tokens`` / ``max_completion_tokens`` omitted: up to the room left in the context
+        (context length - prompt tokens). ``n`` > 1 submits n requests sharing the prompt's KV (seeds
+        ``seed + i`` when ``seed`` is given). ``finish_reason`` is ``stop`` (EOS, a stop string or token,
+        or an abort) or ``length``. ``tools`` (unless ``tool_choice`` is "none") are a 400 for now.
+        """
         req = await parse(request, ChatCompletionRequest)
         tm.check_ready()
         check_model(req.model)
@@ -400,6 +407,11 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        """OpenAI completions: ``prompt`` is a string, a list of strings, token ids or a list of token-id lists.
+
+        ``max_tokens`` omitted: up to the room left in the context (context length - prompt tokens), not
+        OpenAI's 16. ``logprobs`` is an int in [0, 5]. Choice ``index`` is ``prompt_index * n + i``.
+        """
         req = await parse(request, CompletionRequest)
         tm.check_ready()
         check_model(req.model)

@@ -24,6 +24,8 @@ import signal
 import sys
 from typing import Optional
 
+import uvicorn
+
 from radixrt.runtime.config import ServerArgs
 
 logger = logging.getLogger("radixrt.server")
@@ -54,8 +56,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
-    import uvicorn
-
     from radixrt.runtime.model_loader import resolve_model
     from radixrt.runtime.server.dsl_socket import DslServer
     from radixrt.runtime.server.http import create_app
@@ -121,35 +121,33 @@ async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> Non
           f"model={tm.model_name}", flush=True)
 
 
-class _Server:
-    """uvicorn's Server, with our own SIGINT/SIGTERM handling: fail open requests at once, shut down, and
-    return normally (uvicorn would re-raise the signal after shutdown, skipping our clean-up)."""
+class _Server(uvicorn.Server):
+    """uvicorn's Server with our own SIGINT/SIGTERM handling: fail open requests at once (streams end with
+    an error event), shut down, and return normally (uvicorn would re-raise the signal after shutting
+    down, which skips the clean-up after ``run``). A second Ctrl-C forces the exit."""
 
-    def __new__(cls, config, tm):
-        import uvicorn
+    def __init__(self, config, tm):
+        super().__init__(config)
+        self.tm = tm
 
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for sig, handler in original.items():
-                        signal.signal(sig, handler)
+    @contextlib.contextmanager
+    def capture_signals(self):
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
-            def handle_exit(self, sig, frame):
-                if self.should_exit and sig == signal.SIGINT:
-                    self.force_exit = True
-                else:
-                    self.should_exit = True
-                try:
-                    loop = asyncio.get_running_loop()
-                    loop.call_soon_threadsafe(tm.begin_shutdown)
-                except RuntimeError:
-                    pass
-
-        return Server(config)
+    def handle_exit(self, sig, frame):
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(self.tm.begin_shutdown)
+        except RuntimeError:  # no loop yet (still starting)
+            pass
 
 
 if __name__ == "__main__":
