@@ -20,32 +20,28 @@ class TorchNativeBackend(AttentionBackend):
 
     def plan(self, meta: AttentionMetadata) -> None:
         self.meta = meta
-        P = meta.page_size
+        P, B = meta.page_size, meta.batch_size
+        dev = meta.kv_indices.device
         indptr = meta.kv_indptr.tolist()
-        qo = meta.qo_indptr.tolist()
-        indices = meta.kv_indices.to(torch.int64)
-        offs = torch.arange(P, dtype=torch.int64, device=indices.device)
-        # Per request, the flat slot of every KV position (page * P + offset), trimmed to kv_len.
-        self.slots = []
-        for i, kv_len in enumerate(meta.kv_lens):
-            pages = indices[indptr[i]:indptr[i + 1]]
-            self.slots.append((pages[:, None] * P + offs[None, :]).reshape(-1)[:kv_len])
+        indices = meta.kv_indices.tolist()
+        max_pages = max(indptr[i + 1] - indptr[i] for i in range(B))
+        # Padded page table [B, max_pages] -> flat slot of every KV position [B, max_pages * P]; built
+        # with a handful of tensor ops whatever the batch size.
+        table = [indices[indptr[i]:indptr[i + 1]] + [0] * (max_pages - indptr[i + 1] + indptr[i]) for i in range(B)]
+        pt = torch.tensor(table, dtype=torch.int64, device=dev)
+        offs = torch.arange(P, dtype=torch.int64, device=dev)
+        self.slots = (pt[:, :, None] * P + offs).reshape(B, -1)
+        self.qo = meta.qo_indptr.tolist()
         self.decode_rows = [i for i, q in enumerate(meta.q_lens) if q == 1]
         self.extend_rows = [i for i, q in enumerate(meta.q_lens) if q > 1]
-        self.qo = qo
         if self.decode_rows:
-            max_kv = max(meta.kv_lens[i] for i in self.decode_rows)
-            B = len(self.decode_rows)
-            gather = torch.zeros(B, max_kv, dtype=torch.int64, device=indices.device)
-            mask = torch.full((B, 1, 1, max_kv), float("-inf"), device=indices.device)
-            for b, i in enumerate(self.decode_rows):
-                n = meta.kv_lens[i]
-                gather[b, :n] = self.slots[i]
-                mask[b, ..., :n] = 0.0
-            self.decode_gather = gather
-            self.decode_mask = mask
-            self.decode_q_rows = torch.tensor([qo[i] for i in self.decode_rows], dtype=torch.int64,
-                                             device=indices.device)
+            rows = torch.tensor(self.decode_rows, dtype=torch.int64, device=dev)
+            lens = torch.tensor([meta.kv_lens[i] for i in self.decode_rows], dtype=torch.int64, device=dev)
+            max_kv = int(lens.max())
+            self.decode_gather = self.slots[rows, :max_kv]
+            valid = torch.arange(max_kv, device=dev)[None, :] < lens[:, None]
+            self.decode_mask = torch.zeros(valid.shape, device=dev).masked_fill_(~valid, float("-inf"))[:, None, None, :]
+            self.decode_q_rows = torch.tensor([self.qo[i] for i in self.decode_rows], dtype=torch.int64, device=dev)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 kv: KVCacheView, scale: float) -> torch.Tensor:
@@ -66,8 +62,8 @@ class TorchNativeBackend(AttentionBackend):
             s, e = self.qo[i], self.qo[i + 1]
             q_len, kv_len = e - s, meta.kv_lens[i]
             qi = q[s:e].transpose(0, 1)                                      # [H, q, D]
-            ki = kflat[self.slots[i]].transpose(0, 1).to(q.dtype)            # [Hkv, L, D]
-            vi = vflat[self.slots[i]].transpose(0, 1).to(q.dtype)
+            ki = kflat[self.slots[i, :kv_len]].transpose(0, 1).to(q.dtype)            # [Hkv, L, D]
+            vi = vflat[self.slots[i, :kv_len]].transpose(0, 1).to(q.dtype)
             rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
             mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= rows  # [q, L] bool
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)

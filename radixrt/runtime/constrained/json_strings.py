@@ -7,13 +7,17 @@ which also refuses every escape, so a pattern string can never contain ``"`` or 
 
 :func:`fix_json_string_rules` rewrites the grammar text (``str(xgrammar.Grammar)``):
 
-- every ``[^\\"\\\\\\r\\n]`` class becomes "one decoded character": an unescaped char other than ``"``, ``\\``
-  and U+0000..U+001F, or one escape sequence, so ``{m,n}`` counts decoded characters, as JSON Schema does;
+- ``chars{m,n}`` of such a bounded class becomes ``Regex(U{m,n})`` where ``U`` is one *decoded* character:
+  an unescaped char other than ``"``, ``\\`` and U+0000..U+001F, a short escape, a non-surrogate
+  ``\\uXXXX`` or a ``\\uD8xx\\uDCxx`` pair; so bounds count decoded characters, as JSON Schema does.
+  Regex rules become FSMs with precomputed masks (~10 us per token) but cost ~10 ms of compile per unit
+  of bound, so bounds above ``EXACT_MAX`` are spelled ``Regex(U{min(m,64),64}) [plain]{...}``: escapes
+  are allowed among the first ``WINDOW`` characters, plain characters after (a sound subset).
 - every ``Regex(p, json_string=true)`` is replaced by ``p`` converted to EBNF (xgrammar's own regex
-  converter), then each character class / literal of it is widened the same way: a character the class
-  matches may appear raw if JSON allows it raw, else as its escape (``\\"``, ``\\\\``, ``\\n``, ``\\u0001``...).
-  ``\\/`` is accepted for ``/``. Other ``\\uXXXX`` spellings of ordinary characters are not accepted (the
-  grammar stays a subset of the valid strings).
+  converter), each character class / literal widened so that a character the class matches may appear
+  raw if JSON allows it raw, else as its escape (``\\"``, ``\\\\``, ``\\n``, ``\\u0001``...); ``\\/`` is
+  accepted for ``/``; other ``\\uXXXX`` spellings of ordinary characters are not (a sound subset); ``.``
+  does not match line terminators (ECMA-262). The result goes back as a ``Regex(...)`` rule.
 
 Anything this module cannot parse raises ``ValueError``; the caller then keeps xgrammar's grammar as is.
 """
@@ -264,13 +268,22 @@ def _regex_rule(regex: str) -> str:
     return f"Regex({_ebnf_string(regex)})"
 
 
-def _bounded_rule(lo: int, hi: int) -> str:
-    """EBNF for ``lo..hi`` decoded characters (``hi < 0``: unbounded); see the module doc."""
+def _bounded(lo: int, hi: int, rules: dict[str, str]) -> str:
+    """EBNF for ``lo..hi`` decoded characters (``hi < 0``: unbounded), adding shared Regex rules to ``rules``.
+
+    The Regex parts are shared rules (xgrammar compiles each rule once; ~1 s for 64 units) referenced
+    inline (a rule holding both parts makes xgrammar's masks ~1000x slower).
+    """
+    def rule(a: int, b: int | None) -> str:
+        name = f"radixrt_json_chars_{a}_{'inf' if b is None else b}"
+        rules.setdefault(name, _regex_rule(_UNIT_RE + "{%d,%s}" % (a, "" if b is None else b)))
+        return name
+
     if max(lo, hi) <= EXACT_MAX:
-        return _regex_rule(_UNIT_RE + "{%d,%s}" % (lo, "" if hi < 0 else hi))
+        return rule(lo, None if hi < 0 else hi)
     head_lo = min(lo, WINDOW)
     rest = f"{{{lo - head_lo},}}" if hi < 0 else f"{{{lo - head_lo},{hi - WINDOW}}}"
-    return f"({_regex_rule(_UNIT_RE + '{%d,%d}' % (head_lo, WINDOW))} {_PLAIN}{rest})"
+    return f"({rule(head_lo, WINDOW)} {_PLAIN}{rest})"
 
 
 def fix_json_string_rules(grammar_text: str) -> str:
@@ -281,10 +294,11 @@ def fix_json_string_rules(grammar_text: str) -> str:
     """
     names = re.findall(r"^(\S+) ::= \(\(" + re.escape(_BOUNDED_CLASS) + r"\)\)$", grammar_text, flags=re.M)
     text = grammar_text.replace(_BOUNDED_CLASS, _ESC_CHAR)
+    rules: dict[str, str] = {}
 
-    def bounded(m: re.Match) -> str:  # inlined: a separate rule makes xgrammar's masks ~1000x slower
+    def bounded(m: re.Match) -> str:
         lo = int(m.group(2))
-        return _bounded_rule(lo, lo if m.group(3) is None else int(m.group(3)))
+        return _bounded(lo, lo if m.group(3) is None else int(m.group(3)), rules)
 
     for name in names:
         text = re.sub(rf"(?<![\w.-])({re.escape(name)})\{{(\d+)(?:,\s*(-?\d+))?\}}", bounded, text)
@@ -293,4 +307,5 @@ def fix_json_string_rules(grammar_text: str) -> str:
         pattern, _ = _decode_literal(m.group(1), 0)
         return _regex_rule(_ebnf_to_regex(regex_ebnf_to_json_string(_pattern_ebnf(pattern))))
 
-    return _REGEX_CALL.sub(convert, text)
+    text = _REGEX_CALL.sub(convert, text)
+    return text + "".join(f"\n{name} ::= {body}" for name, body in rules.items())
