@@ -177,10 +177,12 @@ def test_escapes_in_bounded_strings(env, backend, limit):
                                         '"required":["s"]}' % limit)
     n = limit - 2
     assert accepts(env, bounded, r'{"s":"a\"b\nc"}')
-    assert accepts(env, bounded, '{"s":"%s"}' % ("x" * n + r"\"\n"))  # limit decoded characters
-    assert not accepts(env, bounded, '{"s":"%s"}' % ("x" * (n + 1) + r"\"\n"))  # limit + 1
-    assert accepts(env, bounded, '{"s":"%s"}' % ("x" * (n + 1) + r"\u00e9"))  # \uXXXX is one character
-    assert accepts(env, bounded, '{"s":"%s"}' % ("x" * (n + 1) + r"\ud83d\udca9"))  # a surrogate pair too
+    assert accepts(env, bounded, '{"s":"%s"}' % (r"\"\n" + "x" * n))  # limit decoded characters
+    assert not accepts(env, bounded, '{"s":"%s"}' % (r"\"\n" + "x" * (n + 1)))  # limit + 1
+    assert accepts(env, bounded, '{"s":"%s"}' % (r"\u00e9" + "x" * (n + 1)))  # \uXXXX is one character
+    assert accepts(env, bounded, '{"s":"%s"}' % (r"\ud83d\udca9" + "x" * (n + 1)))  # a surrogate pair too
+    assert accepts(env, bounded, '{"s":"%s"}' % ("x" * (limit - 1) + "\u00e9"))  # raw é: one character
+    assert not accepts(env, bounded, '{"s":"%s"}' % ("x" * limit + "\u00e9"))
     assert not accepts(env, bounded, '{"s":"a\tb"}')  # raw control characters are not JSON
     shorter = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","minLength":2}},'
                                         '"required":["s"]}')
@@ -189,8 +191,8 @@ def test_escapes_in_bounded_strings(env, backend, limit):
         return
     longer = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","minLength":100}},'
                                        '"required":["s"]}')
-    assert accepts(env, longer, '{"s":"%s"}' % ("y" * 98 + r"\"\n"))
-    assert not accepts(env, longer, '{"s":"%s"}' % ("y" * 97 + r"\"\n"))
+    assert accepts(env, longer, '{"s":"%s"}' % (r"\"\n" + "y" * 98))
+    assert not accepts(env, longer, '{"s":"%s"}' % (r"\"\n" + "y" * 97))
     pattern = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","pattern":'
                                         '"^a.b$"}},"required":["s"]}')
     for text in (r'{"s":"a\"b"}', r'{"s":"a\\b"}', r'{"s":"a\tb"}', r'{"s":"axb"}', r'{"s":"a/b"}',
@@ -442,6 +444,10 @@ def test_apply_token_bitmask(device):
     wide = torch.zeros(1, 100, device=device)  # padded vocab beyond the bitmask: masked
     apply_token_bitmask_(wide, allocate_token_bitmask(1, 96))
     assert torch.all(wide[0, :96] == 0) and torch.all(torch.isneginf(wide[0, 96:]))
+    for dtype in (torch.float64, torch.bfloat16):  # the torch-ops path (CPU fp32 uses xgrammar's kernel)
+        other = before.to(dtype)
+        apply_token_bitmask_(other, bm)
+        assert torch.equal(torch.isneginf(other), torch.isneginf(logits)), dtype
     with pytest.raises(ValueError, match="int32"):
         apply_token_bitmask_(logits, bm.to(torch.int64))
     with pytest.raises(ValueError, match="batch mismatch"):

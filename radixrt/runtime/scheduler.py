@@ -5,9 +5,7 @@ allows; prompts longer than ``chunked_prefill_size`` are prefilled over several 
 prefill, Sarathi / SGLang). When decode runs out of pages, the newest request is preempted by recompute:
 its computed prefix goes into the radix tree, its own pages are freed and it goes back to the queue.
 
-Page ownership (see mem/radix_cache.py for the tree's own invariants):
-  every page is exactly one of: free (allocator), in the tree (evictable or protected),
-  or private to one running request (``req.page_table[req.prefix_len // P:]``).
+Page ownership is stated in mem/req_pages.py, the tree's invariants in mem/radix_cache.py.
 """
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from collections import deque
 import torch
 
 from radixrt.kernels.attention.metadata import AttentionMetadata
-from radixrt.runtime.mem.allocator import PageAllocator
-from radixrt.runtime.mem.radix_cache import RadixCache
+from radixrt.runtime.mem.req_pages import ReqPages
 from radixrt.runtime.protocol import GenerateReq, TokenOut
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.params import grammar_of
@@ -36,8 +33,8 @@ class Scheduler:
     def __init__(self, args, runner, tokenizer, grammar_cache=None):
         self.args, self.runner, self.tokenizer = args, runner, tokenizer
         self.P = runner.page_size
-        self.allocator = PageAllocator(runner.num_pages)
-        self.tree = None if args.disable_radix_cache else RadixCache(self.P, self.allocator)
+        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
+        self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
         self.eos_ids = _eos_ids(tokenizer, runner.config)
         self.waiting: list[Req] = []
@@ -78,7 +75,7 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
-            self._release(req)
+            self.mem.release(req)
         for q in (self.waiting, self.grammar_queue):
             if req in q:
                 q.remove(req)
@@ -98,60 +95,18 @@ class Scheduler:
         return bool(self.running or self.waiting or self.grammar_queue or self.finished_outs)
 
     # ---- memory ------------------------------------------------------------------------------------
-    def _allocate(self, n: int) -> list[int] | None:
-        if n <= 0:
-            return []
-        if self.allocator.num_free < n and self.tree is not None:
-            self.tree.evict(n - self.allocator.num_free)
-        return self.allocator.allocate(n)
-
-    def _cache_computed(self, req: Req) -> None:
-        """Insert the request's computed, page-aligned prefix into the tree and share the tree's pages."""
-        if self.tree is None:
-            return
-        k = min(req.num_computed, req.seq_len) // self.P * self.P
-        if k <= req.prefix_len:
-            return
-        key = req.fill_ids[:k]
-        present = self.tree.insert(key, req.page_table[: k // self.P], req.cache_salt)
-        dup = req.page_table[req.prefix_len // self.P: present // self.P]
-        if dup:
-            self.allocator.free(dup)
-        m = self.tree.match_prefix(key, req.cache_salt)
-        assert len(m.pages) * self.P == k, "inserted prefix must match in full"
-        req.page_table[: k // self.P] = m.pages
-        self.tree.inc_lock_ref(m.last_node)
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.last_node, req.prefix_len = m.last_node, k
-
-    def _release(self, req: Req) -> None:
-        """Cache what is valid, then give back the request's own pages and its lock."""
-        self._cache_computed(req)
-        own = req.page_table[req.prefix_len // self.P:]
-        if own:
-            self.allocator.free(own)
-        if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
-        req.page_table, req.last_node, req.prefix_len, req.num_computed = [], None, 0, 0
-
     def _preempt(self, req: Req) -> None:
         self.running.remove(req)
-        self._release(req)
+        self.mem.release(req)
         if req.input_logprobs is not None and not req.input_logprobs_done:
             req.input_logprobs, req.input_top_logprobs = [], []  # recomputed from the start
         self.num_preemptions += 1
         self.waiting.append(req)  # keeps its arrival number, so it goes first under fcfs
 
     def cache_stats(self) -> dict:
-        private = sum(len(r.page_table) - r.prefix_len // self.P for r in self.running)
-        ev = self.tree.evictable_pages if self.tree else 0
-        pr = self.tree.protected_pages if self.tree else 0
-        return {"total_pages": self.allocator.num_pages, "free_pages": self.allocator.num_free,
-                "evictable_pages": ev, "protected_pages": pr, "private_pages": private,
-                "page_size": self.P, "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
+        return {**self.mem.stats(self.running), "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
                 "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
-                "num_preemptions": self.num_preemptions, "enabled": self.tree is not None}
+                "num_preemptions": self.num_preemptions}
 
     # ---- scheduling --------------------------------------------------------------------------------
     def _promote_grammar_ready(self) -> None:
@@ -165,28 +120,6 @@ class Scheduler:
             req.grammar_future = None
             self.waiting.append(req)
 
-    def _admit(self, req: Req) -> int:
-        """Match, lock, allocate for the first chunk. Returns tokens scheduled (0: no room)."""
-        if self.tree is not None and req.max_cacheable_prefix() > 0:
-            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
-            pages, node = m.pages, m.last_node
-        else:
-            pages, node = [], None
-        matched = len(pages) * self.P
-        if node is not None:
-            self.tree.inc_lock_ref(node)
-        req.page_table, req.last_node, req.prefix_len, req.num_computed = list(pages), node, matched, matched
-        return matched
-
-    def _grow(self, req: Req, n: int) -> bool:
-        """Make room in the page table for ``n`` more computed tokens."""
-        need = -(-(req.num_computed + n) // self.P) - len(req.page_table)
-        pages = self._allocate(need)
-        if pages is None:
-            return False
-        req.page_table.extend(pages)
-        return True
-
     def schedule(self) -> list[tuple[Req, int]]:
         """Pick this step's work: ``(req, num_new_tokens)`` pairs, decodes first."""
         self._promote_grammar_ready()
@@ -195,7 +128,7 @@ class Scheduler:
         for req in sorted([r for r in self.running if r.extend_len == 1], key=lambda r: r.arrival):
             if req not in self.running:
                 continue  # preempted below while making room for an older request
-            while not self._grow(req, 1):
+            while not self.mem.grow(req, 1):
                 victim = max(self.running, key=lambda r: r.arrival)
                 self._preempt(victim)
                 if victim is req:
@@ -207,7 +140,7 @@ class Scheduler:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
             if n <= 0 or req not in self.running:
                 continue
-            while not self._grow(req, n):
+            while not self.mem.grow(req, n):
                 # Out of pages mid-prefill: preempt the newest request not already in this step.
                 in_batch = {r for r, _ in batch}
                 victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
@@ -225,10 +158,10 @@ class Scheduler:
                 break
             if self.tree is not None and self._shares_uncached(req, admitted):
                 continue
-            matched = self._admit(req)
+            matched = self.mem.admit(req)
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if not self._grow(req, n):
-                self._release(req)
+            if not self.mem.grow(req, n):
+                self.mem.release(req)
                 break
             if not req.output_ids and req.cached_tokens == 0:
                 req.cached_tokens = matched
@@ -310,7 +243,7 @@ class Scheduler:
         self._sample(logits, sample_at)
         for req, n in batch:
             if req.finished_reason is None and n > 1:
-                self._cache_computed(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
+                self.mem.cache(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
         self.sched_time += time.perf_counter() - t1
         self.step_time += time.perf_counter() - t0
 
@@ -400,7 +333,7 @@ class Scheduler:
     # ---- results -------------------------------------------------------------------------------------
     def _finish_running(self, req: Req, reason: dict) -> None:
         self.running.remove(req)
-        self._release(req)
+        self.mem.release(req)
         self._finish(req, reason)
 
     def _finish(self, req: Req, reason: dict) -> None:

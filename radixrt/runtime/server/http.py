@@ -33,6 +33,7 @@ from radixrt.runtime.server.openai_protocol import (CHAT_ROLES, MAX_CHAT_TOP_LOG
                                                     finish_reason, n_seeds, new_id, now, openai_param,
                                                     sampling_params)
 from radixrt.runtime.server.tokenizer_manager import ReqBatch, TokenizerManager, native_param
+from radixrt.runtime.server.tool_parser import ToolPlan, parse_output, plan_tools, render_tool_history
 
 logger = logging.getLogger("radixrt.server")
 
@@ -149,15 +150,22 @@ async def wait_or_abort(request: Request, batch: ReqBatch) -> list:
         batch.abort_unfinished()
 
 
-def check_tools(req: ChatCompletionRequest) -> None:
-    """THE hook for tool calling. ``tool_parser.py`` (a later issue) plugs in here; until then a request
-    that asks for tools is a clear 400 rather than silently unconstrained output."""
-    if req.tools and req.tool_choice != "none":
-        raise ApiError("tools are not supported yet", param="tools")
+def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
+    """THE hook for tool calling (see :mod:`.tool_parser`): validates ``tools``/``tool_choice`` and returns
+    the plan (prompt, grammar, parsing), or None when no tool may be called. Raises ApiError 400."""
+    plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    if plan is not None:
+        for field in ("response_format", "regex", "ebnf"):
+            v = getattr(req, field)
+            if v is not None and not (field == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
+                raise ApiError(f"{field} cannot be combined with tools (tool_choice {plan.mode!r} constrains the "
+                               f"output to tool calls); use tool_choice 'none'", param=field)
+    return plan
 
 
-def render_chat(tokenizer, messages) -> str:
-    """The model's chat template over OpenAI messages (roles system/developer/user/assistant/tool)."""
+def render_chat(tokenizer, messages, plan: Optional[ToolPlan] = None) -> str:
+    """The model's chat template over OpenAI messages (roles system/developer/user/assistant/tool); the
+    tools of ``plan`` go into the system prompt, earlier ``tool_calls`` into the assistant text."""
     if not messages:
         raise ApiError("messages must be a non-empty list", param="messages")
     msgs = []
@@ -187,6 +195,9 @@ def render_chat(tokenizer, messages) -> str:
         if m.tool_calls:
             d["tool_calls"] = m.tool_calls
         msgs.append(d)
+    msgs = render_tool_history(msgs)
+    if plan is not None:
+        msgs = plan.inject(msgs)
     try:
         return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     except Exception as e:
@@ -321,7 +332,7 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
 
     # ---- OpenAI ----
     async def submit(prompt_param: str, max_param: str, sps: list[dict], texts=None, ids=None,
-                     return_logprob=False, top_n=0, cache_salt=None) -> ReqBatch:
+                     return_logprob=False, top_n=0, cache_salt=None, grammar_param=None) -> ReqBatch:
         try:
             reqs, _ = await tm.build(prompt=texts, input_ids=ids, sampling_params=sps, return_logprob=return_logprob,
                                      logprob_start_len=-1, top_logprobs_num=top_n, stream=False,
@@ -329,7 +340,10 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
             return await tm.submit(reqs)
         except ValueError as e:
             msg = str(e)
-            raise ApiError(msg, param=openai_param(native_param(msg), msg, prompt_param, max_param)) from None
+            param = openai_param(native_param(msg), msg, prompt_param, max_param)
+            if grammar_param is not None and param in ("response_format.json_schema.schema", "structural_tag"):
+                param = grammar_param  # the tools' grammar failed to compile
+            raise ApiError(msg, param=param) from None
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -338,12 +352,14 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
         ``max_tokens`` / ``max_completion_tokens`` omitted: up to the room left in the context
         (context length - prompt tokens). ``n`` > 1 submits n requests sharing the prompt's KV (seeds
         ``seed + i`` when ``seed`` is given). ``finish_reason`` is ``stop`` (EOS, a stop string or token,
-        or an abort) or ``length``. ``tools`` (unless ``tool_choice`` is "none") are a 400 for now.
+        or an abort), ``length``, or ``tool_calls``: ``tools``/``tool_choice`` are handled by
+        :mod:`.tool_parser` (tools injected into the system prompt, output constrained and parsed into
+        ``message.tool_calls``; streamed as OpenAI tool-call deltas).
         """
         req = await parse(request, ChatCompletionRequest)
         tm.check_ready()
         check_model(req.model)
-        check_tools(req)
+        plan = check_tools(req)
         if req.top_logprobs is not None:
             if not 0 <= req.top_logprobs <= MAX_CHAT_TOP_LOGPROBS:
                 raise ApiError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {req.top_logprobs}",
@@ -353,13 +369,16 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
         max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = sampling_params(req, max_new, max_param)
-        prompt = render_chat(tm.tokenizer, req.messages)
+        if plan is not None:
+            kind, spec = plan.grammar()
+            sp[kind] = spec
+        prompt = render_chat(tm.tokenizer, req.messages, plan)
         ids = tm.tokenizer.encode(prompt, add_special_tokens=False)
         n = req.n
         sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
         top_n = req.top_logprobs or 0
         batch = await submit("messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
-                             top_n=top_n, cache_salt=req.cache_salt)
+                             top_n=top_n, cache_salt=req.cache_salt, grammar_param="tools" if plan else None)
         cid, created, model = new_id("chatcmpl"), now(), tm.model_name
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -375,6 +394,8 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
                     d["usage"] = None
                 return d
 
+            parsers = [plan.stream() for _ in range(n)] if plan is not None else None
+
             async def events():
                 try:
                     for i in range(n):
@@ -383,6 +404,17 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
                         i, s = await batch.next()
                         t = s.token
                         lp = lp_obj(t.output_token_logprobs, t.output_top_logprobs) if t.output_token_logprobs else None
+                        if parsers is not None:  # tool calls: content and tool_call deltas from the parser
+                            deltas = parsers[i].feed(s.text_delta or "")
+                            if t.finished_reason is not None:
+                                deltas += parsers[i].finish()
+                            if lp and not deltas:
+                                deltas = [{"content": ""}]
+                            for k, delta in enumerate(deltas):
+                                yield sse(chunk(i, delta, logprobs=lp if k == 0 else None))
+                            if t.finished_reason is not None:
+                                yield sse(chunk(i, {}, parsers[i].finish_reason(finish_reason(t.finished_reason))))
+                            continue
                         if s.text_delta or lp:
                             yield sse(chunk(i, {"content": s.text_delta}, logprobs=lp))
                         if t.finished_reason is not None:
@@ -399,9 +431,14 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
             outs = await wait_or_abort(request, batch)
         except ClientGone:
             return Response(status_code=499)
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": lp_obj(o.output_token_logprobs, o.output_top_logprobs),
-                    "finish_reason": finish_reason(o.finished_reason)} for i, o in enumerate(outs)]
+        choices = []
+        for i, o in enumerate(outs):
+            message, reason = {"role": "assistant", "content": o.text}, finish_reason(o.finished_reason)
+            if plan is not None:
+                message, reason = parse_output(plan, o.text, reason)
+            choices.append({"index": i, "message": message,
+                            "logprobs": lp_obj(o.output_token_logprobs, o.output_top_logprobs),
+                            "finish_reason": reason})
         return JSONResp({"id": cid, "object": "chat.completion", "created": created, "model": model,
                          "system_fingerprint": None, "choices": choices, "usage": batch_usage(outs, n)})
 

@@ -1,0 +1,85 @@
+"""A request's pages: what the scheduler asks of the allocator and the radix tree.
+
+Page ownership: every page is exactly one of free (allocator), in the tree (evictable or protected), or
+private to one running request (``req.page_table[req.prefix_len // P:]``). The first ``prefix_len``
+tokens' pages belong to the tree and are locked through ``req.last_node``.
+"""
+from __future__ import annotations
+
+from radixrt.runtime.mem.allocator import PageAllocator
+from radixrt.runtime.mem.radix_cache import RadixCache
+from radixrt.runtime.request import Req
+
+
+class ReqPages:
+    def __init__(self, page_size: int, num_pages: int, enable_cache: bool):
+        self.P = page_size
+        self.allocator = PageAllocator(num_pages)
+        self.tree = RadixCache(page_size, self.allocator) if enable_cache else None
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` free pages, evicting least recently used tree leaves if short; None if impossible."""
+        if n <= 0:
+            return []
+        if self.allocator.num_free < n and self.tree is not None:
+            self.tree.evict(n - self.allocator.num_free)
+        return self.allocator.allocate(n)
+
+    def admit(self, req: Req) -> int:
+        """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens."""
+        pages, node = [], None
+        if self.tree is not None and req.max_cacheable_prefix() > 0:
+            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
+            pages, node = m.pages, m.last_node
+            self.tree.inc_lock_ref(node)
+        matched = len(pages) * self.P
+        req.page_table, req.last_node, req.prefix_len, req.num_computed = list(pages), node, matched, matched
+        return matched
+
+    def grow(self, req: Req, n: int) -> bool:
+        """Make room in the page table for ``n`` more computed tokens."""
+        need = -(-(req.num_computed + n) // self.P) - len(req.page_table)
+        pages = self.allocate(need)
+        if pages is None:
+            return False
+        req.page_table.extend(pages)
+        return True
+
+    def cache(self, req: Req) -> None:
+        """Insert the request's computed, page-aligned prefix into the tree and share the tree's pages:
+        ``insert`` reports how much was already there, and those duplicate pages of ours go back."""
+        if self.tree is None:
+            return
+        k = min(req.num_computed, req.seq_len) // self.P * self.P
+        if k <= req.prefix_len:
+            return
+        key = req.fill_ids[:k]
+        present = self.tree.insert(key, req.page_table[: k // self.P], req.cache_salt)
+        dup = req.page_table[req.prefix_len // self.P: present // self.P]
+        if dup:
+            self.allocator.free(dup)
+        m = self.tree.match_prefix(key, req.cache_salt)
+        assert len(m.pages) * self.P == k, "inserted prefix must match in full"
+        req.page_table[: k // self.P] = m.pages
+        self.tree.inc_lock_ref(m.last_node)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.prefix_len = m.last_node, k
+
+    def release(self, req: Req) -> None:
+        """Cache what is valid, then give back the request's own pages and its lock."""
+        self.cache(req)
+        own = req.page_table[req.prefix_len // self.P:]
+        if own:
+            self.allocator.free(own)
+        if req.last_node is not None:
+            self.tree.dec_lock_ref(req.last_node)
+        req.page_table, req.last_node, req.prefix_len, req.num_computed = [], None, 0, 0
+
+    def stats(self, running: list[Req]) -> dict:
+        """Page counts: free + evictable + protected + private == total."""
+        private = sum(len(r.page_table) - r.prefix_len // self.P for r in running)
+        return {"total_pages": self.allocator.num_pages, "free_pages": self.allocator.num_free,
+                "evictable_pages": self.tree.evictable_pages if self.tree else 0,
+                "protected_pages": self.tree.protected_pages if self.tree else 0,
+                "private_pages": private, "page_size": self.P, "enabled": self.tree is not None}
