@@ -19,22 +19,19 @@ which also refuses every escape, so a pattern string can never contain ``"`` or 
   accepted for ``/``; other ``\\uXXXX`` spellings of ordinary characters are not (a sound subset); ``.``
   does not match line terminators (ECMA-262). The result goes back as a ``Regex(...)`` rule.
 
-Anything this module cannot parse raises ``ValueError``; the caller then keeps xgrammar's grammar as is.
+A pattern this module cannot convert (lookaround, backreferences) keeps xgrammar's own rule, with a warning.
 """
 from __future__ import annotations
 
+import logging
 import re
 
+logger = logging.getLogger(__name__)
 _SHORT = {0x22: '"', 0x5C: "\\", 0x2F: "/", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
-_MAX = 0x10FFFF
-_HEX = "[0-9a-fA-F]"
-# One decoded character: a raw char, a short escape, a non-surrogate \\uXXXX, or a \\uD8xx\\uDCxx pair
-# (one code point, as JSON Schema counts length).
-_ESC_CHAR = ('(([^\\0-\\x1f\\"\\\\]) | ("\\\\" (([\\"\\\\/bfnrt]) | ("u" (([0-9a-cA-CefEF] {h} {h} {h}) | '
-             '([dD] [0-7] {h} {h}) | ([dD] [89abAB] {h} {h} "\\\\u" [dD] [c-fC-F] {h} {h}))))))').format(h=_HEX)
 _BOUNDED_CLASS = '[^\\"\\\\\\r\\n]'
-# The same "one decoded character" as a regex; xgrammar compiles Regex(...) rules to FSMs with precomputed
-# masks (a few microseconds per token), whereas a repeated EBNF alternation costs ~20 ms per mask.
+# One decoded character: a raw char, a short escape, a non-surrogate \uXXXX or a \uD8xx\uDCxx pair. As a
+# regex: xgrammar compiles Regex(...) rules to FSMs with precomputed masks (microseconds per token),
+# whereas a repeated EBNF alternation costs ~20 ms per mask.
 _UNIT_RE = ('([^"\\\\\\x00-\\x1f]|\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|'
             '[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2})))')
 _PLAIN = '[^\\0-\\x1f\\"\\\\]'  # one unescaped JSON string character (EBNF)
@@ -293,7 +290,7 @@ def fix_json_string_rules(grammar_text: str) -> str:
         ValueError: a construct this rewriter does not understand.
     """
     names = re.findall(r"^(\S+) ::= \(\(" + re.escape(_BOUNDED_CLASS) + r"\)\)$", grammar_text, flags=re.M)
-    text = grammar_text.replace(_BOUNDED_CLASS, _ESC_CHAR)
+    text = grammar_text.replace(_BOUNDED_CLASS, _regex_rule(_UNIT_RE))
     rules: dict[str, str] = {}
 
     def bounded(m: re.Match) -> str:
@@ -305,7 +302,11 @@ def fix_json_string_rules(grammar_text: str) -> str:
 
     def convert(m: re.Match) -> str:
         pattern, _ = _decode_literal(m.group(1), 0)
-        return _regex_rule(_ebnf_to_regex(regex_ebnf_to_json_string(_pattern_ebnf(pattern))))
+        try:
+            return _regex_rule(_ebnf_to_regex(regex_ebnf_to_json_string(_pattern_ebnf(pattern))))
+        except ValueError as e:  # e.g. a lookahead: keep xgrammar's own (escape-free) rule for it
+            logger.warning("json_strings: pattern %r kept as xgrammar lowers it: %s", pattern, e)
+            return m.group(0)
 
     text = _REGEX_CALL.sub(convert, text)
     return text + "".join(f"\n{name} ::= {body}" for name, body in rules.items())

@@ -5,9 +5,11 @@ between JSON tokens is none by default, ``[ \\t\\n\\r]{0,N}`` with ``any_whitesp
 unrolled ``max_recursion_depth`` levels). ``ebnf`` and ``structural_tag`` are not supported.
 
 The ``Vocabulary`` is built from the loaded tokenizer, never from a hub: each token string is mapped
-back to its bytes with the GPT-2 byte-level table; special tokens and EOS are left out (outlines-core adds
-EOS itself at final states). Index building is eager: its cost grows with the DFA size times the
-vocabulary, so large schemas can take seconds or fail (reported as ValueError).
+back to its bytes with the GPT-2 byte-level table; special tokens are left out and EOS stands for an end
+sentinel (see ``SENTINEL``). Index building is eager: its cost grows with the DFA size times the
+vocabulary, so large schemas take seconds (a root ``{}`` about a minute) or are refused up front
+(``max_regex_chars``) with a ValueError. Schemas are rewritten first (``schema_prep``, and each
+``pattern`` is turned into a regex over the JSON-escaped text: outlines-core splices it in verbatim).
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ dropped (``{"maxLength": 2}`` would accept ``"foo"``). :func:`prepare_schema` re
    ``if``/``enum``/``const`` are left alone.
 2. **Arrays without ``items``/``prefixItems`` get ``"items": {}``, objects with other keywords but no
    ``properties``/``patternProperties``/``additionalProperties`` get ``"additionalProperties": {}``** (same
-   meaning; xgrammar's strict mode would otherwise allow only ``[]``/``{}``, or fail to compile).
+   meaning; xgrammar's strict mode would otherwise allow only ``[]``/``{}``, or fail to compile). A
+   ``required`` key missing from ``properties`` is declared there with the ``additionalProperties``
+   schema (backends ignore undeclared required keys).
 3. **Integral ``multipleOf`` turns ``number`` into ``integer``** (only integers are multiples of an
    integer; backends enforce ``multipleOf`` on integers but ignore it on numbers).
 4. **``$ref`` through embedded ``$id``/``id``/``$anchor``** is rewritten to a local ``#/...`` pointer.
@@ -73,9 +75,17 @@ def _add_type(node: dict, expand_types: bool) -> None:
     if (types == "array" or isinstance(types, list) and "array" in types) and "items" not in node \
             and "prefixItems" not in node:
         node["items"] = {}  # same meaning; xgrammar's strict mode otherwise allows only [] here
-    if (types == "object" or isinstance(types, list) and "object" in types) and len(node) > 1 \
-            and not any(k in node for k in ("properties", "patternProperties", "additionalProperties")):
-        node["additionalProperties"] = {}  # likewise: strict mode would allow only {}
+    if types == "object" or isinstance(types, list) and "object" in types:
+        undeclared = not any(k in node for k in ("properties", "patternProperties", "additionalProperties"))
+        extra = node.get("additionalProperties", {})
+        required = node.get("required")
+        if isinstance(required, list) and extra is not False and "patternProperties" not in node:
+            props = node.setdefault("properties", {})
+            for key in required:  # backends only enforce required keys that are declared properties
+                if isinstance(key, str) and isinstance(props, dict) and key not in props:
+                    props[key] = extra if isinstance(extra, (dict, bool)) else {}
+        if undeclared and len(node) > 1:
+            node["additionalProperties"] = {}  # likewise: strict mode would allow only {}
     mult = node.get("multipleOf")
     if isinstance(mult, (int, float)) and not isinstance(mult, bool) and float(mult).is_integer() and mult > 0:
         types = node.get("type")

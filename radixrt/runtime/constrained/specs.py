@@ -10,10 +10,6 @@ import json
 import re
 from typing import Any
 
-try:  # the `regex` module (a transformers dependency) knows \p{..} classes that JSON Schema users write
-    import regex as _rx
-except ImportError:  # pragma: no cover
-    _rx = re
 
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 JSON_OBJECT_SCHEMA = '{"type":"object"}'  # what OpenAI's response_format {"type": "json_object"} maps to
@@ -32,7 +28,9 @@ def _pointer(path: list[str]) -> str:
 
 
 def _compile_regex(pattern: str) -> None:
-    _rx.compile(pattern)
+    """Python's ``re`` (what jsonschema's "regex" format check uses too); ``\\p{..}`` is refused, which
+    neither backend could compile anyway."""
+    re.compile(pattern)
 
 
 def _check_patterns(node: Any, path: list[str]) -> None:
@@ -47,7 +45,7 @@ def _check_patterns(node: Any, path: list[str]) -> None:
     if isinstance(pat, str):
         try:
             _compile_regex(pat)
-        except Exception as e:  # re.error / regex.error
+        except (re.error, RecursionError, OverflowError) as e:
             raise ValueError(
                 f"json_schema: 'pattern' at {_pointer(path)} is not a valid regex: {pat!r}: {e}") from None
     pprops = node.get("patternProperties")
@@ -55,12 +53,12 @@ def _check_patterns(node: Any, path: list[str]) -> None:
         for key in pprops:
             try:
                 _compile_regex(key)
-            except Exception as e:
+            except (re.error, RecursionError, OverflowError) as e:
                 raise ValueError(
                     f"json_schema: 'patternProperties' key at {_pointer(path + ['patternProperties'])} "
                     f"is not a valid regex: {key!r}: {e}") from None
     for key, value in node.items():
-        if key in _DATA_KEYWORDS or key == "pattern":
+        if key in _DATA_KEYWORDS or isinstance(value, str):
             continue
         _check_patterns(value, path + [key])
 
@@ -129,7 +127,7 @@ def validate_spec(kind: str, spec: Any) -> str:
             raise ValueError("regex: the pattern is empty")
         try:
             _compile_regex(spec)
-        except Exception as e:
+        except (re.error, RecursionError, OverflowError) as e:
             raise ValueError(f"regex: not a valid regex: {spec!r}: {e}") from None
         return spec
     if kind == "ebnf":
