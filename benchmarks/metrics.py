@@ -11,7 +11,8 @@ For one workload on one system, over the completed requests (``duration`` = last
 - e2e latency = finish - send (mean, P50, P99);
 - hit rate = cached / prompt tokens, as the system reports them (None where it reports nothing), next to the
   optimal hit rate: what an ideal token-level cache that keeps every prompt and, once a request finishes,
-  its output, could reuse in the order the requests were sent (:func:`optimal_hit_rate`);
+  its output, could reuse in the order the requests were sent (:func:`optimal_hit_rate`), and the same
+  counting whole 16-token pages only (radixrt's page size: what a paged cache can reach at best);
 - JSON validity share = outputs that parse and validate against the workload's schema / those checked.
 
 Percentiles interpolate linearly (numpy's default), as ``roofline.percentile`` does.
@@ -49,6 +50,8 @@ class Record:
     decision: Optional[str] = None              # select: the chosen option
     label: Optional[str] = None                 # select: the template's answer
     error: Optional[str] = None
+    sent_ids: Optional[list[int]] = None        # the token ids sent, where the client tokenized
+    output_ids: Optional[list[int]] = None      # the token ids generated, where the system returns them
 
     @property
     def ttft(self) -> float:
@@ -77,7 +80,7 @@ def stats(xs: list[float]) -> dict:
     return {"mean": sum(xs) / len(xs), "p50": percentile(xs, 50), "p99": percentile(xs, 99), "n": len(xs)}
 
 
-def summarize(records: list[Record], optimal: Optional[float] = None) -> dict:
+def summarize(records: list[Record], optimal: Optional[float] = None, optimal_paged: Optional[float] = None) -> dict:
     """The workload's figures on one system (see the module docstring)."""
     ok = [r for r in records if r.error is None]
     out: dict[str, Any] = {"completed": len(ok), "failed": len(records) - len(ok)}
@@ -107,6 +110,7 @@ def summarize(records: list[Record], optimal: Optional[float] = None) -> dict:
     else:
         out["hit_rate"] = None
     out["optimal_hit_rate"] = optimal
+    out["optimal_hit_rate_paged"] = optimal_paged
     checked = [r for r in ok if r.json_valid is not None]
     out["json_valid_share"] = (sum(r.json_valid for r in checked) / len(checked)) if checked else None
     sel = [r for r in ok if r.kind == "select" and r.label is not None]
@@ -135,14 +139,16 @@ class _Trie:
             node = node.setdefault(t, {})
 
 
-def optimal_hit_rate(events: Iterable[tuple[float, float, list[list[int]], Optional[list[int]]]]) -> Optional[float]:
+def optimal_hit_rate(events: Iterable[tuple[float, float, list[list[int]], Optional[list[int]]]],
+                     page: int = 1) -> Optional[float]:
     """The hit rate of an ideal, unbounded, token-granular prefix cache.
 
     ``events``: one ``(t_send, t_end, sent, done)`` per call: ``sent`` the token sequences the call sends
     (one prompt, or one per ``select`` option) and ``done`` the sequence the cache could hold once it finished
     (prompt + output), or None. Each sent sequence reuses its longest prefix among every sequence sent before it
     and every ``done`` of a call finished before it was sent; sequences of one call are sent in order.
-    Returns reused / sent tokens.
+    Returns reused / sent tokens. ``page`` > 1: a reused prefix counts in whole pages only (a paged cache's
+    optimum, radixrt's with ``page`` = its page size).
     """
     timeline = []
     for i, (t0, t1, sent, done) in enumerate(events):
@@ -154,7 +160,7 @@ def optimal_hit_rate(events: Iterable[tuple[float, float, list[list[int]], Optio
     for _, is_send, _, seqs in timeline:
         for s in seqs:
             if is_send:
-                hit += trie.match(s)
+                hit += trie.match(s) // page * page
                 total += len(s)
             trie.insert(s)
     return hit / total if total else None

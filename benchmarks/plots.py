@@ -38,8 +38,9 @@ def plot_workload(path: str, workload: str, description: str, runs: dict[str, di
     for b, v, s in zip(bars, vals, systems):
         txt = f"{v:.2f}"
         if base and v and s != "radixrt":
-            txt += f"\nradixrt {base / v:.1f}x"
+            txt += f"\nradixrt / this: {base / v:.2g}x"
         ax.annotate(txt, (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(vals + [1e-9]) * 1.3)
     ax.tick_params(axis="x", labelsize=8)
 
     ax = axes[0][1]
@@ -64,15 +65,18 @@ def plot_workload(path: str, workload: str, description: str, runs: dict[str, di
     ax = axes[1][1]
     hits = [runs[s]["summary"].get("hit_rate") for s in systems]
     opt = [runs[s]["summary"].get("optimal_hit_rate") for s in systems]
+    paged = [runs[s]["summary"].get("optimal_hit_rate_paged") for s in systems]
     bars = ax.bar(systems, [h or 0 for h in hits], color=colors)
-    for b, h, o in zip(bars, hits, opt):
+    for b, h, o, p in zip(bars, hits, opt, paged):
         x = b.get_x()
         if o is not None:
             ax.hlines(o, x, x + b.get_width(), colors="k", linestyles="--")
+        if p is not None:
+            ax.hlines(p, x, x + b.get_width(), colors="k", linestyles=":")
         ax.annotate("n/a" if h is None else f"{h:.1%}", (x + b.get_width() / 2, h or 0), ha="center",
                     va="bottom", fontsize=8)
     ax.set_ylim(0, 1.05)
-    ax.set_title("prefix-cache hit rate (dashed: optimal)")
+    ax.set_title("hit rate (dashed: optimal, dotted: in 16-token pages)", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
 
     fig.suptitle(f"{workload}: {description}\n{machine}", fontsize=9)

@@ -76,10 +76,39 @@ def decide(choices: list[str], input_lps: list[list]) -> str:
                                    output_token_logprobs=[[] for _ in choices]).decision
 
 
+def prompt_ids(tok: Any, call: Gen, eos_ids: set) -> list[int]:
+    """The token ids of ``call.prompt``. A continuation (``call.cont``) reuses the ids the previous call sent and
+    generated, as the model saw them (re-tokenizing its answer could split it differently), then the suffix."""
+    prev = call.cont[0] if call.cont else None
+    if prev is None or prev.sent_ids is None or prev.output_ids is None:
+        return tok.encode(call.prompt, add_special_tokens=False)
+    suffix = call.cont[1]
+    base = prev.sent_ids + prev.output_ids
+    if base and base[-1] in eos_ids:   # it stopped on EOS: the text has it in the suffix, or not at all
+        eos_text = tok.decode([base[-1]])
+        if suffix.startswith(eos_text):
+            suffix = suffix[len(eos_text):]
+        else:
+            base = base[:-1]
+    return base + tok.encode(suffix, add_special_tokens=False)
+
+
+def eos_ids_of(tok: Any) -> set:
+    from radixrt.runtime.model_loader import load_config
+    try:
+        e = load_config().eos_token_id
+    except Exception:
+        e = None
+    ids = set(e if isinstance(e, list) else [e]) if e is not None else set()
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    return ids
+
+
 def call_key(call: Any) -> tuple:
     if isinstance(call, Select):
         return ("select",)
-    return ("gen", call.max_new_tokens, call.ignore_eos, json.dumps(call.json_schema, sort_keys=True))
+    return ("gen", call.ignore_eos, json.dumps(call.json_schema, sort_keys=True))
 
 
 class System:
@@ -97,8 +126,9 @@ class System:
 
     def stop(self) -> None: ...
 
-    def reset(self) -> None:
-        """A cold cache before each workload."""
+    def reset(self) -> bool:
+        """A cold cache before each workload; True when that took a fresh process (warm it up again)."""
+        return False
 
     def warmup(self) -> None: ...
 
@@ -185,6 +215,7 @@ class RadixRT(HTTPSystem):
         super().__init__(tokenizer)
         self.name, self.extra, self.max_total_tokens = name, tuple(extra), max_total_tokens
         self.proc = None
+        self.eos_ids = eos_ids_of(tokenizer)
 
     def describe(self) -> dict:
         return {"cmd": "python -m radixrt serve " + " ".join(self.extra), "api": "POST /generate (stream)",
@@ -210,16 +241,20 @@ class RadixRT(HTTPSystem):
                 self.proc.kill()
             self.proc = None
 
-    def reset(self) -> None:
+    def reset(self) -> bool:
         deadline = time.time() + 60
         with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as c:
             while True:
                 r = c.post("/flush_cache")
                 if r.status_code == 200:
-                    return
+                    return False
                 if time.time() > deadline:
                     raise RuntimeError(f"flush_cache failed: {r.status_code} {r.text}")
                 time.sleep(0.2)
+
+    def profile_pid(self) -> int:
+        """The scheduler process (the model, the KV pool, the radix tree): what ``--profile`` samples."""
+        return int(self.server_info()["process_ids"]["scheduler"])
 
     def server_info(self) -> dict:
         with httpx.Client(base_url=self.url, timeout=60, trust_env=False) as c:
@@ -233,8 +268,9 @@ class RadixRT(HTTPSystem):
             sp["ignore_eos"] = True
         if call.json_schema is not None:
             sp["json_schema"] = json.dumps(call.json_schema)
-        body = {"text": call.prompt, "sampling_params": sp, "stream": True}
         rec.t_send = now()
+        rec.sent_ids = prompt_ids(self.tok, call, self.eos_ids)   # tokenized here, as rt.select does
+        body = {"input_ids": rec.sent_ids, "sampling_params": sp, "stream": True}
         last, seen = None, 0
         async with client.stream("POST", "/generate", json=body) as resp:
             if resp.status_code != 200:
@@ -257,6 +293,7 @@ class RadixRT(HTTPSystem):
             raise RuntimeError("empty stream")
         m = last["meta_info"]
         rec.output_text = last["text"]
+        rec.output_ids = list(last["output_ids"])
         rec.output_tokens = m["completion_tokens"]
         rec.reported_prompt_tokens = m["prompt_tokens"]
         rec.cached_tokens = m["cached_tokens"]
@@ -356,10 +393,11 @@ class LlamaCpp(HTTPSystem):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
-    def reset(self) -> None:
+    def reset(self) -> bool:
         """Its cache has no flush endpoint: a restart (about a second) gives every workload a cold cache."""
         self.stop()
         self.start(self.context_length)
+        return True
 
     def grammar(self, schema: dict) -> str:
         key = json.dumps(schema, sort_keys=True)
@@ -420,9 +458,10 @@ class HFGenerate(System):
     name = "hf-generate"
     has_cache_report = True   # it caches nothing between calls: 0 cached tokens, truthfully
 
-    def __init__(self, tokenizer: Any, batch_size: int = 16):
-        self.tok, self.batch_size = tokenizer, batch_size
+    def __init__(self, tokenizer: Any, batch_size: int = 16, threads: Optional[int] = None):
+        self.tok, self.batch_size, self.threads = tokenizer, batch_size, threads
         self.model = None
+        self.eos_ids = eos_ids_of(tokenizer)
         self._compiler = None
         self._compiled: dict[str, Any] = {}
 
@@ -437,11 +476,14 @@ class HFGenerate(System):
         from transformers.utils import logging as hf_logging
 
         from radixrt.runtime.model_loader import load_hf_model
+        import torch
         hf_logging.set_verbosity_error()
+        if self.threads:
+            torch.set_num_threads(self.threads)
         self.model = load_hf_model()
         gc = self.model.generation_config
         eos = gc.eos_token_id if gc.eos_token_id is not None else self.tok.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.eos_ids |= set(eos if isinstance(eos, list) else [eos])
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.eos_ids)
 
     def stop(self) -> None:
@@ -457,7 +499,9 @@ class HFGenerate(System):
             if self._compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=self.model.config.vocab_size)
                 self._compiler = xgr.GrammarCompiler(info)
-            self._compiled[key] = self._compiler.compile_json_schema(key)
+            # compact JSON (no whitespace outside strings), as radixrt's grammar backend compiles it
+            self._compiled[key] = self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                                     separators=(",", ":"))
         return self._compiled[key]
 
     def run(self, wl: Workload, programs: list, pbar: Any, concurrency: int = 0) -> list[Record]:
@@ -501,6 +545,8 @@ class HFGenerate(System):
         return out
 
     def _gen(self, calls: list[Gen]) -> list[Record]:
+        """One static batch: left-padded, greedy, run to the longest ``max_new_tokens`` of the batch; each row is
+        cut at its own limit or its first EOS."""
         import torch
         from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -514,8 +560,10 @@ class HFGenerate(System):
 
         c0 = calls[0]
         t0 = now()
-        enc = self.tok([c.prompt for c in calls], return_tensors="pt", padding=True, padding_side="left",
-                       add_special_tokens=False)
+        rows = [prompt_ids(self.tok, c, self.eos_ids) for c in calls]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
         procs = LogitsProcessorList()
         if c0.json_schema is not None:
             import xgrammar as xgr
@@ -523,36 +571,36 @@ class HFGenerate(System):
             procs.append(xgr.contrib.hf.LogitsProcessor(self.compiled(c0.json_schema)))
         timer = StepTimer()
         procs.append(timer)
-        n = c0.max_new_tokens
+        n = max(c.max_new_tokens for c in calls)
         gc = GenerationConfig(max_new_tokens=n, min_new_tokens=n if c0.ignore_eos else 0, do_sample=False,
                               pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids))
         with torch.inference_mode():
-            out = self.model.generate(**enc, generation_config=gc, logits_processor=procs)
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc,
+                                      logits_processor=procs)
         t1 = now()
-        L = enc["input_ids"].shape[1]
         recs = []
         for i, c in enumerate(calls):
-            new = out[i, L:].tolist()
-            k = next((j for j, t in enumerate(new) if t in self.eos_ids), None)
+            new = out[i, width:].tolist()[:c.max_new_tokens]
+            k = None if c0.ignore_eos else next((j for j, t in enumerate(new) if t in self.eos_ids), None)
             n_i = len(new) if k is None else k + 1
-            body = new if k is None else new[:k]
             r = Record("", "", 0, 0, "gen", t_send=t0, t_end=t1)
+            r.sent_ids, r.output_ids = rows[i], new[:n_i]
             r.chunk_times = timer.times[:n_i]
             r.t_first = r.chunk_times[0] if r.chunk_times else None
             r.output_tokens = n_i
-            r.output_text = self.tok.decode(body, skip_special_tokens=True)
+            r.output_text = self.tok.decode(new[:n_i], skip_special_tokens=True)
             r.finish_reason = "stop" if k is not None else "length"
-            r.reported_prompt_tokens = int(enc["attention_mask"][i].sum())
+            r.reported_prompt_tokens = len(rows[i])
             r.cached_tokens = 0
             recs.append(r)
         return recs
 
-    def _select(self, calls: list[Select]) -> list[Record]:
+    def _select(self, calls: list[Select], fast: bool = True) -> list[Record]:
         import torch
         t0 = now()
         bounds = [select_boundaries(self.tok, c.context, c.choices) for c in calls]
         ctxs = [self.tok.encode(c.context, add_special_tokens=False) for c in calls]
-        single = all(len(f) == len(ctx) + 1 and f[:len(ctx)] == ctx
+        single = fast and all(len(f) == len(ctx) + 1 and f[:len(ctx)] == ctx
                      for ctx, (fulls, _, _) in zip(ctxs, bounds) for f in fulls)
         # rows to run, and per (call, option): (row, [(position from the end, token id), ...])
         rows: list[list[int]] = []
@@ -589,6 +637,7 @@ class HFGenerate(System):
             r = Record("", "", 0, 0, "select", t_send=t0, t_end=t1)
             r.decision = decide(c.choices, input_lps)
             r.output_text, r.label, r.finish_reason = r.decision, c.label, "select"
+            r.scores = [sum(t[0] for t in lps) / len(lps) for lps in input_lps]  # type: ignore[attr-defined]
             r.reported_prompt_tokens = sum(len(f) for f in fulls)
             r.cached_tokens = 0
             recs.append(r)

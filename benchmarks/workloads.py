@@ -21,7 +21,9 @@ own, so the *structure* and the token counts of scripted parts are identical for
 4. ``few-shot-select`` a few-shot prefix of ``examples`` labelled reviews, then for each of ``inputs`` reviews a
                        ``select`` over 4 labels.
 5. ``json-decode``     ``requests`` extractions of a person record under ``PERSON_SCHEMA``;
-   ``json-decode-free`` the same prompts unconstrained (for the >= 0.9x throughput target).
+   ``json-decode-free`` the same prompts unconstrained, each generating exactly as many tokens (ignore_eos) as
+                       its constrained twin did on the same system: the same work less the grammar, for the
+                       >= 0.9x throughput target (a free-running 135M model rambles to the token limit instead).
 """
 from __future__ import annotations
 
@@ -42,6 +44,9 @@ class Gen:
     ignore_eos: bool = False
     json_schema: Optional[dict] = None       # constrain the output (radixrt json_schema, llama.cpp GBNF, xgrammar)
     validate_schema: Optional[dict] = None   # check the output against this schema (constrained or not)
+    # ``prompt`` = ``cont[0]``'s prompt + its answer + ``cont[1]``: a system that takes token ids continues from
+    # the ids it sent and the ids it generated (the model's own tokens), a text-only system sends ``prompt``
+    cont: Optional[tuple[Any, str]] = None
     kind: str = "gen"
 
 
@@ -62,11 +67,13 @@ class Workload:
     name: str
     description: str
     params: dict
-    make_programs: Callable[[], list[Program]]   # fresh generators on every call (one run per system)
+    make_programs: Callable[..., list[Program]]  # fresh generators on every call (one run per system)
     n_calls: int                                 # calls over all programs (progress bars)
     max_prompt_tokens: int                       # an upper estimate, to size context windows
     max_new_tokens: int
     headline: str = "request_throughput"         # the throughput figure its ratios and targets use
+    match_from: Optional[str] = None             # make_programs(lengths=...) takes the output lengths of this
+                                                 # workload's run on the same system, by program
 
 
 # ---- text ---------------------------------------------------------------------------------------------
@@ -118,7 +125,7 @@ class Sizes:
     agent_system_len: int = 256
     agent_task_len: int = 24
     agent_obs_len: int = 32
-    agent_max_tokens: int = 48
+    agent_max_tokens: int = 64
     # 3 multi-turn-chat
     chat_convs: int = 8
     chat_turns: int = 4
@@ -166,7 +173,7 @@ TOOLS = ("search", "calculator", "lookup", "final_answer")
 TOOL_SCHEMA = {
     "type": "object",
     "properties": {"tool": {"type": "string", "enum": list(TOOLS)},
-                   "input": {"type": "string", "maxLength": 40}},
+                   "input": {"type": "string", "maxLength": 24}},
     "required": ["tool", "input"], "additionalProperties": False,
 }
 AGENT_HEAD = (
@@ -192,11 +199,13 @@ def agent_loop(words: Words, z: Sizes) -> Workload:
         observations.append(["Observation:" + words.text(rng, z.agent_obs_len) for _ in range(z.agent_steps)])
 
     def program(i: int) -> Program:
-        prompt = chatml([("system", system), ("user", tasks[i])])
+        call = Gen(chatml([("system", system), ("user", tasks[i])]), z.agent_max_tokens, json_schema=TOOL_SCHEMA,
+                   validate_schema=TOOL_SCHEMA)
         for k in range(z.agent_steps):
-            rec = yield Gen(prompt, z.agent_max_tokens, json_schema=TOOL_SCHEMA, validate_schema=TOOL_SCHEMA)
+            rec = yield call
             # the next prompt = this prompt + the answer + a tool observation (scripted: the same work everywhere)
-            prompt = prompt + rec.output_text + "<|im_end|>\n" + chatml([("user", observations[i][k])])
+            suffix = "<|im_end|>\n" + chatml([("user", observations[i][k])])
+            call = dataclasses.replace(call, prompt=call.prompt + rec.output_text + suffix, cont=(rec, suffix))
 
     per_call = z.agent_obs_len + z.agent_max_tokens + 16
     return Workload(
@@ -221,11 +230,12 @@ def multi_turn_chat(words: Words, z: Sizes) -> Workload:
              for _ in range(z.chat_convs)]
 
     def program(i: int) -> Program:
-        prompt = chatml([("system", CHAT_SYSTEM)], add_generation_prompt=False)
+        call = Gen(chatml([("system", CHAT_SYSTEM), ("user", turns[i][0])]), z.chat_reply_len, ignore_eos=True)
         for t in range(z.chat_turns):
-            prompt = prompt + chatml([("user", turns[i][t])])
-            rec = yield Gen(prompt, z.chat_reply_len, ignore_eos=True)
-            prompt = prompt + rec.output_text + "<|im_end|>\n"
+            rec = yield call
+            if t + 1 < z.chat_turns:
+                suffix = "<|im_end|>\n" + chatml([("user", turns[i][t + 1])])
+                call = dataclasses.replace(call, prompt=call.prompt + rec.output_text + suffix, cont=(rec, suffix))
 
     return Workload(
         "multi-turn-chat", f"{z.chat_convs} conversations x {z.chat_turns} turns, {z.chat_user_len}-token user "
@@ -303,18 +313,26 @@ def json_decode(words: Words, z: Sizes, constrained: bool = True) -> Workload:
         text = (f"{name} is a {rng.randrange(19, 80)}-year-old {rng.choice(_JOBS)} who lives in "
                 f"{rng.choice(CITIES)}.{words.text(rng, z.json_filler_len)}.")
         prompts.append(chatml([("system", JSON_SYSTEM), ("user", text)]))
-    schema = PERSON_SCHEMA if constrained else None
+    def one(p: str, n: Optional[int]) -> Program:
+        if constrained:
+            yield Gen(p, z.json_max_tokens, json_schema=PERSON_SCHEMA, validate_schema=PERSON_SCHEMA)
+        elif n is None:
+            yield Gen(p, z.json_max_tokens, validate_schema=PERSON_SCHEMA)
+        else:   # exactly as many tokens as the constrained call made: the same work, less the grammar
+            yield Gen(p, max(n, 1), ignore_eos=True, validate_schema=PERSON_SCHEMA)
 
-    def one(p: str) -> Program:
-        yield Gen(p, z.json_max_tokens, json_schema=schema, validate_schema=PERSON_SCHEMA)
+    def make(lengths: Optional[dict] = None) -> list[Program]:
+        return [one(p, (lengths or {}).get(i)) for i, p in enumerate(prompts)]
 
-    name = "json-decode" if constrained else "json-decode-free"
-    how = "constrained by PERSON_SCHEMA" if constrained else "the same prompts, unconstrained"
+    if constrained:
+        name, how = "json-decode", "constrained by PERSON_SCHEMA"
+    else:
+        name, how = "json-decode-free", "the same prompts unconstrained, as many tokens as constrained (ignore_eos)"
     return Workload(
         name, f"{z.json_requests} person-record extractions, <= {z.json_max_tokens} tokens, {how}",
         {k: getattr(z, k) for k in ("json_requests", "json_filler_len", "json_max_tokens")},
-        lambda: [one(p) for p in prompts], len(prompts), 200 + z.json_filler_len + 40, z.json_max_tokens,
-        headline="output_throughput")
+        make, len(prompts), 200 + z.json_filler_len + 40, z.json_max_tokens,
+        headline="output_throughput", match_from=None if constrained else "json-decode")
 
 
 WORKLOADS = ("shared-prefix", "agent-loop", "multi-turn-chat", "few-shot-select", "json-decode")

@@ -113,13 +113,18 @@ class Engine:
         return r
 
     # ---- public API ---------------------------------------------------------------------------------
-    def grammar_check(self, kind: str, spec: str, any_whitespace: bool = False) -> None:
-        """Validate and compile a grammar (cached); raises ValueError on a bad spec."""
+    def grammar_check(self, kind: str, spec: str, any_whitespace: bool = False) -> str:
+        """Validate and compile a grammar (cached); returns the normalized spec text (the cache key).
+
+        Raises:
+            ValueError: a bad spec.
+        """
         from radixrt.runtime.constrained import validate_spec
         if self.grammar_cache is None:
             raise ValueError(f"{kind}: grammar-constrained decoding is off (grammar_backend='none')")
         spec = validate_spec(kind, spec)
         self.grammar_cache.submit(kind, spec, any_whitespace).result()
+        return spec
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob: bool = False,
                  logprob_start_len=None, top_logprobs_num: int = 0, stream: bool = False, rid=None,

@@ -84,7 +84,9 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
         _check_length(len(ids), sp, limits)
         g = grammar_of(sp)
         if g is not None and grammar_check is not None:
-            grammar_check(g[0], g[1], sp.any_whitespace)
+            spec = grammar_check(g[0], g[1], sp.any_whitespace)
+            if isinstance(spec, str):  # the normalized text: the scheduler's compile-cache key is the same
+                setattr(sp, g[0], spec)
         start = -1
         if return_logprob:
             start = len(ids) - 1 if logprob_start_len is None else logprob_start_len

@@ -348,6 +348,7 @@ class TokenizerManager:
                 raise ValueError(f"{kind}: grammar-constrained decoding is off (grammar_backend='none')")
             spec = validate_spec(kind, spec)
             futures.append(self.grammar_cache.submit(kind, spec, any_whitespace))
+            return spec
 
         reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
                                       return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
