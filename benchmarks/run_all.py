@@ -23,6 +23,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+# Before torch loads OpenMP, as radixrt's scheduler process does for itself: idle OpenMP threads sleep instead
+# of spinning. With spinning threads, any other load on the cores stalls every parallel region (transformers
+# decode measured 6x slower on 2 busy cores). The servers inherit it too, so every system runs alike.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -60,6 +65,7 @@ def machine_info(roofline: bool = True) -> dict:
     except OSError:
         pass
     info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
                             "platform": platform.platform(), "load_avg_at_start": _loadavg()}
     if roofline:
