@@ -64,8 +64,11 @@ class TorchNativeBackend(AttentionBackend):
             qi = q[s:e].transpose(0, 1)                                      # [H, q, D]
             ki = kflat[self.slots[i, :kv_len]].transpose(0, 1).to(q.dtype)            # [Hkv, L, D]
             vi = vflat[self.slots[i, :kv_len]].transpose(0, 1).to(q.dtype)
-            rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
-            mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= rows  # [q, L] bool
-            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
+            if q_len == kv_len:  # no cached prefix: plain causal, which takes SDPA's flash path
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
+            else:  # causal over the cached prefix plus the new tokens (bottom-right aligned)
+                rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
+                mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= rows  # [q, L] bool
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
             out[s:e] = o.transpose(0, 1)
         return out

@@ -141,7 +141,13 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden]`` -> fp32 logits ``[n, vocab]``."""
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        if w.device.type != "cpu":
+            return F.linear(hidden, w).float()
+        # On CPU a [hidden, vocab] copy makes the skinny decode matmul ~2x faster than F.linear's
+        # transposed read of the [vocab, hidden] matrix (measured: 5.2 vs 9.9 ms for SmolLM2's 113 MB).
+        if getattr(self, "_lm_head_t", None) is None or self._lm_head_t.dtype != w.dtype:
+            self._lm_head_t = w.t().contiguous()
+        return (hidden @ self._lm_head_t).float()
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load a transformers ``LlamaForCausalLM`` state dict, fusing q/k/v and gate/up.
