@@ -227,6 +227,10 @@ def test_models_route(oai):
     models = oai.models.list().data
     assert [m.id for m in models] == [MODEL]
     assert models[0].object == "model"
+    assert oai.models.retrieve(MODEL).id == MODEL
+    import openai
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("gpt-4")
 
 
 # ---- SGLang-native API -----------------------------------------------------------------------------------

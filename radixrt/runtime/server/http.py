@@ -303,12 +303,22 @@ def create_app(args, tm: TokenizerManager, metrics=None, lifespan=None) -> FastA
                 metrics.update(await tm.get_info())
             return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    def model_card() -> dict:
+        r = tm.ready_info
+        return {"id": tm.model_name, "object": "model", "created": START_TIME, "owned_by": "radixrt",
+                "root": model_info(args)["model_path"], "max_model_len": r.context_length if r else None}
+
     @app.get("/v1/models")
     async def models():
-        r = tm.ready_info
-        return JSONResp({"object": "list", "data": [{
-            "id": tm.model_name, "object": "model", "created": START_TIME, "owned_by": "radixrt",
-            "root": model_info(args)["model_path"], "max_model_len": r.context_length if r else None}]})
+        return JSONResp({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        if model_id != tm.model_name:
+            return JSONResp({"error": {"message": f"model {model_id!r} not found; this server serves "
+                                       f"{tm.model_name!r}", "type": "invalid_request_error",
+                                       "param": "model", "code": "model_not_found"}}, status_code=404)
+        return JSONResp(model_card())
 
     # ---- native generate ----
     @app.post("/generate")

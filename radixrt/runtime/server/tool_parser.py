@@ -128,7 +128,7 @@ class ToolPlan:
             return "structural_tag", json.dumps(auto_structural_tag(self.tools, self.parallel), ensure_ascii=False)
         if self.mode == "named":
             tool = next(t for t in self.tools if t.name == self.name)
-            return "json_schema", json.dumps(_call_schema(tool, ""), ensure_ascii=False)
+            return "json_schema", json.dumps(_call_schema(tool, "#"), ensure_ascii=False)
         return "json_schema", json.dumps(required_schema(self.tools, self.parallel), ensure_ascii=False)
 
     # ---- parsing ----
