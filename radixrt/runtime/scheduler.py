@@ -307,6 +307,9 @@ class Scheduler:
             mask = allocate_token_bitmask(len(idx), logits.shape[-1])
             for j, i in enumerate(idx):
                 reqs[i].grammar.fill_next_token_bitmask(mask, j)
+            if len(idx) == len(reqs):  # every row constrained: mask in place, no row copy
+                apply_token_bitmask_(logits, mask)
+                return
             sub = logits[idx]
             apply_token_bitmask_(sub, mask)
             logits[idx] = sub
