@@ -1,0 +1,306 @@
+"""Parsing tool calls out of model output (see tool_parser.py for the prompt and grammar side).
+
+``scan`` finds complete and partial ``<tool_call>`` blocks (auto) or the JSON call array/object
+(required / named); ``ToolCallStream`` turns streamed text into OpenAI tool-call deltas whose arguments
+concatenate to the non-streamed value; ``parse_output`` builds the final message.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.runtime.server.tool_parser import _WS, TOOL_CALL_BEGIN, TOOL_CALL_END, ToolPlan, new_call_id
+
+
+class _Incomplete(Exception):
+    """The text ends inside the construct being scanned."""
+
+
+class _Bad(Exception):
+    """The text cannot be a call."""
+
+
+def _ws(s: str, i: int) -> int:
+    while i < len(s) and s[i] in _WS:
+        i += 1
+    return i
+
+
+def _string_end(s: str, i: int) -> int:
+    """Index after the JSON string starting at ``s[i] == '"'``."""
+    i += 1
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == '"':
+            return i + 1
+        i += 1
+    raise _Incomplete
+
+
+_SCALAR = re.compile(r"-?[0-9.eE+\-]+|true|false|null")
+
+
+def _value_end(s: str, i: int, final: bool) -> int:
+    """Index after the JSON value starting at ``s[i]`` (structure only; the grammar did the validation)."""
+    if i >= len(s):
+        raise _Incomplete
+    c = s[i]
+    if c == '"':
+        return _string_end(s, i)
+    if c in "{[":
+        depth = 0
+        while i < len(s):
+            c = s[i]
+            if c == '"':
+                i = _string_end(s, i)
+                continue
+            if c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        raise _Incomplete
+    m = _SCALAR.match(s, i)
+    if not m:
+        if "true".startswith(s[i:]) or "false".startswith(s[i:]) or "null".startswith(s[i:]):
+            raise _Incomplete
+        raise _Bad
+    if m.end() == len(s) and not final:
+        raise _Incomplete  # a number may go on
+    return m.end()
+
+
+@dataclass
+class _Call:
+    name: Optional[str] = None
+    args: Optional[str] = None  # raw text so far (a prefix of the final text)
+    complete: bool = False
+
+
+def _call_object(s: str, i: int, final: bool, calls: list) -> int:
+    """Scan ``{"name": "...", "arguments": ...}`` at ``s[i]``; appends a :class:`_Call`; returns the index
+    after it. Raises _Incomplete (the partial call stays in ``calls``) or _Bad."""
+    call = _Call()
+    calls.append(call)
+    i = _ws(s, i)
+    if i >= len(s):
+        raise _Incomplete
+    if s[i] != "{":
+        raise _Bad
+    i += 1
+    first = True
+    while True:
+        i = _ws(s, i)
+        if i >= len(s):
+            raise _Incomplete
+        if s[i] == "}":
+            if call.name is None or call.args is None:
+                raise _Bad
+            call.complete = True
+            return i + 1
+        if not first:
+            if s[i] != ",":
+                raise _Bad
+            i = _ws(s, i + 1)
+            if i >= len(s):
+                raise _Incomplete
+        first = False
+        if s[i] != '"':
+            raise _Bad
+        k_end = _string_end(s, i)
+        key = json.loads(s[i:k_end])
+        i = _ws(s, k_end)
+        if i >= len(s):
+            raise _Incomplete
+        if s[i] != ":":
+            raise _Bad
+        i = _ws(s, i + 1)
+        if key == "name":
+            if i >= len(s):
+                raise _Incomplete
+            if s[i] != '"':
+                raise _Bad
+            end = _string_end(s, i)
+            call.name = json.loads(s[i:end])
+            i = end
+        elif key in ("arguments", "parameters"):
+            try:
+                end = _value_end(s, i, final)
+            except _Incomplete:
+                call.args = s[i:]
+                raise
+            call.args = s[i:end]
+            i = end
+        else:
+            i = _value_end(s, i, final)
+
+
+def scan(text: str, style: str, final: bool) -> tuple[str, list[_Call], bool]:
+    """Split model output into (text outside calls, calls, ok).
+
+    ``style``: ``tagged`` (text with ``<tool_call>...</tool_call>`` blocks), ``array`` (a JSON array of call
+    objects) or ``object`` (one call object). When not ``final``, a trailing piece that may still become a
+    trigger is left out of the text. ``ok`` is False when the JSON styles do not parse as calls.
+    """
+    calls: list[_Call] = []
+    if style == "tagged":
+        out = []
+        pos = 0
+        while True:
+            j = text.find(TOOL_CALL_BEGIN, pos)
+            if j < 0:
+                tail = text[pos:]
+                if not final:
+                    for k in range(min(len(TOOL_CALL_BEGIN) - 1, len(tail)), 0, -1):
+                        if TOOL_CALL_BEGIN.startswith(tail[-k:]):
+                            tail = tail[:-k]
+                            break
+                out.append(tail)
+                return "".join(out), calls, True
+            out.append(text[pos:j])
+            n = len(calls)
+            try:
+                i = _call_object(text, j + len(TOOL_CALL_BEGIN), final, calls)
+                i = _ws(text, i)
+                if not text.startswith(TOOL_CALL_END, i):
+                    if TOOL_CALL_END.startswith(text[i:]):
+                        raise _Incomplete
+                    raise _Bad
+                pos = i + len(TOOL_CALL_END)
+            except _Incomplete:
+                return "".join(out), calls, True
+            except _Bad:  # not a call after all: keep it as text
+                del calls[n:]
+                out.append(TOOL_CALL_BEGIN)
+                pos = j + len(TOOL_CALL_BEGIN)
+    try:
+        i = _ws(text, 0)
+        if style == "object":
+            i = _call_object(text, i, final, calls)
+        else:
+            if i >= len(text):
+                raise _Incomplete
+            if text[i] != "[":
+                raise _Bad
+            i = _ws(text, i + 1)
+            if text.startswith("]", i):
+                i += 1
+            else:
+                while True:
+                    i = _ws(text, _call_object(text, i, final, calls))
+                    if i >= len(text):
+                        raise _Incomplete
+                    if text[i] == "]":
+                        i += 1
+                        break
+                    if text[i] != ",":
+                        raise _Bad
+                    i += 1
+        if text[_ws(text, i):].strip():
+            raise _Bad
+    except _Incomplete:
+        pass
+    except _Bad:
+        return "", calls, False
+    return "", calls, True
+
+
+@dataclass
+class ToolCallStream:
+    """Turns a model's text, fed in deltas, into OpenAI chat deltas (content and tool-call pieces).
+
+    ``feed(delta)`` and ``finish()`` return lists of ``delta`` dicts (``{"content": ...}`` or
+    ``{"tool_calls": [one piece]}``, OpenAI's shapes: first ``{index, id, type, function: {name,
+    arguments: ""}}``, then ``{index, function: {arguments: <chunk>}}``). Every delta is a diff against what was already sent, computed by rescanning
+    the whole text, so the streamed pieces always add up to :meth:`message`'s values.
+    """
+
+    style: str
+    text: str = ""
+    sent_content: str = ""
+    ids: list = field(default_factory=list)          # per emitted call: its id
+    sent_args: list = field(default_factory=list)    # per emitted call: characters of arguments sent
+    done: bool = False
+    _calls: list = field(default_factory=list)
+    _ok: bool = True
+
+    def feed(self, delta: str) -> list[dict]:
+        self.text += delta
+        return self._diff(final=False)
+
+    def finish(self) -> list[dict]:
+        self.done = True
+        return self._diff(final=True)
+
+    def _diff(self, final: bool) -> list[dict]:
+        content, calls, ok = scan(self.text, self.style, final)
+        self._calls, self._ok = calls, ok
+        out: list[dict] = []
+        target = self._content_target(content, calls, ok, final)
+        if len(target) > len(self.sent_content) and target.startswith(self.sent_content):
+            out.append({"content": target[len(self.sent_content):]})
+            self.sent_content = target
+        for idx, c in enumerate(calls):
+            if c.name is None:
+                break  # calls are streamed in order, each once its name is known
+            if idx == len(self.ids):
+                self.ids.append(new_call_id())
+                self.sent_args.append(0)
+                out.append({"tool_calls": [{"index": idx, "id": self.ids[idx], "type": "function",
+                                            "function": {"name": c.name, "arguments": ""}}]})
+            args = c.args or ""
+            if len(args) > self.sent_args[idx]:
+                out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[self.sent_args[idx]:]}}]})
+                self.sent_args[idx] = len(args)
+        return out
+
+    def _content_target(self, content: str, calls: list, ok: bool, final: bool) -> str:
+        if self.style != "tagged":
+            # JSON styles carry no text; output that is not a call at all comes back as content at the end
+            return self.text if final and (not ok or not any(c.name for c in calls)) and not self.ids else ""
+        if final and not any(c.name for c in calls):
+            return content
+        return content.rstrip()
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.ids)
+
+    def has_complete_call(self) -> bool:
+        return any(c.complete for c in self._calls[:len(self.ids)])
+
+    def message(self) -> tuple[Optional[str], list[dict]]:
+        """After :meth:`finish`: ``(content, tool_calls)`` as sent (``content`` None when empty and there
+        are calls)."""
+        calls = [{"id": self.ids[i], "type": "function",
+                  "function": {"name": c.name, "arguments": c.args or ""}}
+                 for i, c in enumerate(self._calls[:len(self.ids)])]
+        content = self.sent_content
+        if calls and not content:
+            content = None
+        return content, calls
+
+    def finish_reason(self, base: Optional[str]) -> Optional[str]:
+        """``tool_calls`` when generation stopped normally after a complete call; else ``base``."""
+        if base == "stop" and self.has_complete_call():
+            return "tool_calls"
+        return base
+
+
+def parse_output(plan: ToolPlan, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
+    """A finished non-streamed choice: ``(message, finish_reason)``."""
+    st = plan.stream()
+    st.feed(text)
+    st.finish()
+    content, calls = st.message()
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg, st.finish_reason(base_finish)
