@@ -13,7 +13,7 @@ def __getattr__(name):
         from radixrt.runtime.config import ServerArgs
         return ServerArgs
     if name == "SamplingParams":
-        from radixrt.runtime.protocol import SamplingParams
+        from radixrt.runtime.io_struct import SamplingParams
         return SamplingParams
     try:
         import radixrt.lang.api as _api

@@ -149,7 +149,7 @@ def dsl_socket(url: str):
 def dsl_send(sock, req_id: str, op: str, body: Optional[dict] = None, api_key: Optional[str] = None) -> None:
     import msgspec
 
-    from radixrt.runtime.protocol import DslRequest
+    from radixrt.runtime.io_struct import DslRequest
     sock.send(msgspec.msgpack.encode(DslRequest(req_id=req_id, op=op, body=body or {}, api_key=api_key)))
 
 
@@ -157,7 +157,7 @@ def dsl_recv(sock, timeout_ms: int = 60000):
     import msgspec
     import zmq
 
-    from radixrt.runtime.protocol import DslReply
+    from radixrt.runtime.io_struct import DslReply
     if not sock.poll(timeout_ms, zmq.POLLIN):
         raise TimeoutError("no DSL reply")
     return msgspec.msgpack.decode(sock.recv(), type=DslReply)

@@ -7,7 +7,7 @@ import string
 import pytest
 
 from conftest import close_engine, make_engine, wait_idle
-from radixrt.runtime.protocol import GenerateReq, SamplingParams
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams
 from radixrt.runtime.request import Req
 from radixrt.runtime.schedule_policy import order_waiting
 

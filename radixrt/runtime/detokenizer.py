@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tokenizers.decoders import DecodeStream
 
-from radixrt.runtime.protocol import BatchStrOut, BatchTokenOut, StrOut, TokenOut
+from radixrt.runtime.io_struct import BatchStrOut, BatchTokenOut, StrOut, TokenOut
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Union
 import msgspec
 import zmq
 
-from radixrt.runtime.protocol import BatchTokenOut, InfoOut, ReadyOut
+from radixrt.runtime.io_struct import BatchTokenOut, InfoOut, ReadyOut
 from radixrt.runtime.scheduler_process import IDLE_POLL_MS, parent_alive, setup_child
 
 logger = logging.getLogger("radixrt.detokenizer_process")

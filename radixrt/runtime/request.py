@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from radixrt.runtime.protocol import GenerateReq, SamplingParams
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams
 
 
 @dataclass(eq=False)

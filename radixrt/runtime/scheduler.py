@@ -17,7 +17,7 @@ import torch
 
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.mem.req_pages import ReqPages
-from radixrt.runtime.protocol import GenerateReq, TokenOut
+from radixrt.runtime.io_struct import GenerateReq, TokenOut
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.sampling.sampler import SampleRow, sample

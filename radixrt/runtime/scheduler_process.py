@@ -21,7 +21,7 @@ from typing import Union
 import msgspec
 import zmq
 
-from radixrt.runtime.protocol import (AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
+from radixrt.runtime.io_struct import (AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
                                       ReadyOut, TokenOut)
 
 logger = logging.getLogger("radixrt.scheduler_process")

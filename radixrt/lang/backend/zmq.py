@@ -1,6 +1,6 @@
 """ZMQ backend: a DEALER socket to the server's DSL ROUTER socket (``radixrt serve``, HTTP port + 1).
 
-Messages are :class:`radixrt.runtime.protocol.DslRequest` / ``DslReply`` (msgspec msgpack). One request
+Messages are :class:`radixrt.runtime.io_struct.DslRequest` / ``DslReply`` (msgspec msgpack). One request
 at a time uses one socket; sockets are pooled, so the programs of a batch (many threads) each get their
 own. A reply's ``req_id`` is checked, so a late reply for an abandoned request is dropped.
 """
@@ -17,7 +17,7 @@ import zmq
 
 from radixrt.lang.backend.base import (BackendConnectionError, BackendError, RequestError, RuntimeEndpoint,
                                        error_from_payload)
-from radixrt.runtime.protocol import DslReply, DslRequest
+from radixrt.runtime.io_struct import DslReply, DslRequest
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(DslReply)

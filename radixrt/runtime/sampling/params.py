@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from radixrt.runtime.protocol import SamplingParams
+from radixrt.runtime.io_struct import SamplingParams
 
 _FIELDS = set(SamplingParams.__struct_fields__)
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixrt.runtime.protocol import SamplingParams
+from radixrt.runtime.io_struct import SamplingParams
 
 
 @dataclass

@@ -30,7 +30,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.runtime.protocol import DslReply, DslRequest
+from radixrt.runtime.io_struct import DslReply, DslRequest
 from radixrt.runtime.server.openai_protocol import ApiError, error_body
 
 logger = logging.getLogger("radixrt.dsl")

@@ -28,8 +28,8 @@ import zmq
 import zmq.asyncio
 
 from radixrt.runtime.config import ServerArgs
-from radixrt.runtime.io_struct import Limits, ReqOutput, build_requests
-from radixrt.runtime.protocol import (AbortReq, BatchStrOut, DetokenizerOutput, FlushCacheReq, GenerateReq,
+from radixrt.runtime.validation import Limits, ReqOutput, build_requests
+from radixrt.runtime.io_struct import (AbortReq, BatchStrOut, DetokenizerOutput, FlushCacheReq, GenerateReq,
                                       GetInfoReq, InfoOut, ReadyOut, StrOut)
 from radixrt.runtime.server.openai_protocol import ApiError
 

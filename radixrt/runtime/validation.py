@@ -1,0 +1,183 @@
+"""From user input to validated :class:`GenerateReq` s, and from :class:`StrOut` s to response dicts.
+
+Shared by the in-process Engine and the server's TokenizerManager, so both accept and reject exactly
+the same requests (ValueError naming the field).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut
+from radixrt.runtime.sampling.params import grammar_of, normalize
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class Limits:
+    """What validation needs to know of the model: sizes in tokens."""
+
+    context_length: int
+    vocab_size: int
+    max_total_tokens: int
+
+
+def _as_batch(x: Any, name: str) -> tuple[list, bool]:
+    """(items, was_single)."""
+    if name == "input_ids":
+        if isinstance(x, list) and x and all(isinstance(i, list) for i in x):
+            return x, False
+        return [x], True
+    if isinstance(x, list):
+        return x, False
+    return [x], True
+
+
+def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampling_params=None,
+                   return_logprob=False, logprob_start_len=None, top_logprobs_num=0, stream=False,
+                   rid=None, cache_salt=None, grammar_check=None) -> tuple[list[GenerateReq], bool]:
+    """Validate and tokenize. Returns ``(requests, single)``; ``single`` means one item was given.
+
+    Raises:
+        ValueError: no or two inputs, an empty prompt, a prompt or prompt + max_new_tokens beyond the
+            context (the message gives the counts), token ids out of the vocabulary, bad sampling
+            parameters, or a grammar spec that does not compile (``grammar_check(kind, spec)``).
+    """
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("exactly one of text/prompt and input_ids must be given")
+    if prompt is not None:
+        items, single = _as_batch(prompt, "text")
+        for t in items:
+            if not isinstance(t, str):
+                raise ValueError(f"text must be a string or a list of strings, got {type(t).__name__}")
+            if t == "":
+                raise ValueError("text must not be empty")
+        id_lists = [tokenizer.encode(t, add_special_tokens=False) for t in items]
+    else:
+        id_lists, single = _as_batch(input_ids, "input_ids")
+        for ids in id_lists:
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError("input_ids must be a list of integers or a list of such lists")
+            if not ids:
+                raise ValueError("input_ids must not be empty")
+            bad = [i for i in ids if not 0 <= i < limits.vocab_size]
+            if bad:
+                raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})")
+    n = len(id_lists)
+    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
+    if len(sps) != n:
+        raise ValueError(f"sampling_params has {len(sps)} entries for {n} prompts")
+    rids = rid if isinstance(rid, list) else [rid] * n
+    if not isinstance(return_logprob, bool):
+        raise ValueError(f"return_logprob must be a boolean, got {return_logprob!r}")
+    if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) \
+            or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise ValueError("cache_salt must be a string")
+    reqs = []
+    for ids, sp_in, r in zip(id_lists, sps, rids):
+        sp = normalize(sp_in)
+        _check_length(len(ids), sp, limits)
+        g = grammar_of(sp)
+        if g is not None and grammar_check is not None:
+            spec = grammar_check(g[0], g[1], sp.any_whitespace)
+            if isinstance(spec, str):  # the normalized text: the scheduler's compile-cache key is the same
+                setattr(sp, g[0], spec)
+        start = -1
+        if return_logprob:
+            start = len(ids) - 1 if logprob_start_len is None else logprob_start_len
+            if start == -1:
+                start = -1
+            elif not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(ids):
+                raise ValueError(f"logprob_start_len must be in [0, {len(ids)}] (the prompt length) or -1, got {start!r}")
+        reqs.append(GenerateReq(rid=r or uuid.uuid4().hex, input_ids=list(ids), sampling_params=sp,
+                                return_logprob=return_logprob, logprob_start_len=start,
+                                top_logprobs_num=top_logprobs_num if return_logprob else 0,
+                                stream=stream, cache_salt=cache_salt))
+    return reqs, single
+
+
+def _check_length(n: int, sp: SamplingParams, lim: Limits) -> None:
+    if n >= lim.context_length:
+        raise ValueError(f"the prompt has {n} tokens, but the context length is {lim.context_length} "
+                         f"tokens: at most {lim.context_length - 1} prompt tokens fit")
+    if sp.max_new_tokens is not None and n + sp.max_new_tokens > lim.context_length:
+        raise ValueError(f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens were "
+                         f"asked for, {n + sp.max_new_tokens} in all, above the context length of "
+                         f"{lim.context_length} tokens")
+    total = n + (sp.max_new_tokens if sp.max_new_tokens is not None else lim.context_length - n)
+    if total > lim.max_total_tokens:
+        raise ValueError(f"the request needs up to {total} tokens of KV, above the pool size of "
+                         f"{lim.max_total_tokens} tokens (max_total_tokens)")
+
+
+@dataclass
+class ReqOutput:
+    """Accumulates a request's StrOuts into SGLang's response dict."""
+
+    rid: str
+    tokenizer: Any
+    return_text_in_logprobs: bool = False
+    created: float = field(default_factory=time.perf_counter)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: Optional[dict] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    input_token_logprobs: Optional[list] = None
+    input_top_logprobs: Optional[list] = None
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+
+    def add(self, s: StrOut, now: Optional[float] = None) -> None:
+        """Fold in one delta; ``now`` is when it arrived (perf_counter seconds), default: now."""
+        now = time.perf_counter() if now is None else now
+        o = s.token
+        self.text += s.text_delta
+        self.output_ids.extend(o.new_token_ids)
+        if o.new_token_ids and self.first_token_time is None:
+            self.first_token_time = now
+        self.finished_reason = o.finished_reason
+        if self.finished_reason is not None:
+            self.finish_time = now
+        self.prompt_tokens, self.completion_tokens, self.cached_tokens = \
+            o.prompt_tokens, o.completion_tokens, o.cached_tokens
+        self.output_token_logprobs.extend(o.output_token_logprobs)
+        self.output_top_logprobs.extend(o.output_top_logprobs)
+        if o.input_token_logprobs is not None:
+            self.input_token_logprobs = o.input_token_logprobs
+            self.input_top_logprobs = o.input_top_logprobs
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def _lp(self, pairs: list) -> list:
+        out = []
+        for p in pairs:
+            if p is None:
+                out.append(None)
+                continue
+            lp, tid = p
+            text = self.tokenizer.decode([tid]) if self.return_text_in_logprobs else None
+            out.append([lp, tid, text])
+        return out
+
+    def to_dict(self, return_logprob: bool) -> dict:
+        meta = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens, "finish_reason": self.finished_reason,
+                "e2e_latency": (self.finish_time or time.perf_counter()) - self.created,
+                "ttft": (self.first_token_time - self.created) if self.first_token_time else None}
+        if return_logprob:
+            meta["output_token_logprobs"] = self._lp(self.output_token_logprobs)
+            meta["output_top_logprobs"] = [self._lp(t) for t in self.output_top_logprobs]
+            meta["input_token_logprobs"] = self._lp(self.input_token_logprobs or [])
+            meta["input_top_logprobs"] = [self._lp(t) if t else None for t in (self.input_top_logprobs or [])]
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
