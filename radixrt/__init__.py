@@ -15,10 +15,8 @@ def __getattr__(name):
     if name == "SamplingParams":
         from radixrt.runtime.io_struct import SamplingParams
         return SamplingParams
-    try:
-        import radixrt.lang.api as _api
-    except ImportError as e:
-        raise AttributeError(name) from e
+    import radixrt.lang.api as _api
+
     if hasattr(_api, name):
         return getattr(_api, name)
     raise AttributeError(f"module 'radixrt' has no attribute {name!r}")

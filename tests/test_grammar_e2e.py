@@ -14,7 +14,6 @@ import re
 import time
 from pathlib import Path
 
-import httpx
 import jsonschema
 import openai
 import pytest

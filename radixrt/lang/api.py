@@ -19,7 +19,7 @@ from radixrt.lang.backend import (BackendConnectionError, BackendError, BaseBack
                                   RuntimeEndpoint)
 from radixrt.lang.choices import (ChoicesDecision, ChoicesSamplingMethod, check_choices, greedy_token_selection,
                                   resolve_method, token_length_normalized, unconditional_likelihood_normalized)
-from radixrt.lang.interpreter import ProgramState, ProgramStateGroup
+from radixrt.lang.state import ProgramState, ProgramStateGroup
 from radixrt.lang.ir import (SglExpr, SglGen, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect,
                              dtype_regex, role_expr, schema_to_str)
 from radixrt.lang.program import SglFunction, get_default_backend, set_default_backend

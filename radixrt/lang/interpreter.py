@@ -252,7 +252,3 @@ class StreamExecutor:
         self._fill(d.decision)
         self._set(e.name, d.decision, d.meta_info)
 
-
-from radixrt.lang.state import ProgramState, ProgramStateGroup  # noqa: E402  (re-exported)
-
-__all__ = ["StreamExecutor", "ProgramState", "ProgramStateGroup"]

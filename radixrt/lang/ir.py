@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from radixrt.lang.tracer import Placeholder
+
 # dtype -> regex (SGLang's definitions, minus the trailing whitespace that lets a small model ramble).
 REGEX_INT = r"[-+]?[0-9]+"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
@@ -167,7 +169,6 @@ def to_expr(x: Any) -> SglExpr:
     """
     if isinstance(x, SglExpr):
         return x
-    from radixrt.lang.tracer import Placeholder  # local: tracer imports this module
     if isinstance(x, Placeholder):
         return SglArgument(x._name)
     if isinstance(x, str):

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional, Union
 
 from radixrt.lang.backend.base import BaseBackend
-from radixrt.lang.interpreter import ProgramState, StreamExecutor
+from radixrt.lang.interpreter import StreamExecutor
 from radixrt.lang.ir import DEFAULT_RUN_PARAMS, SglSamplingParams
-from radixrt.lang.tracer import extract_prefix
+from radixrt.lang.state import ProgramState
+from radixrt.lang.tracer import placeholders
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:30001"
 _default_backend: Optional[BaseBackend] = None
@@ -36,6 +37,19 @@ def as_backend(backend: Any) -> BaseBackend:
                 _wrapped[backend] = EngineBackend(backend)
             return _wrapped[backend]
     raise ValueError(f"not a backend: {backend!r} (use RuntimeEndpoint, OpenAI or Engine)")
+
+
+def extract_prefix(func: Any, backend: Any, bound: dict[str, Any]) -> str:
+    """The constant text ``func`` renders before its first argument-dependent step ("" if none).
+
+    Runs ``func`` once on a tracing state with :class:`radixrt.lang.tracer.Placeholder` arguments.
+    """
+    exe = StreamExecutor(backend, {}, DEFAULT_RUN_PARAMS, trace=True)
+    try:
+        func(ProgramState(exe), **placeholders(func, bound))
+    except Exception:  # noqa: BLE001 - StopTrace, or anything else: the text so far is still constant
+        pass
+    return exe.text_
 
 
 def set_default_backend(backend: Any) -> None:

@@ -4,7 +4,7 @@
 and roles are rendered as usual, and the first use of an argument (formatting it, appending it, comparing
 it...), the first ``gen``/``select``/``fork`` or variable read stops the trace. The text so far is the
 prefix every program of the batch shares; it is prefilled once, before the batch, so that every program's
-first request finds it in the radix cache.
+first request finds it in the radix cache (:func:`radixrt.lang.program.extract_prefix` runs the trace).
 """
 from __future__ import annotations
 
@@ -55,16 +55,3 @@ def placeholders(func: Any, bound: dict[str, Any]) -> dict[str, Any]:
             continue
         out[p.name] = bound[p.name] if p.name in bound else Placeholder(p.name)
     return out
-
-
-def extract_prefix(func: Any, backend: Any, bound: dict[str, Any]) -> str:
-    """The constant text ``func`` renders before its first argument-dependent step ("" if none)."""
-    from radixrt.lang.interpreter import ProgramState, StreamExecutor
-    from radixrt.lang.ir import DEFAULT_RUN_PARAMS
-
-    exe = StreamExecutor(backend, {}, DEFAULT_RUN_PARAMS, trace=True)
-    try:
-        func(ProgramState(exe), **placeholders(func, bound))
-    except Exception:  # noqa: BLE001 - StopTrace, or anything else: the text so far is still constant
-        pass
-    return exe.text_

@@ -7,12 +7,11 @@ Exits when its parent dies.
 from __future__ import annotations
 
 import logging
-from typing import Union
 
 import msgspec
 import zmq
 
-from radixrt.runtime.io_struct import BatchTokenOut, InfoOut, ReadyOut
+from radixrt.runtime.io_struct import BatchTokenOut, SchedulerProcessOutput
 from radixrt.runtime.scheduler_process import IDLE_POLL_MS, parent_alive, setup_child
 
 logger = logging.getLogger("radixrt.detokenizer_process")
@@ -31,7 +30,7 @@ def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out
     push = ctx.socket(zmq.PUSH)
     push.connect(out_addr)
     detok = Detokenizer(load_tokenizer(model))
-    dec = msgspec.msgpack.Decoder(Union[BatchTokenOut, InfoOut, ReadyOut])
+    dec = msgspec.msgpack.Decoder(SchedulerProcessOutput)
     enc = msgspec.msgpack.Encoder()
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)

@@ -17,14 +17,13 @@ import threading
 import time
 from typing import Any, Iterator
 
-import msgspec
 
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.detokenizer import Detokenizer
 from radixrt.runtime.validation import Limits, ReqOutput, build_requests
 from radixrt.runtime.model_loader import load_tokenizer
 from radixrt.runtime.model_runner import ModelRunner
-from radixrt.runtime.io_struct import AbortReq, FlushCacheReq, GenerateReq, StrOut
+from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut
 from radixrt.runtime.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)

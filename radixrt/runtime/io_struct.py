@@ -113,9 +113,6 @@ class BatchStrOut(msgspec.Struct, tag=True):
     outs: list[StrOut]
 
 
-SchedulerInput = Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq]
-SchedulerOutput = Union[BatchTokenOut, InfoOut]
-
 
 # ---- The DSL's socket (ZMQ DEALER -> the server's ROUTER on --zmq-port), msgpack-encoded ----------------
 class DslRequest(msgspec.Struct, tag=True, kw_only=True):
@@ -142,7 +139,7 @@ class DslReply(msgspec.Struct, tag=True, kw_only=True):
     data: object = None
 
 
-# ---- Appended for the server (issue 4) ------------------------------------------------------------------
+# ---- Process start-up -------------------------------------------------------------------------------------
 class ReadyOut(msgspec.Struct, tag=True, kw_only=True):
     """Scheduler -> main (through the detokenizer), once: the model is loaded, or it failed to (``error``)."""
 

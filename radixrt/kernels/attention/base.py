@@ -2,22 +2,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
 
 from radixrt.kernels.attention.metadata import AttentionMetadata
 
 
-class KVCacheView(ABC):
+class KVCacheView(Protocol):
     """What a backend needs from the KV pool: per-layer paged buffers.
 
     ``k_buffer(layer)`` / ``v_buffer(layer)``: ``[num_pages, page_size, num_kv_heads, head_dim]``.
+    A Protocol, so that the pool (``radixrt.runtime.mem.kv_pool.KVPool``) satisfies it without importing
+    the kernels: mem and kernels are independent layers.
     """
 
-    @abstractmethod
     def k_buffer(self, layer: int) -> torch.Tensor: ...
 
-    @abstractmethod
     def v_buffer(self, layer: int) -> torch.Tensor: ...
 
 

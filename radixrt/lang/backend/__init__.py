@@ -2,8 +2,8 @@
 ``OpenAI`` (any OpenAI-compatible server)."""
 from __future__ import annotations
 
-from radixrt.lang.backend.base import (BackendConnectionError, BackendError, BaseBackend, RequestError,
-                                       RuntimeEndpoint)
+from radixrt.lang.backend.base import BackendConnectionError, BackendError, BaseBackend, RequestError
+from radixrt.lang.backend.runtime_endpoint import RuntimeEndpoint
 
 __all__ = ["BaseBackend", "RuntimeEndpoint", "BackendError", "BackendConnectionError", "RequestError",
            "EngineBackend", "OpenAI"]

@@ -2,7 +2,8 @@
 
 A backend speaks SGLang's native ``/generate`` body (``text`` or ``input_ids``, ``sampling_params``,
 ``return_logprob``, ``logprob_start_len``, ``top_logprobs_num``, ``stream`` ...); subclasses only move
-that body: over ZMQ (:mod:`.zmq`), HTTP (:mod:`.http`) or into an in-process Engine (:mod:`.engine`).
+that body: over ZMQ (:mod:`.zmq`), HTTP (:mod:`.http`), both built on :mod:`.remote` and picked by
+:func:`.runtime_endpoint.RuntimeEndpoint`, or into an in-process Engine (:mod:`.engine`).
 Generation, prefill-only prefix caching and ``select`` scoring are built on top here.
 """
 from __future__ import annotations
@@ -47,10 +48,6 @@ class BaseBackend:
 
     Thread-safe: programs of a batch call one backend from many threads.
     """
-
-    is_chat_model: bool = False
-    supports_select: bool = True
-    supports_regex: bool = True
 
     def __init__(self) -> None:
         self._tok_lock = threading.Lock()
@@ -142,77 +139,3 @@ class BaseBackend:
         """Score ``choices`` after ``exe.text_`` (see :mod:`radixrt.lang.choices`)."""
         from radixrt.lang.choices import select_by_logprobs
         return select_by_logprobs(self, exe.text_, choices, method)
-
-    def end_program(self, exe: Any) -> None:
-        """Called when a program state ends (nothing to release by default)."""
-
-
-class RuntimeEndpoint(BaseBackend):
-    """A running ``radixrt serve``. ``RuntimeEndpoint("tcp://host:port")`` speaks ZMQ to the DSL socket
-    (the default, HTTP port + 1); ``RuntimeEndpoint("http://host:port")`` the native HTTP API.
-
-    The constructor asks the server for its model (``get_model_info``) and fails fast when it is down.
-    The tokenizer (for chat templates and ``select`` boundaries) is loaded locally from the server's
-    ``tokenizer_path`` with :func:`radixrt.runtime.model_loader.load_tokenizer`, so nothing is downloaded;
-    if that fails, roles render as ChatML and ``select`` tokenizes on the server.
-
-    Args:
-        base_url: ``tcp://`` or ``http(s)://`` URL.
-        api_key: for a server started with ``--api-key`` (HTTP: ``Authorization: Bearer``; ZMQ: in each
-            ``DslRequest``).
-        timeout: seconds to wait for a reply (for a stream: between two chunks) before giving up.
-        connect_timeout: seconds the first contact may take.
-
-    Raises:
-        ValueError: an unknown URL scheme.
-        BackendConnectionError: the server did not answer within ``connect_timeout``.
-    """
-
-    def __new__(cls, base_url: str = "tcp://127.0.0.1:30001", *args: Any, **kwargs: Any) -> "RuntimeEndpoint":
-        if cls is RuntimeEndpoint:
-            if not isinstance(base_url, str):
-                raise ValueError(f"base_url must be a string, got {base_url!r}")
-            if base_url.startswith("tcp://"):
-                from radixrt.lang.backend.zmq import ZmqEndpoint
-                cls = ZmqEndpoint
-            elif base_url.startswith(("http://", "https://")):
-                from radixrt.lang.backend.http import HttpEndpoint
-                cls = HttpEndpoint
-            else:
-                raise ValueError(f"base_url must start with tcp:// (ZMQ) or http(s):// (HTTP), got {base_url!r}")
-        return super().__new__(cls)
-
-    def __init__(self, base_url: str = "tcp://127.0.0.1:30001", api_key: Optional[str] = None,
-                 timeout: float = 600.0, connect_timeout: float = 10.0) -> None:
-        super().__init__()
-        self.base_url = base_url.rstrip("/")
-        self.api_key, self.timeout, self.connect_timeout = api_key, timeout, connect_timeout
-        self._connect()
-        self.model_info = self._info("get_model_info", connect_timeout)
-
-    def _connect(self) -> None:
-        """Open the transport (no network traffic needed)."""
-
-    def _info(self, op: str, timeout: Optional[float] = None) -> Any:
-        raise NotImplementedError
-
-    def get_model_info(self) -> dict:
-        return self._info("get_model_info")
-
-    def get_server_info(self) -> dict:
-        return self._info("get_server_info")
-
-    def _load_tokenizer(self) -> Any:
-        import logging
-
-        from radixrt.runtime.model_loader import load_tokenizer
-        for key in ("tokenizer_path", "model_path"):
-            try:
-                return load_tokenizer(self.model_info.get(key))
-            except Exception as e:  # noqa: BLE001 - fall back, as documented
-                logging.getLogger(__name__).warning("cannot load the tokenizer %r locally: %s",
-                                                    self.model_info.get(key), e)
-        return None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.base_url!r})"

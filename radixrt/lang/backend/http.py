@@ -6,11 +6,12 @@ from typing import Any, Iterator, Optional
 
 import httpx
 
-from radixrt.lang.backend.base import BackendConnectionError, BackendError, RuntimeEndpoint, error_from_payload
+from radixrt.lang.backend.base import BackendConnectionError, BackendError, error_from_payload
+from radixrt.lang.backend.remote import RemoteEndpoint
 
 
-class HttpEndpoint(RuntimeEndpoint):
-    """``RuntimeEndpoint("http://127.0.0.1:30000")``; see :class:`RuntimeEndpoint` for the arguments."""
+class HttpEndpoint(RemoteEndpoint):
+    """``RuntimeEndpoint("http://127.0.0.1:30000")``; see :class:`RemoteEndpoint` for the arguments."""
 
     def _connect(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

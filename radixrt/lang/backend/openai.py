@@ -26,9 +26,6 @@ class OpenAI(BaseBackend):
         BackendConnectionError: ``model`` is None and the server cannot be reached.
     """
 
-    supports_select = False
-    supports_regex = False
-
     def __init__(self, model: Optional[str] = None, base_url: Optional[str] = None, api_key: Optional[str] = None,
                  is_chat_model: bool = True, timeout: float = 600.0) -> None:
         super().__init__()

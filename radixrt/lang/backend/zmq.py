@@ -15,16 +15,16 @@ from typing import Any, Iterator, Optional
 import msgspec
 import zmq
 
-from radixrt.lang.backend.base import (BackendConnectionError, BackendError, RequestError, RuntimeEndpoint,
-                                       error_from_payload)
+from radixrt.lang.backend.base import BackendConnectionError, BackendError, RequestError, error_from_payload
+from radixrt.lang.backend.remote import RemoteEndpoint
 from radixrt.runtime.io_struct import DslReply, DslRequest
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(DslReply)
 
 
-class ZmqEndpoint(RuntimeEndpoint):
-    """``RuntimeEndpoint("tcp://127.0.0.1:30001")``; see :class:`RuntimeEndpoint` for the arguments."""
+class ZmqEndpoint(RemoteEndpoint):
+    """``RuntimeEndpoint("tcp://127.0.0.1:30001")``; see :class:`RemoteEndpoint` for the arguments."""
 
     def _connect(self) -> None:
         self._ctx = zmq.Context()

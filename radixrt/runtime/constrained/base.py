@@ -23,11 +23,9 @@ import torch
 
 from .specs import GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, choices_to_regex, validate_spec
 
-BACKEND_CHOICES = ("xgrammar", "outlines", "none")
-
 __all__ = [
-    "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "BACKEND_CHOICES", "GrammarMatcher", "CompiledGrammar",
-    "GrammarBackend", "allocate_token_bitmask", "apply_token_bitmask_", "create_backend",
+    "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "GrammarMatcher", "CompiledGrammar",
+    "GrammarBackend", "allocate_token_bitmask", "apply_token_bitmask_",
     "choices_to_regex", "validate_spec", "compile_error", "fill_single_token",
 ]
 
@@ -173,45 +171,3 @@ def fill_single_token(bitmask: torch.Tensor, row: int, token_id: int) -> None:
     bitmask[row].zero_()
     bit = 1 << (token_id % 32)
     bitmask[row, token_id // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit
-
-
-def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> GrammarBackend | None:
-    """Build the backend called ``name`` (``"xgrammar"``, the default for None; ``"outlines"``; ``"none"``).
-
-    Args:
-        tokenizer: the loaded Hugging Face tokenizer (never fetched from a hub).
-        vocab_size: the model's vocab size (logits width), which may exceed ``len(tokenizer)``.
-        kwargs: passed to the backend's constructor.
-
-    Returns:
-        The backend, or None for ``"none"``.
-
-    Raises:
-        ValueError: unknown ``name``; the message lists the choices.
-    """
-    key = "xgrammar" if name is None else str(name).strip().lower()
-    if key == "none":
-        return None
-    if key == "xgrammar":
-        from .xgrammar_backend import XGrammarBackend
-
-        return XGrammarBackend(tokenizer, vocab_size, **kwargs)
-    if key in ("outlines", "outlines_core", "outlines-core"):
-        from .outlines_backend import OutlinesBackend
-
-        return OutlinesBackend(tokenizer, vocab_size, **kwargs)
-    raise ValueError(f"grammar_backend: unknown grammar backend {name!r}; choose one of {list(BACKEND_CHOICES)}")
-
-
-def special_token_ids(tokenizer) -> set[int]:
-    """Ids of the tokenizer's special/control tokens (``<|im_start|>``, ``<repo_name>``, ...).
-
-    Grammars never allow them (except the stop token, handled separately): their text is not what the
-    detokenizer prints, so letting a grammar match ``<|im_start|>`` literally would let the model emit a
-    control token the parser counts as text.
-    """
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    for tid, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-        if getattr(added, "special", False):
-            ids.add(int(tid))
-    return ids

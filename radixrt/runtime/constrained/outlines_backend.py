@@ -19,11 +19,11 @@ import outlines_core as oc
 import torch
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, compile_error, fill_single_token,
-                   reraise_fatal, special_token_ids, validate_spec)
+                   reraise_fatal, validate_spec)
 from .json_strings import pattern_to_json_regex
 from .schema_prep import prepare_schema, rewrite_patterns
 from .specs import GRAMMAR_KINDS
-
+from .vocab import piece_bytes, special_token_ids
 
 # outlines-core 0.2.14's JSON regexes deviate from RFC 8259; these textual fixes restore it:
 # exponents without a sign (1e10, 1E5); \uXXXX escapes (a surrogate pair counts as one character, as
@@ -35,19 +35,6 @@ _FIXES = (
      '[dD][89abAB]{h}{{2}}\\\\u[dD][c-fC-F]{h}{{2}}))'.format(h=_HEX)),
     ('[^"\\\\\\x00-\\x1F\\x7F-\\x9F]', '[^"\\\\\\x00-\\x1F]'),
 )
-
-
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's ``bytes_to_unicode``: printable stand-in character -> byte value."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 # outlines-core 0.2.14 drops, from a final state, every token that leads to a non-final state: for
@@ -63,21 +50,19 @@ _SENTINEL_REGEX = r"\x{10FFFF}"
 def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int, placeholder_id: int) -> oc.Vocabulary:
     """``outlines_core.Vocabulary`` of the byte strings of every ordinary token id ``< vocab_size``.
 
-    Byte-level tokens are decoded with the inverse GPT-2 table; a token with characters outside it
-    (a non-byte-level tokenizer) falls back to its UTF-8 text. ``eos_token_id`` is mapped to the sentinel;
-    tokens ending with a proper prefix of the sentinel's bytes (only plane-16 private-use characters start
-    so) are left out. ``placeholder_id`` is what outlines-core is told the EOS is (never used).
+    Byte-level tokens are decoded with the inverse GPT-2 table (:mod:`.vocab`); a token with characters
+    outside it (a non-byte-level tokenizer) falls back to its UTF-8 text. ``eos_token_id`` is mapped to
+    the sentinel; tokens ending with a proper prefix of the sentinel's bytes (only plane-16 private-use
+    characters start so) are left out. ``placeholder_id`` is what outlines-core is told the EOS is (never used).
     """
-    table = _byte_decoder()
     skip = special_token_ids(tokenizer) | {eos_token_id}
     prefixes = tuple(_SENTINEL_BYTES[:k] for k in range(1, len(_SENTINEL_BYTES)))
     mapping: dict[bytes, list[int]] = {_SENTINEL_BYTES: [eos_token_id]}
     for text, tid in tokenizer.get_vocab().items():
         if tid in skip or tid >= vocab_size:
             continue
-        try:
-            raw = bytes(table[ch] for ch in text)
-        except KeyError:
+        raw = piece_bytes(text)
+        if raw is None:  # a character outside the byte table: a non-byte-level (sentencepiece) entry
             raw = text.replace("\u2581", " ").encode("utf-8")
         if raw.endswith(prefixes) or _SENTINEL_BYTES in raw:
             continue

@@ -25,6 +25,8 @@ import copy
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
+from .json_pointer import json_pointer, split_pointer
+
 TYPE_KEYWORDS = {
     "object": ("properties", "patternProperties", "additionalProperties", "required", "minProperties",
                "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas",
@@ -58,10 +60,6 @@ def _children(node: dict):
                 yield [key, str(i)], sub
         elif how == "one" and isinstance(value, (dict, bool)):
             yield [key], value
-
-
-def _pointer(path: list[str]) -> str:
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
 
 
 def _add_type(node: dict, expand_types: bool) -> None:
@@ -112,10 +110,6 @@ def _collect_ids(node: Any, base: str, path: list[str], ids: dict, bases: list) 
         _collect_ids(sub, base, path + suffix, ids, bases)
 
 
-def _split_pointer(ptr: str) -> list[str]:
-    return [p.replace("~1", "/").replace("~0", "~") for p in ptr.split("/")[1:]] if ptr else []
-
-
 def _exists(root: Any, path: list[str]) -> bool:
     node = root
     for part in path:
@@ -142,9 +136,9 @@ def _rewrite_refs(root: dict) -> None:
         if ref == "#" or ref.startswith("#/"):
             if base == root_base:
                 continue  # plain local pointer: the backends resolve it
-            inner = ids[base] + _split_pointer(ref[1:])
-            if _exists(root, inner) or not _exists(root, _split_pointer(ref[1:])):
-                node["$ref"] = "#" + _pointer(inner)
+            inner = ids[base] + split_pointer(ref[1:])
+            if _exists(root, inner) or not _exists(root, split_pointer(ref[1:])):
+                node["$ref"] = "#" + json_pointer(inner)
             continue  # else: many real schemas mean the root document despite a nested id; keep it
         doc, frag = urldefrag(urljoin(base, ref))
         if frag and not frag.startswith("/"):  # "#anchor"
@@ -153,9 +147,9 @@ def _rewrite_refs(root: dict) -> None:
         else:
             target = ids.get(doc)
         if target is None:
-            raise ValueError(f"json_schema: cannot resolve $ref {ref!r} at {_pointer(path) or '/'}: only local "
+            raise ValueError(f"json_schema: cannot resolve $ref {ref!r} at {json_pointer(path) or '/'}: only local "
                              "pointers and embedded $id/$anchor are supported (nothing is fetched)")
-        node["$ref"] = "#" + _pointer(target) + frag
+        node["$ref"] = "#" + json_pointer(target) + frag
 
 
 def prepare_schema(schema: Any, expand_types: bool = True, explicit_any: bool = False) -> Any:

@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+from .json_pointer import json_pointer
+
 
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 JSON_OBJECT_SCHEMA = '{"type":"object"}'  # what OpenAI's response_format {"type": "json_object"} maps to
@@ -20,11 +22,9 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
 _REGEX_META = frozenset("\\.^$|?*+()[]{}")
 
 
-def _pointer(path: list[str]) -> str:
-    """RFC 6901 JSON pointer of ``path`` ("" is the root, shown as "/")."""
-    if not path:
-        return "/"
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+def _where(path: list[str]) -> str:
+    """``path`` for a message: its JSON pointer, the root shown as "/"."""
+    return json_pointer(path) or "/"
 
 
 def _compile_regex(pattern: str) -> None:
@@ -47,7 +47,7 @@ def _check_patterns(node: Any, path: list[str]) -> None:
             _compile_regex(pat)
         except (re.error, RecursionError, OverflowError) as e:
             raise ValueError(
-                f"json_schema: 'pattern' at {_pointer(path)} is not a valid regex: {pat!r}: {e}") from None
+                f"json_schema: 'pattern' at {_where(path)} is not a valid regex: {pat!r}: {e}") from None
     pprops = node.get("patternProperties")
     if isinstance(pprops, dict):
         for key in pprops:
@@ -55,7 +55,7 @@ def _check_patterns(node: Any, path: list[str]) -> None:
                 _compile_regex(key)
             except (re.error, RecursionError, OverflowError) as e:
                 raise ValueError(
-                    f"json_schema: 'patternProperties' key at {_pointer(path + ['patternProperties'])} "
+                    f"json_schema: 'patternProperties' key at {_where(path + ['patternProperties'])} "
                     f"is not a valid regex: {key!r}: {e}") from None
     for key, value in node.items():
         if key in _DATA_KEYWORDS or isinstance(value, str):
@@ -95,7 +95,7 @@ def _validate_json_schema(spec: Any) -> str:
         try:
             cls.check_schema(obj)
         except SchemaError as e:
-            where = _pointer([str(p) for p in e.path])
+            where = _where([str(p) for p in e.path])
             raise ValueError(f"json_schema: invalid schema at {where}: {e.message}") from None
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 

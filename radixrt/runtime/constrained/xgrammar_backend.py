@@ -18,10 +18,11 @@ import torch
 import xgrammar as xgr
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, compile_error, fill_single_token,
-                   reraise_fatal, special_token_ids, validate_spec)
+                   reraise_fatal, validate_spec)
 from .json_strings import fix_json_string_rules
 from .schema_prep import prepare_schema
 from .specs import GRAMMAR_KINDS
+from .vocab import special_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.kernels.attention.base import KVCacheView
 
+class KVPool:
+    """The attention backends' ``KVCacheView`` (a Protocol in :mod:`radixrt.kernels.attention.base`)."""
 
-class KVPool(KVCacheView):
     def __init__(self, num_pages: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         if num_pages < 1 or page_size < 1:

@@ -6,9 +6,13 @@ tokens' pages belong to the tree and are locked through ``req.last_node``.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from radixrt.runtime.mem.allocator import PageAllocator
 from radixrt.runtime.mem.radix_cache import RadixCache
-from radixrt.runtime.request import Req
+
+if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [tool.importlinter])
+    from radixrt.runtime.request import Req
 
 
 class ReqPages:

@@ -17,6 +17,8 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixrt.runtime.constrained.vocab import piece_bytes, special_token_ids
+
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -207,21 +209,9 @@ def openai_param(native: Optional[str], msg: str, prompt_param: str, max_param: 
 
 
 # ---- token text (logprobs) -------------------------------------------------------------------------------
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte <-> printable-unicode table (byte-level BPE vocabularies spell tokens with it)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 class TokenTexts:
-    """A token's exact bytes (byte-level BPE) and its text, for OpenAI logprobs."""
+    """A token's exact bytes (byte-level BPE, see :mod:`radixrt.runtime.constrained.vocab`) and its text,
+    for OpenAI logprobs."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
@@ -231,17 +221,15 @@ class TokenTexts:
             self.byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         except Exception:
             pass
-        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        for tid, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-            self.special.add(tid)
-        self.decoder = {c: b for b, c in _bytes_to_unicode().items()}
+        self.special = special_token_ids(tokenizer)  # their text as written; every other id is byte-level
         self.token_bytes = lru_cache(maxsize=65536)(self._token_bytes)
 
     def _token_bytes(self, tid: int) -> bytes:
         if self.byte_level and tid not in self.special:
             piece = self.tok.convert_ids_to_tokens(tid)
-            if isinstance(piece, str) and all(c in self.decoder for c in piece):
-                return bytes(self.decoder[c] for c in piece)
+            raw = piece_bytes(piece) if isinstance(piece, str) else None
+            if raw is not None:
+                return raw
         return self.tok.decode([tid]).encode("utf-8")
 
     def text(self, tid: int) -> str:

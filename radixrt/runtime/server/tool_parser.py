@@ -55,7 +55,7 @@ import copy
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.runtime.server.openai_protocol import ApiError
@@ -249,11 +249,7 @@ def required_schema(tools: list[Tool], parallel: bool = True) -> dict:
 
 def auto_structural_tag(tools: list[Tool], parallel: bool = True) -> dict:
     """tool_choice ``auto``: free text until ``<tool_call>``, then a call of one of the tools (xgrammar format)."""
-    try:
-        from radixrt.runtime.constrained.schema_prep import prepare_schema
-    except ImportError:  # pragma: no cover
-        def prepare_schema(s):
-            return s
+    from radixrt.runtime.constrained.schema_prep import prepare_schema
     tags = []
     for t in tools:
         tags.append({"type": "tag", "begin": f'{TOOL_CALL_BEGIN}{{"name": "{t.name}", "arguments": ',
