@@ -6,8 +6,8 @@ sizes of :func:`capture_bucket_sizes` at start-up (before any request, so the wa
 KV pool land on an unused page) and serves a pure decode step of ``bs`` requests with the graph of the
 next bucket up (:func:`padded_batch_size`).
 
-Per replay: the step's token ids and positions are copied into static device buffers (padded rows get
-id 0, position 0), the backend plans the padded page table into its fixed buffers
+Per replay: the ForwardBatch's token ids and positions are copied into static device buffers (padded rows
+get id 0, position 0), the backend plans the padded page table into its fixed buffers
 (``attn.cuda_graph.plan_replay``, FlashInfer's ``plan`` outside the graph), then the graph replays.
 How padded rows stay harmless is the backend's business (flashinfer.py: they read one token of
 ``DUMMY_PAGE`` and re-write real row 0's K/V into row 0's own slot).
@@ -19,9 +19,14 @@ from __future__ import annotations
 import logging
 import time
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from radixrt.kernels.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from radixrt.runtime.forward_batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
 SMALL_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -131,18 +136,19 @@ class CudaGraphRunner:
         return (meta.is_decode and 1 <= meta.batch_size <= self.max_bs and meta.page_size == self.page_size
                 and self.attn.cuda_graph.fits(meta))
 
-    def replay(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata) -> torch.Tensor:
+    def replay(self, fb: "ForwardBatch") -> torch.Tensor:
         """Run one decode step. Returns fp32 logits ``[bs, vocab]``, rows in batch order.
 
         The tensor is a view of the graph's static output: it is overwritten by the next replay of the
         same bucket (ModelRunner indexes it, which copies).
         """
+        meta = fb.attn_meta
         bs = meta.batch_size
         B = padded_batch_size(bs, self.buckets)
-        ids = torch.tensor(pad_tokens(input_ids, B), dtype=torch.int64)
-        pos = torch.tensor(pad_tokens(positions, B), dtype=torch.int64)
-        self.input_ids[:B].copy_(ids, non_blocking=True)
-        self.positions[:B].copy_(pos, non_blocking=True)
+        self.input_ids[:bs].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(fb.positions, non_blocking=True)
+        self.input_ids[bs:B].zero_()  # padded rows: id 0 at position 0 (see pad_tokens)
+        self.positions[bs:B].zero_()
         self.attn.cuda_graph.plan_replay(meta, B)
         self.graphs[B].replay()
         return self.outputs[B][:bs]

@@ -17,23 +17,13 @@ import threading
 import time
 from typing import Any, Iterator
 
-
+from radixrt.runtime.build import build_scheduler, make_grammar_cache  # noqa: F401 (server imports it here)
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.detokenizer import Detokenizer
-from radixrt.runtime.validation import Limits, ReqOutput, build_requests
-from radixrt.runtime.model_loader import load_tokenizer
-from radixrt.runtime.model_runner import ModelRunner
 from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut
-from radixrt.runtime.scheduler import Scheduler
+from radixrt.runtime.validation import Limits, ReqOutput, build_requests
 
 logger = logging.getLogger(__name__)
-
-
-def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int):
-    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``)."""
-    from radixrt.runtime.constrained import GrammarCache, create_backend
-    backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
-    return None if backend is None else GrammarCache(backend)
 
 
 class Engine:
@@ -47,10 +37,9 @@ class Engine:
         if unknown:
             raise ValueError(f"unknown Engine argument(s) {sorted(unknown)}")
         self.args = ServerArgs(**kwargs)
-        self.tokenizer = load_tokenizer(self.args.model)
-        self.runner = ModelRunner(self.args)
-        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, self.runner.vocab_size)
-        self.scheduler = Scheduler(self.args, self.runner, self.tokenizer, self.grammar_cache)
+        self.scheduler = build_scheduler(self.args)
+        s = self.scheduler
+        self.tokenizer, self.runner, self.grammar_cache = s.tokenizer, s.runner, s.grammar_cache
         self.detokenizer = Detokenizer(self.tokenizer)
         self.limits = Limits(self.runner.context_length, self.runner.vocab_size,
                              self.runner.num_pages * self.runner.page_size)

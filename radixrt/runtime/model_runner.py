@@ -1,16 +1,22 @@
-"""ModelRunner: loads the model and the KV pool, turns a scheduled step into one forward pass."""
+"""ModelRunner: loads the model and the KV pool; ``prepare`` packs a scheduled step into a ForwardBatch,
+``forward`` runs it and returns the logits rows asked for."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixrt.kernels.attention import get_backend
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.forward_batch import ForwardBatch
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from radixrt.runtime.request import Req
 
 logger = logging.getLogger(__name__)
 CPU_DEFAULT_TOTAL_TOKENS = 32768
@@ -86,20 +92,46 @@ class ModelRunner:
                 total = CPU_DEFAULT_TOTAL_TOKENS
         return max(total // self.page_size, 1)
 
-    def forward(self, input_ids: list[int], positions: list[int], meta: AttentionMetadata,
-                logit_rows: list[int]) -> torch.Tensor:
-        """One step. Returns fp32 logits ``[len(logit_rows), vocab]`` for the packed token rows asked for."""
-        if self.graph_runner is not None and self.graph_runner.can_run(meta):
-            return self.graph_runner.replay(input_ids, positions, meta)[logit_rows]
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+    def prepare(self, batch: list[tuple["Req", int]]) -> ForwardBatch:
+        """Pack one scheduled step: ``(req, n)`` computes tokens ``[num_computed, num_computed + n)`` of
+        ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
+        (to sample) and of every prompt position whose input logprob is wanted."""
+        ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
+        sample_at, lp_at = [], []
+        for req, n in batch:
+            s, e = req.num_computed, req.num_computed + n
+            base = len(ids)
+            ids.extend(req.fill_ids[s:e])
+            pos.extend(range(s, e))
+            tables.append(req.page_table)
+            q_lens.append(n)
+            kv_lens.append(e)
+            if req.wants_input_logprobs:
+                first = max(req.logprob_start_len - 1, 0)
+                for p in range(max(s, first), min(e, len(req.input_ids) - 1)):
+                    lp_at.append((req, len(rows), p + 1))
+                    rows.append(base + p - s)
+            if e == req.seq_len:
+                sample_at.append((req, len(rows)))
+                rows.append(base + n - 1)
+        meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size)
+        return ForwardBatch.make(ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at)
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """One step. Returns fp32 logits ``[len(fb.logit_rows), vocab]``, rows in ``fb.logit_rows`` order.
+
+        A pure decode step that fits a captured CUDA graph replays it; anything else runs eagerly."""
+        rows = fb.logit_rows.to(self.device, non_blocking=True)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb.attn_meta):
+            return self.graph_runner.replay(fb)[rows]
+        ids = fb.input_ids.to(self.device, non_blocking=True)
+        pos = fb.positions.to(self.device, non_blocking=True)
+        meta = fb.attn_meta
         if meta.qo_indptr.device != self.device:
             meta = _to_device(meta, self.device)
         self.attn.plan(meta)
         hidden = self.model(ids, pos, self.attn, self.kv)
-        rows = torch.tensor(logit_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[rows])
-
 
 def _to_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
     import dataclasses

@@ -1,4 +1,10 @@
-"""The scheduler loop: admit, schedule one step, run it, process the results.
+"""The scheduler: it decides who runs each step; others do the work.
+
+    step():  schedule()                  -> [(req, num_new_tokens)]   admissions, chunks, preemptions
+             runner.prepare(batch)       -> ForwardBatch              model_runner.py
+             runner.forward(fb)          -> logits                    model_runner.py
+             outputs.process(fb, logits) -> finished requests         output_processor.py
+             mem.cache / mem.release                                  mem/req_pages.py
 
 One step holds every running decode plus as many prefill (extend) tokens as ``max_num_batched_tokens``
 allows; prompts longer than ``chunked_prefill_size`` are prefilled over several steps (chunked
@@ -12,14 +18,11 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
-
-from radixrt.kernels.attention.metadata import AttentionMetadata
-from radixrt.runtime.mem.req_pages import ReqPages
 from radixrt.runtime.io_struct import GenerateReq, TokenOut
+from radixrt.runtime.mem.req_pages import ReqPages
+from radixrt.runtime.output_processor import OutputProcessor, eos_ids, make_out
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.params import grammar_of
-from radixrt.runtime.sampling.sampler import SampleRow, sample
 from radixrt.runtime.schedule_policy import order_waiting
 
 logger = logging.getLogger(__name__)
@@ -35,7 +38,7 @@ class Scheduler:
         self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
-        self.eos_ids = _eos_ids(tokenizer, runner.config)
+        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -125,28 +128,12 @@ class Scheduler:
         budget = self.args.max_num_batched_tokens
         batch: list[tuple[Req, int]] = []
         for req in sorted([r for r in self.running if r.extend_len == 1], key=lambda r: r.arrival):
-            if req not in self.running:
-                continue  # preempted below while making room for an older request
-            while not self.mem.grow(req, 1):
-                victim = max(self.running, key=lambda r: r.arrival)
-                self._preempt(victim)
-                if victim is req:
-                    break
-            if req in self.running:
+            if req in self.running and self._grow_or_preempt(req, 1, batch):
                 batch.append((req, 1))
                 budget -= 1
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if n <= 0 or req not in self.running:
-                continue
-            while not self.mem.grow(req, n):
-                # Out of pages mid-prefill: preempt the newest request not already in this step.
-                in_batch = {r for r, _ in batch}
-                victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
-                self._preempt(victim)
-                if victim is req:
-                    break
-            if req in self.running:
+            if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
                 batch.append((req, n))
                 budget -= n
         if budget <= 0 or not self.waiting:
@@ -175,6 +162,20 @@ class Scheduler:
             req.wait_steps += 1
         return batch
 
+    def _grow_or_preempt(self, req: Req, n: int, batch: list[tuple[Req, int]]) -> bool:
+        """Make room for ``n`` more tokens of ``req``, preempting the newest running request not already
+        in this step's ``batch`` until the pages fit. Returns False when ``req`` itself was preempted.
+
+        Decodes are visited oldest first, so the newest request gives way: recompute preemption, as in
+        vLLM and SGLang."""
+        in_batch = {r for r, _ in batch}
+        while not self.mem.grow(req, n):
+            victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
     def _shares_uncached(self, req: Req, admitted: list[Req]) -> bool:
         if not admitted:
             return False
@@ -198,7 +199,19 @@ class Scheduler:
         t0 = time.perf_counter()
         batch = self.schedule()
         if batch:
-            self._run_batch(batch, t0)
+            fb = self.runner.prepare(batch)
+            self.sched_time += time.perf_counter() - t0
+            logits = self.runner.forward(fb)
+            t1 = time.perf_counter()
+            for req, n in batch:
+                req.num_computed += n
+            for req, reason in self.outputs.process(fb, logits):
+                self._finish_running(req, reason)
+            for req, n in batch:
+                if req.finished_reason is None and n > 1:
+                    self.mem.cache(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
+            self.sched_time += time.perf_counter() - t1
+            self.step_time += time.perf_counter() - t0
         self.step_count += 1
         if self.step_count % self.args.log_interval == 0 and self.query_tokens:
             logger.info("step %d: running=%d waiting=%d hit_rate=%.3f free_pages=%d", self.step_count,
@@ -206,131 +219,10 @@ class Scheduler:
                         self.allocator.num_free)
         outs, self.finished_outs = self.finished_outs, []
         for req in self.running:
-            o = self._make_out(req)
+            o = make_out(req)
             if o is not None:
                 outs.append(o)
         return outs
-
-    def _run_batch(self, batch: list[tuple[Req, int]], t0: float) -> None:
-        ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
-        sample_at: list[tuple[Req, int]] = []
-        lp_at: list[tuple[Req, int, int]] = []  # (req, row, target token position)
-        for req, n in batch:
-            s, e = req.num_computed, req.num_computed + n
-            fill = req.fill_ids
-            base = len(ids)
-            ids.extend(fill[s:e])
-            pos.extend(range(s, e))
-            tables.append(req.page_table)
-            q_lens.append(n)
-            kv_lens.append(e)
-            if req.wants_input_logprobs:
-                first = max(req.logprob_start_len - 1, 0)
-                for p in range(max(s, first), min(e, len(req.input_ids) - 1)):
-                    lp_at.append((req, len(rows), p + 1))
-                    rows.append(base + p - s)
-            if e == req.seq_len:
-                sample_at.append((req, len(rows)))
-                rows.append(base + n - 1)
-        meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.P)
-        self.sched_time += time.perf_counter() - t0
-        logits = self.runner.forward(ids, pos, meta, rows)
-        t1 = time.perf_counter()
-        for req, n in batch:
-            req.num_computed += n
-        self._record_input_logprobs(logits, lp_at)
-        self._sample(logits, sample_at)
-        for req, n in batch:
-            if req.finished_reason is None and n > 1:
-                self.mem.cache(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
-        self.sched_time += time.perf_counter() - t1
-        self.step_time += time.perf_counter() - t0
-
-    def _record_input_logprobs(self, logits: torch.Tensor, lp_at) -> None:
-        if not lp_at:
-            return
-        rows = torch.tensor([r for _, r, _ in lp_at])
-        lps = torch.log_softmax(logits[rows], dim=-1)
-        for i, (req, _, p) in enumerate(lp_at):
-            tok = req.input_ids[p]
-            req.input_logprobs.append((float(lps[i, tok]), tok))
-            k = req.top_logprobs_num
-            if k:
-                v, ix = lps[i].topk(k)
-                req.input_top_logprobs.append(list(zip(v.tolist(), ix.tolist())))
-            else:
-                req.input_top_logprobs.append(None)
-
-    def _sample(self, logits: torch.Tensor, sample_at: list[tuple[Req, int]]) -> None:
-        todo = []
-        for req, row in sample_at:
-            if req.wants_input_logprobs:
-                req.input_logprobs_done = True
-                if req.logprob_start_len == 0:
-                    req.input_logprobs.insert(0, None)
-                    req.input_top_logprobs.insert(0, None)
-            if len(req.output_ids) >= req.max_new_tokens:  # max_new_tokens == 0: prefill only
-                self._finish_running(req, {"type": "length", "length": req.max_new_tokens})
-            else:
-                todo.append((req, row))
-        if not todo:
-            return
-        rows = torch.tensor([r for _, r in todo])
-        sub = logits[rows]
-        srows = []
-        for req, _ in todo:
-            block = []
-            if len(req.output_ids) < req.params.min_new_tokens:
-                block = sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else self.eos_ids))
-            srows.append(SampleRow(req.params, req.generator, req.input_ids, req.output_ids, block,
-                                   req.top_logprobs_num if req.return_logprob else 0, req.return_logprob))
-        gm = self._grammar_mask([req for req, _ in todo])
-        out = sample(sub, srows, gm)
-        for i, (req, _) in enumerate(todo):
-            tok = out.token_ids[i]
-            req.output_ids.append(tok)
-            if req.return_logprob:
-                req.out_logprobs.append((out.logprobs[i], tok))
-                req.out_top_logprobs.append(out.top_logprobs[i] or [])
-            reason = self._check_finished(req, tok)
-            if reason is not None:
-                self._finish_running(req, reason)
-
-    def _grammar_mask(self, reqs: list[Req]):
-        idx = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not idx:
-            return None
-        from radixrt.runtime.constrained import allocate_token_bitmask, apply_token_bitmask_
-
-        def apply(logits: torch.Tensor) -> None:
-            mask = allocate_token_bitmask(len(idx), logits.shape[-1])
-            for j, i in enumerate(idx):
-                reqs[i].grammar.fill_next_token_bitmask(mask, j)
-            if len(idx) == len(reqs):  # every row constrained: mask in place, no row copy
-                apply_token_bitmask_(logits, mask)
-                return
-            sub = logits[idx]
-            apply_token_bitmask_(sub, mask)
-            logits[idx] = sub
-        return apply
-
-    def _check_finished(self, req: Req, tok: int) -> dict | None:
-        p = req.params
-        if req.grammar is not None:
-            req.grammar.accept_token(tok)
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
-            return {"type": "stop", "matched": tok}
-        if req.grammar is not None and req.grammar.is_terminated():
-            return {"type": "stop", "matched": None}
-        if p.stop:
-            tail_len = max(len(s) for s in p.stop) + 8
-            tail = self.tokenizer.decode(req.output_ids[-tail_len:], skip_special_tokens=p.skip_special_tokens)
-            for s in p.stop:
-                if s in tail:
-                    return {"type": "stop", "matched": s}
-        if len(req.output_ids) >= req.max_new_tokens or req.seq_len >= self.runner.context_length:
-            return {"type": "length", "length": len(req.output_ids)}
-        return None
 
     # ---- results -------------------------------------------------------------------------------------
     def _finish_running(self, req: Req, reason: dict) -> None:
@@ -341,31 +233,4 @@ class Scheduler:
     def _finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
         self.by_rid.pop(req.rid, None)
-        self.finished_outs.append(self._make_out(req, force=True))
-
-    def _make_out(self, req: Req, force: bool = False) -> TokenOut | None:
-        new = req.output_ids[req.sent_ids:]
-        send_in = req.input_logprobs_done and not req.input_logprobs_sent and req.input_logprobs is not None
-        if not new and not force and not send_in:
-            return None
-        req.sent_ids = len(req.output_ids)
-        out = TokenOut(rid=req.rid, new_token_ids=new, finished_reason=req.finished_reason,
-                       prompt_tokens=len(req.input_ids), completion_tokens=len(req.output_ids),
-                       cached_tokens=req.cached_tokens, output_token_logprobs=req.out_logprobs,
-                       output_top_logprobs=req.out_top_logprobs, stop_strings=list(req.params.stop),
-                       no_stop_trim=req.params.no_stop_trim, skip_special_tokens=req.params.skip_special_tokens)
-        req.out_logprobs, req.out_top_logprobs = [], []
-        if req.input_logprobs is not None and (send_in or force) and not req.input_logprobs_sent:
-            out.input_token_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs
-            req.input_logprobs_sent = True
-        return out
-
-
-def _eos_ids(tokenizer, config) -> set[int]:
-    ids = set()
-    for v in (getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)):
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(v)
-    return ids
+        self.finished_outs.append(make_out(req, force=True))

@@ -58,7 +58,8 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     push.connect(out_addr)
     enc = msgspec.msgpack.Encoder()
     try:
-        sched = _build(args)
+        from radixrt.runtime.build import build_scheduler
+        sched = build_scheduler(args)
     except BaseException as e:  # tell the main process why, then exit
         logger.error("model load failed:\n%s", traceback.format_exc())
         push.send(enc.encode(ReadyOut(error=f"{type(e).__name__}: {e}")))
@@ -77,18 +78,6 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     finally:
         if sched.grammar_cache is not None:
             sched.grammar_cache.shutdown(wait=False)
-
-
-def _build(args):
-    from radixrt.runtime.engine import make_grammar_cache
-    from radixrt.runtime.model_loader import load_tokenizer
-    from radixrt.runtime.model_runner import ModelRunner
-    from radixrt.runtime.scheduler import Scheduler
-
-    tokenizer = load_tokenizer(args.model)
-    runner = ModelRunner(args)
-    grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
-    return Scheduler(args, runner, tokenizer, grammar_cache)
 
 
 def _info(sched, flushed=None) -> InfoOut:

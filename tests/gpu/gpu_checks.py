@@ -305,6 +305,7 @@ def teacher_forced_logits(e, prompt_ids, conts, steps: int):
     Returns per step a list of (request, kv_len, fp32 logits row) and the pages to release.
     """
     from radixrt.kernels.attention.metadata import AttentionMetadata
+    from radixrt.runtime.forward_batch import ForwardBatch
     r = e.runner
     P = r.page_size
     full = [p + c for p, c in zip(prompt_ids, conts)]
@@ -326,7 +327,7 @@ def teacher_forced_logits(e, prompt_ids, conts, steps: int):
             q_lens.append(t - done[i])
             rows.append(len(ids) - 1)
         meta = AttentionMetadata.build(tables, q_lens, tg, P)
-        logits = r.forward(ids, pos, meta, rows)
+        logits = r.forward(ForwardBatch.make(ids, pos, meta, rows))
         out.append([(i, tg[i], logits[i].float()) for i in range(len(tg))])
         done = list(tg)
     return out, tables, full
@@ -359,6 +360,7 @@ def check_graph_vs_eager(E_fi, prompt_ids, tol: float) -> None:
     Not bitwise: the graph's FlashInfer plan is made in cuda-graph mode (a fixed grid, so its split-KV
     reduction order can differ), so the bf16 tolerance of (b) applies."""
     from radixrt.kernels.attention.metadata import AttentionMetadata
+    from radixrt.runtime.forward_batch import ForwardBatch
     r = E_fi.runner
     if r.graph_runner is None:
         check("b_graph_vs_eager", None, note="no graph runner")
@@ -375,9 +377,9 @@ def check_graph_vs_eager(E_fi, prompt_ids, tol: float) -> None:
         assert r.graph_runner.can_run(meta)
         g = r.graph_runner
         r.graph_runner = None
-        eager = r.forward(ids, pos, meta, list(range(bs)))
+        eager = r.forward(ForwardBatch.make(ids, pos, meta, list(range(bs))))
         r.graph_runner = g
-        graph = r.forward(ids, pos, meta, list(range(bs)))
+        graph = r.forward(ForwardBatch.make(ids, pos, meta, list(range(bs))))
         res[bs] = {"max_abs_diff": float((eager - graph).abs().max()),
                    "argmax_equal": bool((eager.argmax(-1) == graph.argmax(-1)).all())}
         for t in tables:
@@ -410,6 +412,7 @@ def model_costs(model) -> dict:
 
 def bench_runner(E, roof: dict) -> dict:
     from radixrt.kernels.attention.metadata import AttentionMetadata
+    from radixrt.runtime.forward_batch import ForwardBatch
     r = E.runner
     P = r.page_size
     c = model_costs(r.model)
@@ -422,7 +425,8 @@ def bench_runner(E, roof: dict) -> dict:
     ids = [(i * 31) % 40000 + 100 for i in range(bs * n)]
     pos = list(range(n)) * bs
     rows = [(i + 1) * n - 1 for i in range(bs)]
-    t = timed_cuda(lambda: r.forward(ids, pos, meta, rows), warm=2, iters=5)
+    fb = ForwardBatch.make(ids, pos, meta, rows)
+    t = timed_cuda(lambda: r.forward(fb), warm=2, iters=5)
     flops = (2 * c["nonembed_params"] * bs * n + 2 * c["embed_params"] * bs
              + 4 * a.head_dim * a.num_heads * a.num_layers * bs * n * (n + 1) / 2)
     out["prefill"] = {"batch": bs, "tokens_per_request": n, "tok_per_s": round(bs * n / t),
@@ -446,7 +450,8 @@ def bench_runner(E, roof: dict) -> dict:
             if mode == "graph" and (g is None or not g.can_run(meta)):
                 continue
             r.graph_runner = g if mode == "graph" else None
-            t = timed_cuda(lambda: r.forward(ids, pos, meta, rows), warm=3, iters=20)
+            fb = ForwardBatch.make(ids, pos, meta, rows)
+            t = timed_cuda(lambda: r.forward(fb), warm=3, iters=20)
             rec[mode] = {"step_ms": round(t * 1e3, 3), "tok_per_s": round(bs / t),
                          "gbps": round(byts / t / 1e9, 1),
                          "share_of_copy_roofline": round(byts / t / 1e9 / roof["copy_gbps_read_plus_write"], 4)}

@@ -70,8 +70,9 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], grammar_mask=None) -> Sa
     Args:
         logits: fp32 ``[B, vocab]`` (modified in place).
         rows: B request descriptions.
-        grammar_mask: optional callable ``(logits) -> None`` that sets -inf on grammar-illegal tokens of
-            the constrained rows (unconstrained rows pay nothing).
+        grammar_mask: optional :class:`~radixrt.runtime.constrained.grammar_step.GrammarMask`; its
+            ``apply_(logits)`` sets -inf on grammar-illegal tokens of the constrained rows (unconstrained
+            rows pay nothing).
     """
     need_lp = any(r.want_logprob or r.top_logprobs_num for r in rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if need_lp else None
@@ -80,7 +81,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], grammar_mask=None) -> Sa
         if r.block_ids:
             logits[i, r.block_ids] = float("-inf")
     if grammar_mask is not None:
-        grammar_mask(logits)
+        grammar_mask.apply_(logits)
     tokens: list[int] = []
     greedy = [i for i, r in enumerate(rows) if r.params.temperature == 0.0]
     argmax = logits.argmax(-1).tolist() if greedy else None

@@ -1,0 +1,32 @@
+"""One set-up for the offline Engine and the scheduler process: tokenizer, runner, grammar cache, Scheduler."""
+from __future__ import annotations
+
+from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.model_loader import load_tokenizer
+from radixrt.runtime.model_runner import ModelRunner
+from radixrt.runtime.scheduler import Scheduler
+
+
+def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int):
+    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``).
+
+    Raises:
+        ValueError: an unknown grammar backend.
+    """
+    from radixrt.runtime.constrained import GrammarCache, create_backend
+    backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
+    return None if backend is None else GrammarCache(backend)
+
+
+def build_scheduler(args: ServerArgs) -> Scheduler:
+    """Load the tokenizer and the model (weights + KV pool), make the grammar cache, build the Scheduler.
+
+    The parts are reachable as ``scheduler.tokenizer``, ``.runner`` and ``.grammar_cache``.
+
+    Raises:
+        ValueError: a bad argument or an unsupported model.
+    """
+    tokenizer = load_tokenizer(args.model)
+    runner = ModelRunner(args)
+    grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
+    return Scheduler(args, runner, tokenizer, grammar_cache)

@@ -1,0 +1,72 @@
+"""The grammar's two moments in a decode step: mask the logits before sampling, advance after it.
+
+    mask = build_grammar_mask(reqs, vocab_size)     # None when no request is constrained
+    sample(logits, rows, mask)                      # the sampler calls mask.apply_(logits)
+    advance_matchers(reqs, tokens)                  # each matcher accepts its request's token
+
+``reqs`` are the sampled requests in logits-row order; a request is constrained when ``req.grammar`` is a
+:class:`~radixrt.runtime.constrained.base.GrammarMatcher`. Unconstrained rows pay nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .base import allocate_token_bitmask, apply_token_bitmask_
+
+
+@dataclass
+class GrammarMask:
+    """The allowed-token bits of this step's constrained rows.
+
+    Attributes:
+        rows: indices of the constrained rows in the sampled logits ``[B, vocab]``.
+        bitmask: int32 ``[len(rows), ceil(vocab/32)]`` on CPU; bit ``t`` of row ``j`` allows token ``t``
+            for logits row ``rows[j]``.
+        all_rows: True when every one of the B rows is constrained (masked in place, no row copy).
+    """
+
+    rows: list[int]
+    bitmask: torch.Tensor
+    all_rows: bool
+
+    def apply_(self, logits: torch.Tensor) -> None:
+        """Set grammar-illegal tokens of the constrained rows of fp32 ``logits [B, vocab]`` to -inf."""
+        if self.all_rows:
+            apply_token_bitmask_(logits, self.bitmask)
+            return
+        sub = logits[self.rows]
+        apply_token_bitmask_(sub, self.bitmask)
+        logits[self.rows] = sub
+
+
+def build_grammar_mask(reqs: Sequence[Any], vocab_size: int) -> GrammarMask | None:
+    """Ask every constrained request's matcher for its next-token bits (its state is unchanged).
+
+    Args:
+        reqs: the B requests being sampled, in logits-row order.
+        vocab_size: the logits width in tokens.
+
+    Returns:
+        The mask, or None when no request has a grammar.
+    """
+    rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    if not rows:
+        return None
+    bitmask = allocate_token_bitmask(len(rows), vocab_size)
+    for j, i in enumerate(rows):
+        reqs[i].grammar.fill_next_token_bitmask(bitmask, j)
+    return GrammarMask(rows, bitmask, len(rows) == len(reqs))
+
+
+def advance_matchers(reqs: Sequence[Any], tokens: Sequence[int]) -> None:
+    """Feed each constrained request the token just sampled for it (``tokens[i]`` for ``reqs[i]``).
+
+    The mask allowed only legal tokens, so ``accept_token`` succeeds; once EOS is accepted the matcher
+    reports ``is_terminated()``, which the finish check reads.
+    """
+    for req, tok in zip(reqs, tokens):
+        if req.grammar is not None:
+            req.grammar.accept_token(tok)
