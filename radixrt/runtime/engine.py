@@ -105,13 +105,12 @@ class Engine:
         """Validate and compile a grammar (cached); returns the normalized spec text (the cache key).
 
         Raises:
-            ValueError: a bad spec.
+            ValidationError: a bad spec (a ValueError; ``param`` is ``kind``).
         """
-        from radixrt.runtime.constrained import validate_spec
-        if self.grammar_cache is None:
-            raise ValueError(f"{kind}: grammar-constrained decoding is off (grammar_backend='none')")
-        spec = validate_spec(kind, spec)
-        self.grammar_cache.submit(kind, spec, any_whitespace).result()
+        from radixrt.runtime.validation import GrammarCheck
+        check = GrammarCheck(self.grammar_cache)
+        spec = check(kind, spec, any_whitespace)
+        check.wait()
         return spec
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob: bool = False,
@@ -185,12 +184,9 @@ class Engine:
 
     def get_server_info(self) -> dict:
         """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths."""
-        def info():
-            s = self.scheduler
-            return {**self.args.to_dict(), "cache": s.cache_stats(), "num_running": len(s.running),
-                    "num_waiting": len(s.waiting) + len(s.grammar_queue), "context_length": self.runner.context_length,
-                    "max_total_tokens": self.limits.max_total_tokens, "model_name": self.runner.source.name}
-        return self._call(info)
+        from radixrt.runtime.server_info import queue_stats, server_info
+        return self._call(lambda: server_info(self.args, queue_stats(self.scheduler), self.runner.context_length,
+                                              self.limits.max_total_tokens, self.runner.source.name))
 
     def check_invariants(self) -> dict:
         """Run in the scheduler thread: free + evictable + protected + private == total, locks consistent.

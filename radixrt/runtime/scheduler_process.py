@@ -81,8 +81,8 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
 
 
 def _info(sched, flushed=None) -> InfoOut:
-    return InfoOut(cache=sched.cache_stats(), num_running=len(sched.running),
-                   num_waiting=len(sched.waiting) + len(sched.grammar_queue), flushed=flushed)
+    from radixrt.runtime.server_info import queue_stats
+    return InfoOut(**queue_stats(sched), flushed=flushed)
 
 
 def _loop(sched, pull, push, enc, parent_pid: int) -> None:

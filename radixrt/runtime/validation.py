@@ -1,15 +1,17 @@
 """From user input to validated :class:`GenerateReq` s, and from :class:`StrOut` s to response dicts.
 
 Shared by the in-process Engine and the server's TokenizerManager, so both accept and reject exactly
-the same requests (ValueError naming the field).
+the same requests (:class:`ValidationError`, a ValueError whose ``param`` names the field).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut
 from radixrt.runtime.sampling.params import grammar_of, normalize
 
@@ -42,42 +44,44 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
     """Validate and tokenize. Returns ``(requests, single)``; ``single`` means one item was given.
 
     Raises:
-        ValueError: no or two inputs, an empty prompt, a prompt or prompt + max_new_tokens beyond the
+        ValidationError: no or two inputs, an empty prompt, a prompt or prompt + max_new_tokens beyond the
             context (the message gives the counts), token ids out of the vocabulary, bad sampling
             parameters, or a grammar spec that does not compile (``grammar_check(kind, spec)``).
     """
     if (prompt is None) == (input_ids is None):
-        raise ValueError("exactly one of text/prompt and input_ids must be given")
+        raise ValidationError("exactly one of text/prompt and input_ids must be given", "text")
     if prompt is not None:
         items, single = _as_batch(prompt, "text")
         for t in items:
             if not isinstance(t, str):
-                raise ValueError(f"text must be a string or a list of strings, got {type(t).__name__}")
+                raise ValidationError(f"text must be a string or a list of strings, got {type(t).__name__}", "text")
             if t == "":
-                raise ValueError("text must not be empty")
+                raise ValidationError("text must not be empty", "text")
         id_lists = [tokenizer.encode(t, add_special_tokens=False) for t in items]
     else:
         id_lists, single = _as_batch(input_ids, "input_ids")
         for ids in id_lists:
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise ValueError("input_ids must be a list of integers or a list of such lists")
+                raise ValidationError("input_ids must be a list of integers or a list of such lists", "input_ids")
             if not ids:
-                raise ValueError("input_ids must not be empty")
+                raise ValidationError("input_ids must not be empty", "input_ids")
             bad = [i for i in ids if not 0 <= i < limits.vocab_size]
             if bad:
-                raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})")
+                raise ValidationError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
+                                      "input_ids")
     n = len(id_lists)
     sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
     if len(sps) != n:
-        raise ValueError(f"sampling_params has {len(sps)} entries for {n} prompts")
+        raise ValidationError(f"sampling_params has {len(sps)} entries for {n} prompts", "sampling_params")
     rids = rid if isinstance(rid, list) else [rid] * n
     if not isinstance(return_logprob, bool):
-        raise ValueError(f"return_logprob must be a boolean, got {return_logprob!r}")
+        raise ValidationError(f"return_logprob must be a boolean, got {return_logprob!r}", "return_logprob")
     if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) \
             or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}")
+        raise ValidationError(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+                              f"{top_logprobs_num!r}", "top_logprobs_num")
     if cache_salt is not None and not isinstance(cache_salt, str):
-        raise ValueError("cache_salt must be a string")
+        raise ValidationError("cache_salt must be a string", "cache_salt")
     reqs = []
     for ids, sp_in, r in zip(id_lists, sps, rids):
         sp = normalize(sp_in)
@@ -93,7 +97,8 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
             if start == -1:
                 start = -1
             elif not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(ids):
-                raise ValueError(f"logprob_start_len must be in [0, {len(ids)}] (the prompt length) or -1, got {start!r}")
+                raise ValidationError(f"logprob_start_len must be in [0, {len(ids)}] (the prompt length) or -1, "
+                                      f"got {start!r}", "logprob_start_len")
         reqs.append(GenerateReq(rid=r or uuid.uuid4().hex, input_ids=list(ids), sampling_params=sp,
                                 return_logprob=return_logprob, logprob_start_len=start,
                                 top_logprobs_num=top_logprobs_num if return_logprob else 0,
@@ -101,18 +106,64 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
     return reqs, single
 
 
+class GrammarCheck:
+    """The ``grammar_check`` hook of :func:`build_requests`, shared by the Engine and the server.
+
+    A call checks a spec (:func:`radixrt.runtime.constrained.validate_spec`), starts compiling it in the
+    compiled-grammar cache's threads and returns the normalized spec text (the cache key, so the scheduler
+    finds the same compiled grammar). :meth:`wait` / :meth:`wait_async` then wait for every compile.
+    Errors are :class:`ValidationError` whose ``param`` is the grammar kind (``json_schema``, ``regex``,
+    ``ebnf``, ``structural_tag``): a bad spec, a spec that does not compile, or ``grammar_backend='none'``.
+    """
+
+    def __init__(self, grammar_cache):
+        self.cache = grammar_cache
+        self.pending: list = []  # (kind, concurrent.futures.Future of the compiled grammar)
+
+    def __call__(self, kind: str, spec: Any, any_whitespace: bool = False) -> str:
+        from radixrt.runtime.constrained import validate_spec
+        if self.cache is None:
+            raise ValidationError(f"{kind}: grammar-constrained decoding is off (grammar_backend='none')", kind)
+        try:
+            spec = validate_spec(kind, spec)
+        except ValueError as e:
+            raise ValidationError(str(e), kind) from None
+        self.pending.append((kind, self.cache.submit(kind, spec, any_whitespace)))
+        return spec
+
+    def wait(self) -> None:
+        """Block until every compile is done. Raises ValidationError on one that failed."""
+        for kind, fut in self.pending:
+            _compiled(kind, fut.exception())
+
+    async def wait_async(self) -> None:
+        """:meth:`wait` for an event loop (the compiles run in the cache's threads)."""
+        for kind, fut in self.pending:
+            try:
+                await asyncio.wrap_future(fut)
+            except ValueError as e:
+                _compiled(kind, e)
+
+
+def _compiled(kind: str, error: Optional[BaseException]) -> None:
+    if isinstance(error, ValueError):
+        raise ValidationError(str(error), kind) from None
+    if error is not None:
+        raise error
+
+
 def _check_length(n: int, sp: SamplingParams, lim: Limits) -> None:
     if n >= lim.context_length:
-        raise ValueError(f"the prompt has {n} tokens, but the context length is {lim.context_length} "
-                         f"tokens: at most {lim.context_length - 1} prompt tokens fit")
+        raise ValidationError(f"the prompt has {n} tokens, but the context length is {lim.context_length} "
+                              f"tokens: at most {lim.context_length - 1} prompt tokens fit", "text")
     if sp.max_new_tokens is not None and n + sp.max_new_tokens > lim.context_length:
-        raise ValueError(f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens were "
-                         f"asked for, {n + sp.max_new_tokens} in all, above the context length of "
-                         f"{lim.context_length} tokens")
+        raise ValidationError(f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens "
+                              f"were asked for, {n + sp.max_new_tokens} in all, above the context length of "
+                              f"{lim.context_length} tokens", "max_new_tokens")
     total = n + (sp.max_new_tokens if sp.max_new_tokens is not None else lim.context_length - n)
     if total > lim.max_total_tokens:
-        raise ValueError(f"the request needs up to {total} tokens of KV, above the pool size of "
-                         f"{lim.max_total_tokens} tokens (max_total_tokens)")
+        raise ValidationError(f"the request needs up to {total} tokens of KV, above the pool size of "
+                              f"{lim.max_total_tokens} tokens (max_total_tokens)", "max_new_tokens")
 
 
 @dataclass

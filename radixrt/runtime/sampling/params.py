@@ -1,6 +1,7 @@
 """Validation of user sampling parameters into a :class:`SamplingParams` struct.
 
-Every check raises ``ValueError`` naming the field, before anything is queued. Unknown keys are
+Every check raises :class:`ValidationError` (a ``ValueError``) whose ``param`` names the field, before
+anything is queued. Unknown keys are
 rejected (a typo such as ``max_token`` must not silently fall back to a default).
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import SamplingParams
 
 _FIELDS = set(SamplingParams.__struct_fields__)
@@ -21,13 +23,13 @@ def _num(name: str, v: Any, lo: float | None = None, hi: float | None = None, in
          lo_open: bool = False) -> None:
     ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
     if not ok_type or isinstance(v, bool):
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {v!r}")
+        raise ValidationError(f"{name} must be {'an integer' if integer else 'a number'}, got {v!r}", name)
     if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v!r}")
+        raise ValidationError(f"{name} must be finite, got {v!r}", name)
     if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v!r}")
+        raise ValidationError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {v!r}", name)
     if hi is not None and v > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {v!r}")
+        raise ValidationError(f"{name} must be <= {hi}, got {v!r}", name)
 
 
 def normalize(params: dict | SamplingParams | None) -> SamplingParams:
@@ -37,19 +39,20 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
     ``choices`` becomes a ``regex`` alternation.
 
     Raises:
-        ValueError: an unknown key, a wrong type, a negative / NaN / out-of-range value, or two grammars.
+        ValidationError: an unknown key, a wrong type, a negative / NaN / out-of-range value, or two grammars.
     """
     if params is None:
         params = {}
     if isinstance(params, SamplingParams):
         params = msgspec.structs.asdict(params)
     if not isinstance(params, dict):
-        raise ValueError(f"sampling_params must be an object, got {type(params).__name__}")
+        raise ValidationError(f"sampling_params must be an object, got {type(params).__name__}", "sampling_params")
     p = dict(params)
     choices = p.pop("choices", None)
     unknown = sorted(set(p) - _FIELDS)
     if unknown:
-        raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(_FIELDS | {'choices'})}")
+        raise ValidationError(f"unknown sampling parameter(s) {unknown}; known: {sorted(_FIELDS | {'choices'})}",
+                              "sampling_params")
     if isinstance(p.get("json_schema"), (dict, bool)):
         p["json_schema"] = json.dumps(p["json_schema"])
     if isinstance(p.get("stop"), str):
@@ -59,22 +62,23 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
     if choices is not None:
         from radixrt.runtime.constrained import choices_to_regex
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-            raise ValueError("choices must be a non-empty list of strings")
+            raise ValidationError("choices must be a non-empty list of strings", "choices")
         p["regex"] = choices_to_regex(choices)
     try:
         sp = msgspec.convert(p, SamplingParams, strict=True)
     except msgspec.ValidationError as e:
-        raise ValueError(f"sampling_params: {e}") from None
+        raise ValidationError(f"sampling_params: {e}", "sampling_params") from None
     if sp.max_new_tokens is not None:
         _num("max_new_tokens", sp.max_new_tokens, lo=0, integer=True)
     _num("min_new_tokens", sp.min_new_tokens, lo=0, integer=True)
     if sp.max_new_tokens is not None and sp.min_new_tokens > sp.max_new_tokens:
-        raise ValueError(f"min_new_tokens ({sp.min_new_tokens}) must be <= max_new_tokens ({sp.max_new_tokens})")
+        raise ValidationError(f"min_new_tokens ({sp.min_new_tokens}) must be <= max_new_tokens ({sp.max_new_tokens})",
+                              "min_new_tokens")
     _num("temperature", sp.temperature, lo=0)
     _num("top_p", sp.top_p, lo=0, hi=1, lo_open=True)
     _num("top_k", sp.top_k, lo=-1, integer=True)
     if sp.top_k == 0:
-        raise ValueError("top_k must be -1 (off) or >= 1, got 0")
+        raise ValidationError("top_k must be -1 (off) or >= 1, got 0", "top_k")
     _num("min_p", sp.min_p, lo=0, hi=1)
     _num("frequency_penalty", sp.frequency_penalty, lo=-2, hi=2)
     _num("presence_penalty", sp.presence_penalty, lo=-2, hi=2)
@@ -83,12 +87,13 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         _num("seed", sp.seed, lo=0, integer=True)
     for s in sp.stop:
         if not s:
-            raise ValueError("stop strings must be non-empty")
+            raise ValidationError("stop strings must be non-empty", "stop")
     for t in sp.stop_token_ids:
         _num("stop_token_ids", t, lo=0, integer=True)
     grammars = [g for g in _GRAMMAR_FIELDS if getattr(sp, g) is not None]
     if len(grammars) > 1:
-        raise ValueError(f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}")
+        raise ValidationError(f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}",
+                              "sampling_params")
     return sp
 
 

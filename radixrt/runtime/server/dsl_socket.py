@@ -30,6 +30,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import DslReply, DslRequest
 from radixrt.runtime.server.openai_protocol import ApiError, error_body
 
@@ -97,6 +98,9 @@ class DslServer:
             await self._dispatch(envelope, req)
         except ApiError as e:
             await self._send(envelope, DslReply(req_id=req.req_id, event="error", data=e.body()["error"]))
+        except ValidationError as e:  # bad input, named where it was checked
+            await self._send(envelope, DslReply(req_id=req.req_id, event="error",
+                                                data=error_body(str(e), e.param)["error"]))
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -111,7 +115,7 @@ class DslServer:
                            status=401, code="invalid_api_key")
 
     async def _dispatch(self, envelope: list[bytes], req: DslRequest) -> None:
-        from radixrt.runtime.server.http import flush, model_info
+        from radixrt.runtime.server.native import flush, model_info
 
         self._check_key(req)
         if req.op not in OPS:

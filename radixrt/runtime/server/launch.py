@@ -58,7 +58,7 @@ def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
     from radixrt.runtime.model_loader import resolve_model
     from radixrt.runtime.server.dsl_socket import DslServer
-    from radixrt.runtime.server.http import create_app
+    from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.server.tokenizer_manager import TokenizerManager
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,

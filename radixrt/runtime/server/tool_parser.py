@@ -54,16 +54,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixrt.runtime.server.openai_protocol import ApiError
+from radixrt.runtime.server.tool_scan import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCallStream, scan  # noqa: F401
 
-TOOL_CALL_BEGIN = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_WS = " \t\n\r"
 _MAX_WS_IN_TAG = 1  # JSON whitespace characters allowed between tokens inside an auto-mode call
 
 TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -75,10 +72,6 @@ REQUIRED_INSTRUCTION = ("You must call at least one function. Answer only with a
                         '[{"name": <function-name>, "arguments": <args-json-object>}]')
 NAMED_INSTRUCTION = ("You must call the function {name}. Answer only with a JSON object:\n"
                      '{{"name": "{name}", "arguments": <args-json-object>}}')
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 @dataclass
@@ -132,7 +125,7 @@ class ToolPlan:
         return "json_schema", json.dumps(required_schema(self.tools, self.parallel), ensure_ascii=False)
 
     # ---- parsing ----
-    def stream(self) -> "ToolCallStream":
+    def stream(self) -> ToolCallStream:
         return ToolCallStream({"auto": "tagged", "required": "array", "named": "object"}[self.mode])
 
 
@@ -289,8 +282,14 @@ def render_tool_history(msgs: list[dict]) -> list[dict]:
     return out
 
 
-# ---- parsing ----------------------------------------------------------------------------------------------
-
-
-# Output parsing lives in tool_scan.py; re-exported here so callers keep one import.
-from radixrt.runtime.server.tool_scan import ToolCallStream, parse_output, scan  # noqa: E402,F401
+# ---- parsing (the scanning itself is in tool_scan.py) -------------------------------------------------
+def parse_output(plan: ToolPlan, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
+    """A finished non-streamed choice: ``(message, finish_reason)``, parsed exactly as a stream would be."""
+    st = plan.stream()
+    st.feed(text)
+    st.finish()
+    content, calls = st.message()
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg, st.finish_reason(base_finish)

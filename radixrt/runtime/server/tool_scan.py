@@ -2,16 +2,24 @@
 
 ``scan`` finds complete and partial ``<tool_call>`` blocks (auto) or the JSON call array/object
 (required / named); ``ToolCallStream`` turns streamed text into OpenAI tool-call deltas whose arguments
-concatenate to the non-streamed value; ``parse_output`` builds the final message.
+concatenate to the non-streamed value. The tool plan (tool_parser.py) builds on this module, never the
+other way round.
 """
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from radixrt.runtime.server.tool_parser import _WS, TOOL_CALL_BEGIN, TOOL_CALL_END, ToolPlan, new_call_id
+TOOL_CALL_BEGIN = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+_WS = " \t\n\r"
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 class _Incomplete(Exception):
@@ -216,10 +224,10 @@ def scan(text: str, style: str, final: bool) -> tuple[str, list[_Call], bool]:
 class ToolCallStream:
     """Turns a model's text, fed in deltas, into OpenAI chat deltas (content and tool-call pieces).
 
-    ``feed(delta)`` and ``finish()`` return lists of ``delta`` dicts (``{"content": ...}`` or
-    ``{"tool_calls": [one piece]}``, OpenAI's shapes: first ``{index, id, type, function: {name,
-    arguments: ""}}``, then ``{index, function: {arguments: <chunk>}}``). Every delta is a diff against what was already sent, computed by rescanning
-    the whole text, so the streamed pieces always add up to :meth:`message`'s values.
+    ``feed(delta)`` and ``finish()`` return lists of ``delta`` dicts (``{"content": ...}`` or ``{"tool_calls":
+    [one piece]}``, OpenAI's shapes: first ``{index, id, type, function: {name, arguments: ""}}``, then
+    ``{index, function: {arguments: <chunk>}}``). Every delta is a diff against what was already sent,
+    computed by rescanning the whole text, so the streamed pieces always add up to :meth:`message`'s.
     """
 
     style: str
@@ -269,10 +277,6 @@ class ToolCallStream:
             return content
         return content.rstrip()
 
-    @property
-    def num_calls(self) -> int:
-        return len(self.ids)
-
     def has_complete_call(self) -> bool:
         return any(c.complete for c in self._calls[:len(self.ids)])
 
@@ -293,14 +297,3 @@ class ToolCallStream:
             return "tool_calls"
         return base
 
-
-def parse_output(plan: ToolPlan, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
-    """A finished non-streamed choice: ``(message, finish_reason)``."""
-    st = plan.stream()
-    st.feed(text)
-    st.finish()
-    content, calls = st.message()
-    msg: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg, st.finish_reason(base_finish)

@@ -1,0 +1,67 @@
+"""The FastAPI app: OpenAI-compatible routes and SGLang's native routes, assembled from one router per
+route family.
+
+OpenAI: ``POST /v1/chat/completions`` (:mod:`.chat`), ``POST /v1/completions`` (:mod:`.completions`),
+``GET /v1/models`` (:mod:`.model_routes`). Native (:mod:`.native`): ``POST /generate``, ``GET /get_model_info``,
+``GET /get_server_info``, ``POST /flush_cache``, ``POST /abort_request``, ``GET /health``,
+``GET /health_generate``, ``GET /metrics`` (``--enable-metrics``).
+
+Every invalid request is a 400 ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``
+(:mod:`.http_errors`; FastAPI's own validation errors included); a dead or loading runtime is a 503 with a
+message; a missing or wrong API key (``--api-key``) is a 401 on every route but ``/health``.
+
+Default ``max_tokens`` on the OpenAI routes: when neither ``max_tokens`` nor ``max_completion_tokens`` is
+given, generation may run up to the room left in the context (context length - prompt tokens); a prompt
+that leaves no room (``>= context length``) is a 400 giving the counts.
+"""
+from __future__ import annotations
+
+import hmac
+
+from fastapi import FastAPI
+
+from radixrt.runtime.server import chat, completions, model_routes, native
+from radixrt.runtime.server.context import ServerContext
+from radixrt.runtime.server.http_errors import add_error_handlers
+from radixrt.runtime.server.openai_protocol import error_body
+from radixrt.runtime.server.responses import JSONResp
+
+
+class AuthMiddleware:
+    """``Authorization: Bearer KEY`` on every route but /health (pure ASGI: streaming is untouched)."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            got = b""
+            for k, v in scope.get("headers", []):
+                if k == b"authorization":
+                    got = v
+                    break
+            if not hmac.compare_digest(got, self.expected):
+                msg = ("Incorrect API key provided." if got else
+                       "Missing API key: send the header 'Authorization: Bearer <key>'.")
+                resp = JSONResp(error_body(msg, None, "invalid_request_error", "invalid_api_key"), status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
+    """The app over a TokenizerManager ``tm`` (``metrics``: a Metrics, or None without /metrics)."""
+    app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ServerContext(args, tm, metrics)
+    if args.api_key:
+        app.add_middleware(AuthMiddleware, api_key=args.api_key)
+    add_error_handlers(app)
+    app.include_router(native.router)
+    if metrics is not None:
+        app.include_router(native.metrics_router)
+    app.include_router(model_routes.router)
+    app.include_router(chat.router)
+    app.include_router(completions.router)
+    return app

@@ -1,0 +1,88 @@
+"""The main process's ZMQ sockets: PUSH requests to the scheduler, PULL results from the detokenizer.
+
+Every frame is a msgspec msgpack Struct (nothing is pickled). Info and flush replies come back in the order
+they were asked (the scheduler answers in order through the detokenizer's single pipe), so :meth:`Ipc.ask`
+matches them first-in, first-out; a caller that timed out still consumes its own reply.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from radixrt.runtime.io_struct import BatchStrOut, DetokenizerOutput, InfoOut, ReadyOut
+
+logger = logging.getLogger("radixrt.server")
+
+
+class Ipc:
+    """``to_scheduler`` and ``from_detokenizer`` are the ``ipc://`` addresses this side binds."""
+
+    def __init__(self, to_scheduler: str, from_detokenizer: str):
+        self.ctx = zmq.asyncio.Context()
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.bind(to_scheduler)
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(from_detokenizer)
+        self.info_waiters: deque[asyncio.Future] = deque()
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(DetokenizerOutput)
+
+    async def send(self, msg) -> None:
+        await self.push.send(self._enc.encode(msg))
+
+    def send_nowait(self, msg) -> None:
+        """Queue ``msg`` without waiting (ZMQ buffers it); for callers that cannot await (aborts)."""
+        self.push.send(self._enc.encode(msg))
+
+    async def ask(self, msg, timeout: float) -> InfoOut:
+        """Send ``msg`` and wait for its InfoOut. Raises asyncio.TimeoutError after ``timeout`` seconds,
+        or the error given to :meth:`fail_waiters`."""
+        fut = asyncio.get_running_loop().create_future()
+        self.info_waiters.append(fut)
+        await self.send(msg)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            fut.cancel()
+            raise
+
+    def fail_waiters(self, err: BaseException) -> None:
+        while self.info_waiters:
+            f = self.info_waiters.popleft()
+            if not f.done():
+                f.set_exception(err)
+
+    async def recv_loop(self, on_outs: Callable, on_ready: Callable) -> None:
+        """Forever: BatchStrOut -> ``on_outs(list[StrOut])``; ReadyOut -> ``on_ready(r)``; InfoOut -> the
+        oldest waiter of :meth:`ask`."""
+        while True:
+            frame = await self.pull.recv()
+            try:
+                msg = self._dec.decode(frame)
+            except msgspec.DecodeError:
+                logger.exception("undecodable message from the detokenizer")
+                continue
+            if isinstance(msg, BatchStrOut):
+                on_outs(msg.outs)
+            elif isinstance(msg, InfoOut):
+                while self.info_waiters:
+                    f = self.info_waiters.popleft()
+                    if not f.done():  # a waiter that timed out still consumes its own reply
+                        f.set_result(msg)
+                        break
+            elif isinstance(msg, ReadyOut):
+                on_ready(msg)
+
+    def close(self) -> None:
+        try:
+            self.push.close(linger=0)
+            self.pull.close(linger=0)
+            self.ctx.term()
+        except Exception:
+            pass

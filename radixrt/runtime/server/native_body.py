@@ -1,0 +1,73 @@
+"""SGLang's native ``/generate`` body (also the DSL socket's generate body): parsed in, answered out.
+
+The body's keys are :data:`GENERATE_KEYS`; sampling parameters are checked later, with the Engine's rules
+(:func:`radixrt.runtime.validation.build_requests`). Errors are :class:`ValidationError` naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional, Union
+
+from radixrt.runtime.errors import ValidationError
+
+GENERATE_KEYS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
+                 "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "cache_salt")
+
+
+@dataclass
+class GenerateBody:
+    """A /generate body whose top-level keys and flags are checked (the prompt and sampling params are not)."""
+
+    text: Any = None
+    input_ids: Any = None
+    sampling_params: Any = None
+    return_logprob: bool = False
+    logprob_start_len: Optional[int] = None
+    top_logprobs_num: Any = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: Optional[Union[str, list[str]]] = None
+    cache_salt: Any = None
+
+
+def parse_generate_body(body: Any) -> GenerateBody:
+    """Check a /generate body's keys, flags and ``rid``.
+
+    Raises:
+        ValidationError: not an object (param None), an unknown key with a value (param: that key; the
+            message lists the known keys), a flag that is not a boolean, a bad ``rid``.
+    """
+    if not isinstance(body, dict):
+        raise ValidationError("the request body must be a JSON object", None)
+    unknown = [k for k, v in body.items() if k not in GENERATE_KEYS and v not in (None, False, [], {}, "")]
+    if unknown:
+        raise ValidationError(f"unknown field(s) {sorted(unknown)}; known: {list(GENERATE_KEYS)}", unknown[0])
+    b = GenerateBody(**{k: body[k] for k in GENERATE_KEYS if k in body})
+    for name in ("stream", "return_logprob", "return_text_in_logprobs"):
+        v = getattr(b, name)
+        if not isinstance(v, bool):
+            raise ValidationError(f"{name} must be a boolean, got {v!r}", name)
+    rid = b.rid
+    if rid is not None and not (isinstance(rid, str) or (isinstance(rid, list) and all(isinstance(x, str) for x in rid))):
+        raise ValidationError("rid must be a string or a list of strings", "rid")
+    return b
+
+
+class NativeCall:
+    """A /generate call (HTTP or DSL) after validation: ``result()`` or ``chunks()``."""
+
+    def __init__(self, batch, single: bool, stream: bool, return_logprob: bool):
+        self.batch, self.single, self.stream, self.return_logprob = batch, single, stream, return_logprob
+
+    async def result(self) -> Any:
+        """The SGLang response: one dict (one prompt given) or a list of them."""
+        outs = await self.batch.wait()
+        ds = [o.to_dict(self.return_logprob) for o in outs]
+        return ds[0] if self.single else ds
+
+    async def chunks(self) -> AsyncIterator[dict]:
+        """Streaming (one prompt): one cumulative dict per update, the last one finished."""
+        o = self.batch.outs[0]
+        while not self.batch.finished:
+            await self.batch.next()
+            yield o.to_dict(self.return_logprob)

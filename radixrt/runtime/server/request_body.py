@@ -1,0 +1,32 @@
+"""Reading a request body: JSON whatever the content type, then a pydantic model (errors name the field)."""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from fastapi import Request
+from pydantic import ValidationError as PydanticValidationError
+
+from radixrt.runtime.server.http_errors import validation_error
+from radixrt.runtime.server.openai_protocol import ApiError
+
+
+async def body_json(request: Request) -> Any:
+    """The request body as JSON whatever its content type ({} when empty). Raises ApiError 400."""
+    raw = await request.body()
+    try:
+        return msgspec.json.decode(raw) if raw else {}
+    except msgspec.DecodeError as e:
+        raise ApiError(f"the request body is not valid JSON: {e}") from None
+
+
+async def parse_body(request: Request, model_cls):
+    """The JSON body as ``model_cls``. Raises ApiError 400: not JSON, not an object, or a pydantic error
+    (``param`` names the first bad field)."""
+    body = await body_json(request)
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    try:
+        return model_cls.model_validate(body)
+    except PydanticValidationError as e:
+        raise validation_error(e.errors()) from None
