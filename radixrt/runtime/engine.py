@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from radixrt.runtime.build import build_scheduler, make_grammar_cache  # noqa: F401 (server imports it here)
+from radixrt.runtime.build import build_scheduler
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.detokenizer import Detokenizer
 from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut

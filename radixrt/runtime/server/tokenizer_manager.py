@@ -65,7 +65,7 @@ class TokenizerManager:
         self.tokenizer = load_tokenizer(self.args.model)
 
     def _make_grammar_cache(self, vocab_size: int) -> None:
-        from radixrt.runtime.engine import make_grammar_cache
+        from radixrt.runtime.build import make_grammar_cache
         self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size)
 
     async def _on_ready(self, r: ReadyOut) -> None:
