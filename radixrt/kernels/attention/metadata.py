@@ -7,6 +7,7 @@ For a batch of B requests (extends first or mixed with decodes, in any order):
 - ``kv_indices`` ``[nnz_pages]`` int32: page ids, in token order.
 - ``kv_last_page_len`` ``[B]`` int32: tokens used in each request's last page, in ``1..page_size``.
 - ``out_cache_loc`` ``[num_tokens]`` int64: flat KV slot (``page * page_size + offset``) of every new token.
+- ``prefix_groups`` (optional): decode rows sharing cached prefixes, for cascade attention (prefix_groups.py).
 
 The KV length of request i (cached prefix plus new tokens) is
 ``(kv_indptr[i+1] - kv_indptr[i] - 1) * page_size + kv_last_page_len[i]``. Query rows attend causally to
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixrt.kernels.attention.prefix_groups import PrefixGroups
+
 
 @dataclass
 class AttentionMetadata:
@@ -31,6 +34,7 @@ class AttentionMetadata:
     page_size: int
     q_lens: list[int]
     kv_lens: list[int]
+    prefix_groups: PrefixGroups | None = None
 
     @property
     def batch_size(self) -> int:
@@ -43,7 +47,8 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, page_tables: list[list[int]], q_lens: list[int], kv_lens: list[int], page_size: int,
-              device: torch.device | str = "cpu") -> "AttentionMetadata":
+              device: torch.device | str = "cpu",
+              prefix_groups: PrefixGroups | None = None) -> "AttentionMetadata":
         """Build the metadata for one forward step.
 
         Args:
@@ -51,6 +56,7 @@ class AttentionMetadata:
             q_lens: per request, the number of new tokens computed this step (>= 1).
             kv_lens: per request, the KV length after this step, in tokens (>= q_len).
             page_size: tokens per page.
+            prefix_groups: decode rows that share cached prefixes (shared-prefix attention), or None.
 
         Raises:
             ValueError: on inconsistent lengths (a q_len above its kv_len, or too few pages).
@@ -79,4 +85,5 @@ class AttentionMetadata:
             page_size=page_size,
             q_lens=list(q_lens),
             kv_lens=list(kv_lens),
+            prefix_groups=prefix_groups,
         )

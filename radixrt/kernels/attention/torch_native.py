@@ -1,15 +1,22 @@
 """Torch-native paged attention for CPU (and a reference on any device).
 
-Decode rows (one new token) of a step are batched: their pages are gathered into a padded
-``[B, max_kv, H, D]`` tensor once per layer and fed to one SDPA call with a padding mask. Extend rows
-(several new tokens) run one SDPA call per request with a causal mask offset by the cached prefix.
+Decode rows (one new token) run as a cascade (``cascade.py``): when the step's metadata carries
+``prefix_groups``, each group's shared prefix is attended once for all its members and only each row's
+own suffix is gathered; without groups the suffix is the whole context (the plain path). Either way the
+decode rows of a step are one batched call per level, with the query heads folded per KV head.
+
+Extend rows (several new tokens) run one SDPA call per request with a causal mask offset by the cached
+prefix.
 """
 from __future__ import annotations
+
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, write_kv
+from radixrt.kernels.attention.cascade import DecodePlan, plan_decode, run_decode
 from radixrt.kernels.attention.metadata import AttentionMetadata
 
 
@@ -17,31 +24,46 @@ class TorchNativeBackend(AttentionBackend):
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.meta: AttentionMetadata | None = None
+        self.decode: DecodePlan | None = None
 
     def plan(self, meta: AttentionMetadata) -> None:
+        """Build the step's index tensors: tensor ops only, no host round trips of the page table."""
         self.meta = meta
-        P, B = meta.page_size, meta.batch_size
         dev = meta.kv_indices.device
-        indptr = meta.kv_indptr.tolist()
-        indices = meta.kv_indices.tolist()
-        max_pages = max(indptr[i + 1] - indptr[i] for i in range(B))
-        # Padded page table [B, max_pages] -> flat slot of every KV position [B, max_pages * P]; built
-        # with a handful of tensor ops whatever the batch size.
-        table = [indices[indptr[i]:indptr[i + 1]] + [0] * (max_pages - indptr[i + 1] + indptr[i]) for i in range(B)]
-        pt = torch.tensor(table, dtype=torch.int64, device=dev)
-        offs = torch.arange(P, dtype=torch.int64, device=dev)
-        self.slots = (pt[:, :, None] * P + offs).reshape(B, -1)
-        self.qo = meta.qo_indptr.tolist()
-        self.decode_rows = [i for i, q in enumerate(meta.q_lens) if q == 1]
-        self.extend_rows = [i for i, q in enumerate(meta.q_lens) if q > 1]
-        if self.decode_rows:
-            rows = torch.tensor(self.decode_rows, dtype=torch.int64, device=dev)
-            lens = torch.tensor([meta.kv_lens[i] for i in self.decode_rows], dtype=torch.int64, device=dev)
-            max_kv = int(lens.max())
-            self.decode_gather = self.slots[rows, :max_kv]
-            valid = torch.arange(max_kv, device=dev)[None, :] < lens[:, None]
-            self.decode_mask = torch.zeros(valid.shape, device=dev).masked_fill_(~valid, float("-inf"))[:, None, None, :]
-            self.decode_q_rows = torch.tensor([self.qo[i] for i in self.decode_rows], dtype=torch.int64, device=dev)
+        q_lens = torch.tensor(meta.q_lens, dtype=torch.int64)
+        all_decode = max(meta.q_lens) == 1
+        decode_rows = torch.arange(meta.batch_size) if all_decode else (q_lens == 1).nonzero().squeeze(1)
+        self.qo = list(accumulate(meta.q_lens, initial=0))
+        self.extend_rows: list[int] = []
+        if not all_decode:  # a step with prefill chunks: per-request work is fine there
+            self.extend_rows = [i for i, n in enumerate(meta.q_lens) if n > 1]
+            P = meta.page_size
+            self.page_start = list(accumulate((-(-kv // P) for kv in meta.kv_lens), initial=0))
+        self.decode = None
+        if decode_rows.numel():
+            decode_rows = decode_rows.to(dev)
+            q_rows = decode_rows if all_decode else meta.qo_indptr.long()[decode_rows]
+            kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int64, device=dev)
+            self.decode = plan_decode(decode_rows, q_rows, kv_lens, meta.kv_indptr, meta.kv_indices,
+                                      meta.page_size, meta.prefix_groups)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """int64 ``[B, max_pages * P]``: every request's flat KV slots, padded (a view for checks)."""
+        meta, P = self.meta, self.meta.page_size
+        counts = meta.kv_indptr.long().diff()
+        B = counts.shape[0]
+        row = torch.repeat_interleave(torch.arange(B, device=counts.device), counts)
+        col = torch.arange(row.shape[0], device=counts.device) - meta.kv_indptr.long()[row]
+        table = torch.zeros(B, int(counts.max()), dtype=torch.int64, device=counts.device)
+        table[row, col] = meta.kv_indices.long()
+        return (table[:, :, None] * P + torch.arange(P, device=counts.device)).reshape(B, -1)
+
+    def _extend_slots(self, i: int) -> torch.Tensor:
+        meta, P = self.meta, self.meta.page_size
+        kv_len = meta.kv_lens[i]
+        pages = meta.kv_indices[self.page_start[i]:self.page_start[i + 1]].long()
+        return (pages[:, None] * P + torch.arange(P, device=pages.device)).reshape(-1)[:kv_len]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 kv: KVCacheView, scale: float) -> torch.Tensor:
@@ -50,20 +72,18 @@ class TorchNativeBackend(AttentionBackend):
         kb, vb = kv.k_buffer(layer), kv.v_buffer(layer)
         kflat = kb.view(-1, kb.shape[-2], kb.shape[-1])
         vflat = vb.view(-1, vb.shape[-2], vb.shape[-1])
+        if self.decode is not None and not self.extend_rows:
+            return run_decode(self.decode, q, kflat, vflat, scale)
         out = torch.empty_like(q)
-        if self.decode_rows:
-            qd = q[self.decode_q_rows].unsqueeze(2)                         # [B, H, 1, D]
-            kd = kflat[self.decode_gather].transpose(1, 2).to(q.dtype)      # [B, Hkv, L, D]
-            vd = vflat[self.decode_gather].transpose(1, 2).to(q.dtype)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self.decode_mask.to(q.dtype),
-                                               scale=scale, enable_gqa=True)
-            out[self.decode_q_rows] = o.squeeze(2)
+        if self.decode is not None:
+            out[self.decode.q_rows] = run_decode(self.decode, q, kflat, vflat, scale)
         for i in self.extend_rows:
             s, e = self.qo[i], self.qo[i + 1]
             q_len, kv_len = e - s, meta.kv_lens[i]
+            slots = self._extend_slots(i)
             qi = q[s:e].transpose(0, 1)                                      # [H, q, D]
-            ki = kflat[self.slots[i, :kv_len]].transpose(0, 1).to(q.dtype)            # [Hkv, L, D]
-            vi = vflat[self.slots[i, :kv_len]].transpose(0, 1).to(q.dtype)
+            ki = kflat[slots].transpose(0, 1).to(q.dtype)                    # [Hkv, L, D]
+            vi = vflat[slots].transpose(0, 1).to(q.dtype)
             if q_len == kv_len:  # no cached prefix: plain causal, which takes SDPA's flash path
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
             else:  # causal over the cached prefix plus the new tokens (bottom-right aligned)
