@@ -170,3 +170,74 @@ def test_validate_names_the_field():
         kw = {**g.__dict__, field: bad}
         with pytest.raises(ValueError, match=msg):
             PrefixGroups(**kw).validate(b.kv_lens, b.q_lens, 16)
+
+
+def _tree_batch(P=4):
+    """Requests on a real radix tree: a 16-token system prompt S, three rows below S+A (A: 8 tokens),
+    two rows below S alone, one unrelated row, and one extend row on S."""
+    alloc = PageAllocator(256)
+    tree = RadixCache(P, alloc)
+    S, A = list(range(100, 116)), list(range(200, 208))
+    keys = [S + A + [300 + 4 * i + j for j in range(4)] for i in range(3)]
+    keys += [S + [400 + 8 * i + j for j in range(8)] for i in range(2)]
+    keys += [list(range(500, 512))]
+    tree.match_prefix(S[:8])  # no-op on an empty tree
+    nodes, tables, kv_lens, q_lens = [], [], [], []
+    for key in keys:
+        pages = alloc.allocate(len(key) // P)
+        present = tree.insert(key, pages)
+        alloc.free(pages[:present // P])
+    tree.match_prefix(S[:8])  # splits S into two nodes with the same rows below: still one group
+    for i, key in enumerate(keys + [S + [600, 601]]):
+        m = tree.match_prefix(key)
+        tree.inc_lock_ref(m.last_node)
+        extra = 3 + i
+        own = alloc.allocate(-(-(len(key) - len(m.pages) * P + extra) // P))
+        nodes.append(m.last_node)
+        tables.append(m.pages + own)
+        q = 5 if i == len(keys) else 1
+        q_lens.append(q)
+        kv_lens.append(len(m.pages) * P + extra)
+    return tree, nodes, tables, q_lens, kv_lens
+
+
+def test_grouping_follows_the_radix_tree():
+    tree, nodes, tables, q_lens, kv_lens = _tree_batch()
+    g = group_decode_rows(nodes, tables, q_lens, 4, min_tokens=8)
+    assert g.rows == [[0, 1, 2, 3, 4], [0, 1, 2]]
+    assert (g.starts, g.ends, g.levels) == ([0, 16], [16, 24], [0, 1])
+    assert g.pages == [tables[0][:4], tables[0][4:6]]
+    assert all(t[:4] == tables[0][:4] for t in tables[:5]) and tables[6][:4] == tables[0][:4]
+    assert g.suffix_starts == [24, 24, 24, 16, 16, 0, 0]
+    g.validate(kv_lens, q_lens, 4)
+    # A longer minimum drops S alone: S+A (24 tokens) is one group, rows 3 and 4 attend alone.
+    g2 = group_decode_rows(nodes, tables, q_lens, 4, min_tokens=24)
+    assert (g2.rows, g2.starts, g2.ends, g2.levels) == ([[0, 1, 2]], [0], [24], [0])
+    assert g2.suffix_starts == [24, 24, 24, 0, 0, 0, 0]
+    assert group_decode_rows(nodes, tables, q_lens, 4, min_tokens=8, min_rows=6) is None
+    assert group_decode_rows([None] * 7, tables, q_lens, 4) is None
+    with pytest.raises(ValueError, match="min_rows"):
+        group_decode_rows(nodes, tables, q_lens, 4, min_rows=0)
+    for n in nodes:
+        tree.dec_lock_ref(n)
+    assert tree.all_locks_released()
+    tree.check_invariants()
+
+
+def test_tree_groups_attend_like_the_plain_path():
+    tree, nodes, tables, q_lens, kv_lens = _tree_batch()
+    groups = group_decode_rows(nodes, tables, q_lens, 4, min_tokens=8)
+    g = torch.Generator().manual_seed(11)
+    pool = KVPool(256, 4, 1, HKV, D)
+    pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=g))
+    pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=g))
+    T = sum(q_lens)
+    q, k, v = torch.randn(T, HQ, D, generator=g), torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    outs = []
+    for pg in (None, groups):
+        be = TorchNativeBackend("cpu")
+        be.plan(AttentionMetadata.build(tables, q_lens, kv_lens, 4, prefix_groups=pg))
+        outs.append(be.forward(q, k, v, 0, pool, SCALE))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    for n in nodes:
+        tree.dec_lock_ref(n)

@@ -133,6 +133,8 @@ class CudaGraphRunner:
 
     def can_run(self, meta: AttentionMetadata) -> bool:
         """A pure decode step of 1..max_bs requests whose page table fits the fixed buffers."""
+        if meta.prefix_groups is not None:  # shared-prefix steps run the cascade wrapper, eagerly
+            return False
         return (meta.is_decode and 1 <= meta.batch_size <= self.max_bs and meta.page_size == self.page_size
                 and self.attn.cuda_graph.fits(meta))
 

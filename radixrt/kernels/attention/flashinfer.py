@@ -23,6 +23,9 @@ anything else (prefill chunks, prefix-cached extends, mixed with decodes) runs
 is aligned bottom-right (query row ``j`` of a request sees KV positions ``<= kv_len - q_len + j``), which
 is exactly our metadata's rule for a request with a cached prefix.
 
+Shared-prefix decode: a pure decode step whose metadata carries ``prefix_groups`` runs through
+``MultiLevelCascadeAttentionWrapper`` instead (see ``flashinfer_cascade.py``), outside CUDA graphs.
+
 Kernel choices (fewest JIT modules): prefill uses FlashInfer's ``fa2`` backend, and decode uses the
 tensor-core path (``use_tensor_cores=True``), which runs the same batch-prefill kernel module with one
 query row per request. So one JIT-compiled module serves every step for a given dtype and head_dim.
@@ -37,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, write_kv
+from radixrt.kernels.attention.flashinfer_cascade import CascadeWrappers
 from radixrt.kernels.attention.metadata import AttentionMetadata
 
 FLASHINFER_VERSION = "0.6.18.post1"
@@ -187,6 +191,7 @@ class FlashInferBackend(AttentionBackend):
         self.dtype: torch.dtype | None = None
         self.sm_scale: float | None = None
         self.cuda_graph = FlashInferGraphSupport(self)
+        self.cascade = CascadeWrappers(flashinfer, self.workspace)  # decode steps with prefix groups
         self._active = None          # the wrapper planned for this step
         self._loc: torch.Tensor | None = None
         self._valid: torch.Tensor | None = None  # set while a padded graph batch is being captured
@@ -217,6 +222,11 @@ class FlashInferBackend(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> None:
         if not self.configured:
             raise RuntimeError("FlashInferBackend.configure(...) must be called before plan()")
+        self._loc, self._valid = meta.out_cache_loc, None
+        if meta.prefix_groups is not None and meta.prefix_groups.num_groups and meta.is_decode:
+            self.cascade.plan(meta, self.num_q_heads, self.num_kv_heads, self.head_dim, self._common_kwargs())
+            self._active = self.cascade
+            return
         args = plan_args(meta, self.num_q_heads, self.num_kv_heads, self.head_dim)
         if args["mode"] == "decode":
             self.decode_wrapper.plan(**args["plan"], **self._common_kwargs())
@@ -224,7 +234,6 @@ class FlashInferBackend(AttentionBackend):
         else:
             self.prefill_wrapper.plan(**args["plan"], **self._common_kwargs())
             self._active = self.prefill_wrapper
-        self._loc, self._valid = meta.out_cache_loc, None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 kv: KVCacheView, scale: float) -> torch.Tensor:
