@@ -241,3 +241,24 @@ def test_tree_groups_attend_like_the_plain_path():
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     for n in nodes:
         tree.dec_lock_ref(n)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("cuts", [0, 1, 9])
+def test_lone_row_reads_runs_of_pages_as_views(page_size, cuts):
+    """Batch-1 decode: a row on ``cuts + 1`` runs of consecutive pages attends each run as a view of the
+    pool and merges them; with too many runs it gathers. Same values either way."""
+    b = Batch(page_size, [], loose=1, seed=cuts)
+    n = 300 // page_size + 1
+    table = list(range(20, 20 + n))
+    for c in range(cuts):  # break the run: swap in a far page every few pages
+        table[(c + 1) * n // (cuts + 1) - 1] = 900 + c
+    last = min(5, page_size)
+    b.tables, b.kv_lens = [table], [(n - 1) * page_size + last]
+    be = check(b)
+    runs = 2 * cuts + 1  # each swapped-in page cuts a run in two places
+    if runs <= 4:
+        assert be.decode.suffix_slots is None and len(be.decode.levels) == runs - 1
+        assert be.decode.suffix_span[1] == table[-1] * page_size + last
+    else:
+        assert be.decode.suffix_slots.shape == (1, b.kv_lens[0]) and not be.decode.levels

@@ -30,6 +30,7 @@ class ServerArgs:
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm|fcfs|dfs-weight (lpm falls back to fcfs without the cache)"})
     max_wait_steps: int = field(default=64, metadata={"help": "lpm aging: a request waiting more steps than this is served next"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
+    disable_cascade_attention: bool = field(default=False, metadata={"help": "attend shared prefixes per row instead of once per group (ablation)"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
     cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})

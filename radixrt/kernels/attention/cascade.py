@@ -92,15 +92,18 @@ class DecodePlan:
     Attributes:
         q_rows: int64 ``[Bd]`` token rows of the decode rows in the step's packed q.
         suffix_slots: int64 ``[Bd, S]`` flat KV slots of each row's own suffix (padded by repeating the
-            row's last slot).
+            row's last slot), or None when ``suffix_span`` is set.
         suffix_mask: float ``[Bd, 1, 1, S]`` (0 / -inf), or None when every suffix is ``S`` long.
-        levels: the group levels, outermost first.
+        levels: the group levels, outermost first (for a lone row: its earlier runs of pages).
+        suffix_span: ``(first, last + 1)`` slots of a lone decode row's last run of consecutive pages,
+            read as a view of the pool instead of a gather.
     """
 
     q_rows: torch.Tensor
-    suffix_slots: torch.Tensor
+    suffix_slots: torch.Tensor | None
     suffix_mask: torch.Tensor | None
     levels: list[LevelPlan]
+    suffix_span: tuple[int, int] | None = None
 
 
 def _pad_mask(valid: torch.Tensor) -> torch.Tensor | None:
@@ -137,11 +140,31 @@ def plan_decode(decode_rows: torch.Tensor, q_rows: torch.Tensor, kv_lens: torch.
     valid = pos < kv[:, None]
     pos = torch.minimum(pos, (kv - 1)[:, None])
     page = kv_indices.long()[kv_indptr.long()[decode_rows][:, None] + pos // P]
-    plan = DecodePlan(q_rows, page * P + pos % P, _pad_mask(valid), [])
+    slots = page * P + pos % P
+    if Bd == 1 and (groups is None or not groups.num_groups):
+        runs = _runs(slots[0])
+        if runs is not None:  # a lone row on a few runs of consecutive pages: views, no gather
+            one = torch.zeros(1, 1, dtype=torch.int64, device=dev)
+            return DecodePlan(q_rows, None, None, [LevelPlan(one, None, r, None, None, None) for r in runs[:-1]],
+                              runs[-1])
+    plan = DecodePlan(q_rows, slots, _pad_mask(valid), [])
     if groups is not None:
         for lvl in range(groups.num_levels):
             plan.levels.append(_plan_level(groups, lvl, local, Bd, P, dev))
     return plan
+
+
+MAX_RUNS = 4  # more runs of consecutive pages than this: one gather beats that many calls and merges
+
+
+def _runs(slots: torch.Tensor) -> list[tuple[int, int]] | None:
+    """Split one row's slots into ``[first, last + 1)`` runs of consecutive slots; None if too many."""
+    cut = (torch.nonzero(slots.diff() != 1).squeeze(1) + 1)
+    if cut.numel() >= MAX_RUNS:
+        return None
+    bounds = [0, *cut.tolist(), slots.numel()]  # at most MAX_RUNS + 1 host ints
+    first = slots[bounds[:-1]].tolist()
+    return [(f, f + b - a) for f, a, b in zip(first, bounds[:-1], bounds[1:])]
 
 
 def _plan_level(groups: PrefixGroups, lvl: int, local: torch.Tensor, Bd: int, P: int,
@@ -195,8 +218,13 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kflat: torch.Tensor, vflat: to
     Bd, Hq, D = qd.shape
     Hkv = kflat.shape[1]
     G = Hq // Hkv
-    ks = kflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)          # [Bd, Hkv, S, D]
-    vs = vflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)
+    if plan.suffix_span is not None:
+        a, b = plan.suffix_span
+        ks = kflat[a:b].to(q.dtype).transpose(0, 1).unsqueeze(0)          # [1, Hkv, S, D], a view
+        vs = vflat[a:b].to(q.dtype).transpose(0, 1).unsqueeze(0)
+    else:
+        ks = kflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)      # [Bd, Hkv, S, D]
+        vs = vflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)
     o, lse = attend_lse(qd.view(Bd, Hkv, G, D), ks, vs, plan.suffix_mask, scale)
     o, lse = o.reshape(Bd, Hq, D), lse.reshape(Bd, Hq)
     for lv in plan.levels:
