@@ -16,7 +16,7 @@ from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.kernels.attention.prefix_groups import PrefixGroups
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.allocator import PageAllocator
-from radixrt.runtime.mem.cascade_groups import group_decode_rows
+from radixrt.runtime.cascade_groups import group_decode_rows
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.mem.radix_cache import RadixCache
 

@@ -7,11 +7,12 @@ logit rows back by request. Token rows are packed request after request, in batc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.kernels.attention.prefix_groups import PrefixGroups
 
 if TYPE_CHECKING:
     from radixrt.runtime.request import Req
@@ -30,9 +31,11 @@ class ForwardBatch:
             returns, in this order; ``forward`` returns fp32 ``[R, vocab]``.
         sample_at: ``(req, i)``: logits row ``i`` is sampled for ``req`` (its last prompt or output token).
         input_logprob_at: ``(req, i, p)``: logits row ``i`` scores input token ``req.input_ids[p]``.
-        prefix_groups: reserved for shared-prefix (cascade) decode: groups of decode rows whose requests
-            share a radix node of a few pages, each with the shared pages and the members' suffix pages.
-            Empty today; every row attends through ``attn_meta`` alone.
+        prefix_groups: shared-prefix (cascade) decode groups: decode rows whose requests share a radix
+            node path of a few pages, each group with its shared pages and token range, and each row's
+            suffix start (kernels/attention/prefix_groups.py). The same object is ``attn_meta``'s
+            ``prefix_groups``, which the attention backend reads; None when nothing is shared or
+            ``--disable-cascade-attention`` is set.
     """
 
     input_ids: torch.Tensor
@@ -41,7 +44,7 @@ class ForwardBatch:
     logit_rows: torch.Tensor
     sample_at: list[tuple["Req", int]] = field(default_factory=list)
     input_logprob_at: list[tuple["Req", int, int]] = field(default_factory=list)
-    prefix_groups: list[Any] = field(default_factory=list)
+    prefix_groups: PrefixGroups | None = None
 
     @classmethod
     def make(cls, input_ids: list[int], positions: list[int], attn_meta: AttentionMetadata,

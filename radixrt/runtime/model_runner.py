@@ -11,6 +11,7 @@ from radixrt.kernels.attention import get_backend
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.forward_batch import ForwardBatch
+from radixrt.runtime.cascade_groups import group_decode_rows
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
@@ -72,6 +73,8 @@ class ModelRunner:
         self.attn = get_backend(args.attention_backend, self.device, self.dtype)
         if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtype up front
             self.attn.configure(margs.num_heads, margs.num_kv_heads, margs.head_dim, self.dtype)
+        self.cascade_steps = 0  # steps that attended shared prefixes once per group
+        self.cascade_rows = 0   # decode rows served by a group, summed over those steps
         self.graph_runner = None
         if self.device.type == "cuda" and not args.disable_cuda_graph and hasattr(self.attn, "cuda_graph"):
             from radixrt.runtime.cuda_graph_runner import CudaGraphRunner
@@ -114,8 +117,15 @@ class ModelRunner:
             if e == req.seq_len:
                 sample_at.append((req, len(rows)))
                 rows.append(base + n - 1)
-        meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size)
-        return ForwardBatch.make(ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at)
+        groups = None
+        if not self.args.disable_cascade_attention:  # the tree match made at admission groups the rows
+            groups = group_decode_rows([req.last_node for req, _ in batch], tables, q_lens, self.page_size)
+        if groups is not None:
+            self.cascade_steps += 1
+            self.cascade_rows += len({r for members in groups.rows for r in members})
+        meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size, prefix_groups=groups)
+        return ForwardBatch.make(ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at,
+                                 prefix_groups=groups)
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """One step. Returns fp32 logits ``[len(fb.logit_rows), vocab]``, rows in ``fb.logit_rows`` order.
