@@ -31,6 +31,9 @@ def shared_cases() -> Path:
 def make_engine(**kw):
     from radixrt import Engine
     kw.setdefault("max_total_tokens", 8192)
+    # The parity tests compare token for token with HF fp32, so they run the GGUF dequantized to fp32
+    # (the default for a GGUF is its own 4-bit blocks); tests/test_quant.py asks for each format itself.
+    kw.setdefault("quantization", "none")
     e = Engine(**kw)
     _ENGINES.append(e)
     return e

@@ -39,6 +39,8 @@ class ServerProc:
         self.out_path, self.err_path = os.path.join(self.dir, "stdout"), os.path.join(self.dir, "stderr")
         cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(self.port), "--zmq-port", str(self.zmq_port),
                "--max-total-tokens", "8192", "--context-length", str(CONTEXT), "--log-level", "warning", *extra]
+        if "--quantization" not in extra:  # expected texts are HF fp32's (see conftest.make_engine)
+            cmd += ["--quantization", "none"]
         if api_key:
             cmd += ["--api-key", api_key]
         self.cmd = cmd

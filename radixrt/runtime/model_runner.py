@@ -12,6 +12,7 @@ from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.forward_batch import ForwardBatch
 from radixrt.runtime.cascade_groups import group_decode_rows
+from radixrt.runtime.layers.quant import quantize_for_source
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
@@ -65,6 +66,7 @@ class ModelRunner:
         model.load_hf_state_dict(load_state_dict(args.model))
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.to(self.device)  # tables stay fp32; cast per use
+        self.quantization = quantize_for_source(self.model, args.quantization, self.source, self.device)
         self.vocab_size = margs.vocab_size
         self.page_size = args.page_size
         self.num_pages = self._pool_pages(margs)

@@ -140,6 +140,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden]`` -> fp32 logits ``[n, vocab]``."""
+        if self.lm_head is not None and not isinstance(self.lm_head, nn.Linear):
+            return self.lm_head(hidden)  # a weight format swapped in by runtime/layers/quant.py
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if w.device.type != "cpu":
             return F.linear(hidden, w).float()

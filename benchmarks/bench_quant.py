@@ -1,0 +1,79 @@
+"""Weight-format crossover (issue 12): the whole model's projections (30 layers x 4 fused projections + the
+LM head) at M rows, per format, against fp32; the row count where a format stops beating fp32 sets
+``MAX_ROWS`` in ``radixrt/runtime/layers/quant.py``.
+
+Each cell is the best of ``--reps`` runs in milliseconds. ``--cpu-time`` measures the thread's CPU time
+instead of wall time with one torch thread (steadier on a shared machine).
+Run: ``flock /tmp/bench.lock python benchmarks/bench_quant.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from radixrt.runtime.layers.quant import QuantLinear, quantize_for_source
+from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
+from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+
+
+def load(fmt: str) -> list[nn.Module]:
+    cfg = load_config(None)
+    a = LlamaArgs.from_hf(cfg)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(a)
+    model = model.to_empty(device="cpu")
+    model.load_hf_state_dict(load_state_dict(None))
+    quantize_for_source(model, fmt, resolve_model(None), torch.device("cpu"))
+    mods = [m for n, m in model.named_modules() if n.endswith("_proj")]
+    if fmt == "none":  # compute_logits' own transposed copy of the tied head
+        w = model.embed_tokens.weight.t().contiguous()
+        mods.append(lambda x: x @ w)
+    else:
+        mods.append(model.lm_head)
+    for m in mods:
+        if isinstance(m, QuantLinear):
+            m.max_rows = 1 << 30
+    return mods
+
+
+def time_ms(mods, m: int, reps: int, clock) -> float:
+    xs = {k: torch.randn(m, k) for k in (576, 1536)}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(reps + 1):
+            t = clock()
+            for mod in mods:
+                k = mod.weight_t.shape[0] if isinstance(mod, nn.Module) else 576
+                mod(xs[k])
+            best = min(best, clock() - t)
+    return best * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--formats", default="none,fp16,int8,q4")
+    ap.add_argument("--rows", default="1,2,4,8,16,32")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu-time", action="store_true")
+    args = ap.parse_args()
+    clock = time.perf_counter
+    if args.cpu_time:
+        torch.set_num_threads(1)
+        clock = time.thread_time
+    rows = [int(r) for r in args.rows.split(",")]
+    print(f"whole-model projections, ms ({'1-thread CPU time' if args.cpu_time else 'wall'}, best of {args.reps})")
+    print("format " + "".join(f"{f'M={r}':>9}" for r in rows))
+    base = None
+    for fmt in args.formats.split(","):
+        mods = load(fmt)
+        ts = [time_ms(mods, r, args.reps, clock) for r in rows]
+        base = base or ts
+        print(f"{fmt:6} " + "".join(f"{t:9.1f}" for t in ts) + "   vs fp32: " +
+              " ".join(f"{b / t:.2f}x" for b, t in zip(base, ts)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Layers swapped into a loaded model: quantized linear projections (:mod:`.quant`)."""

@@ -1,0 +1,231 @@
+"""Weight formats for CPU decode: ``--quantization none|fp16|int8|q4``, swapped into a loaded fp32 model.
+
+:func:`quantize_model` replaces every projection (``nn.Linear``: fused qkv, o, fused gate/up, down) and the
+LM head with one of the modules below. Embeddings, norms, the residual stream, rotary and attention stay fp32.
+
+- ``none``  fp32 weights stored transposed (``[K, N]``): ``x @ w_t`` reads the weight row-major, which on CPU
+  beats ``F.linear``'s transposed read for skinny decode products. Token-for-token parity with HF fp32.
+- ``fp16``  fp16 weights; fp32 activations cast to fp16 for the product.
+- ``int8``  per-output-channel symmetric int8 (``scale = max|w_row| / 127``), bf16 activations into
+  ``torch.ops.aten._weight_int8pack_mm``. A module with a GGUF's own Q8_0 blocks runs those instead (below).
+- ``q4``    the GGUF's own Q4_1 blocks (Q4_0 rewritten as Q4_1) kept at 4 bits; other sources are quantized
+  to Q4_1 here (llama.cpp's ``quantize_row_q4_1_ref``). The LM head keeps a GGUF's Q8_0 blocks (or int8
+  per channel when the file has none).
+
+Native GGUF blocks run in ``radixrt/kernels/quant/ggml_gemv.cpp`` (AVX2, activations quantized per 32-block
+to int8, as llama.cpp's ``vec_dot_q4_1_q8_1``). Where it cannot be built, Q4_1 falls back to torch's
+``_weight_int4pack_mm_for_cpu`` (group size 32, scale ``d``, zero ``m + 8 d``: exact for Q4_1) with bf16
+activations, and Q8_0 to int8 per channel.
+
+**Fallback to fp32 by batch rows.** A quantized module also keeps the fp32 copy of the *same* values it holds
+(the dequantized blocks), and a product with more than :data:`MAX_ROWS` ``[fmt]`` rows (tokens in the
+step) runs on that copy, so prefill and large decode batches never run slower than ``none``. The limits
+come from ``benchmarks/bench_quant.py`` (whole-model projections, 2-core AVX2 box, 2026-12-01): see the
+table in the README; a format is used up to the largest row count at which it still beats fp32.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixrt.kernels.quant import ggml_gemv
+from radixrt.runtime.layers.gguf_blocks import dequantize, quantize_q4_1
+
+logger = logging.getLogger(__name__)
+FORMATS = ("none", "fp16", "int8", "q4")
+# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy.
+MAX_ROWS = {"none": 1 << 62, "fp16": 4, "int8": 16, "q4": 16}
+
+
+class Fp32Linear(nn.Module):
+    """fp32 ``y = x @ w_t (+ bias)``; ``w_t [in, out]``. Input ``[M, in]`` fp32, output ``[M, out]`` fp32."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("weight_t", weight.detach().float().t().contiguous(), persistent=False)
+        self.bias = bias
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight_t
+        return y if self.bias is None else y + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(x)
+
+
+class QuantLinear(Fp32Linear):
+    """A quantized product for up to ``max_rows`` rows, the fp32 copy (``weight_t``) above that."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int):
+        super().__init__(weight, bias)
+        self.max_rows = max_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.max_rows:
+            return self.dense(x)
+        y = self.quant(x)
+        return y if self.bias is None else y + self.bias
+
+    def quant(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Fp16Linear(QuantLinear):
+    def __init__(self, weight, bias, max_rows):
+        super().__init__(weight, bias, max_rows)
+        self.register_buffer("w16", weight.detach().half().contiguous(), persistent=False)
+
+    def quant(self, x):
+        return F.linear(x.half(), self.w16).float()
+
+
+class Int8Linear(QuantLinear):
+    """Per-output-channel int8: ``w ≈ q [out, in] int8 * scale [out]``; the fp32 copy is ``q * scale``."""
+
+    def __init__(self, weight, bias, max_rows):
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).to(torch.bfloat16)
+        q = (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+        super().__init__(q.float() * scale.float()[:, None], bias, max_rows)
+        self.register_buffer("q", q.contiguous(), persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+
+    def quant(self, x):
+        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale).float()
+
+
+class GGMLLinear(QuantLinear):
+    """A GGUF's own Q4_1 or Q8_0 blocks ``[out, in / 32 * bytes]`` uint8 (see :mod:`.gguf_blocks`)."""
+
+    def __init__(self, kind: str, blocks: torch.Tensor, bias, max_rows: int, kernel):
+        super().__init__(dequantize(kind, blocks), bias, max_rows)
+        self.kind, self.kernel = kind, kernel
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self._mm = kernel.q4_1_mm if kind == "Q4_1" else kernel.q8_0_mm
+
+    def quant(self, x):
+        return self._mm(x.contiguous(), self.blocks)
+
+
+class Int4PackLinear(QuantLinear):
+    """Q4_1 blocks through torch's ``_weight_int4pack_mm_for_cpu`` (bf16 activations, group size 32)."""
+
+    def __init__(self, blocks: torch.Tensor, bias, max_rows: int):
+        w = dequantize("Q4_1", blocks)
+        super().__init__(w, bias, max_rows)
+        n, nb = blocks.shape[0], blocks.shape[1] // 20
+        b = blocks.reshape(n, nb, 20)
+        d = b[..., :2].contiguous().view(torch.float16).float()[..., 0]  # [out, nb]
+        m = b[..., 2:4].contiguous().view(torch.float16).float()[..., 0]
+        qs = b[..., 4:].to(torch.int32)
+        q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(n, nb * 32)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1),
+                             persistent=False)
+        # (q - 8) * d + (m + 8 d) = q * d + m: torch's int4 zero point sits at 8
+        sz = torch.stack([d.t(), (m + 8 * d).t()], dim=-1).to(torch.bfloat16).contiguous()  # [nb, out, 2]
+        self.register_buffer("scale_zeros", sz, persistent=False)
+
+    def quant(self, x):
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, 32,
+                                                          self.scale_zeros).float()
+
+
+def _native(kind: str, blocks: torch.Tensor, bias, max_rows: int, kernel) -> QuantLinear:
+    if kernel is not None:
+        return GGMLLinear(kind, blocks, bias, max_rows, kernel)
+    if kind == "Q4_1":
+        return Int4PackLinear(blocks, bias, max_rows)
+    return Int8Linear(dequantize(kind, blocks), bias, max_rows)
+
+
+def make_linear(fmt: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                blocks: tuple[str, torch.Tensor] | None, kernel) -> nn.Module:
+    """The module for one projection ``name`` (``weight [out, in]`` fp32) in format ``fmt``."""
+    rows = MAX_ROWS[fmt]
+    if fmt == "none":
+        return Fp32Linear(weight, bias)
+    if fmt == "fp16":
+        return Fp16Linear(weight, bias, rows)
+    head = name == "lm_head"
+    if fmt == "int8" or (fmt == "q4" and head):
+        if blocks is not None and blocks[0] == "Q8_0":
+            return _native("Q8_0", blocks[1], bias, rows, kernel)
+        return Int8Linear(weight, bias, rows)
+    if blocks is None or blocks[0] != "Q4_1":
+        blocks = ("Q4_1", quantize_q4_1(weight))
+    return _native("Q4_1", blocks[1], bias, rows, kernel)
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, fmt: str,
+                   gguf_blocks: dict[str, tuple[str, torch.Tensor]] | None = None) -> nn.Module:
+    """Swap ``model``'s projections and LM head for ``fmt`` modules, in place; returns ``model``.
+
+    ``gguf_blocks``: ``{module name: (kind, blocks)}`` from
+    :func:`~radixrt.runtime.layers.gguf_blocks.read_gguf_blocks`. A tied LM head becomes its own module
+    (``model.lm_head``) reading the embedding's values; ``compute_logits`` calls it.
+
+    Raises:
+        ValueError: ``fmt`` not in :data:`FORMATS`, or a model that is not fp32 on the CPU.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"quantization must be one of {FORMATS}, got {fmt!r}")
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        raise ValueError(f"quantization {fmt!r} needs an fp32 model on the cpu, got {p.dtype} on {p.device}")
+    blocks = gguf_blocks or {}
+    has_q8 = any(kind == "Q8_0" for kind, _ in blocks.values())
+    kernel = ggml_gemv() if fmt == "q4" or (fmt == "int8" and has_q8) else None
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    for name, lin in targets:
+        parent, _, attr = name.rpartition(".")
+        new = make_linear(fmt, name, lin.weight, lin.bias, blocks.get(name), kernel)
+        setattr(model.get_submodule(parent) if parent else model, attr, new)
+    if fmt != "none" and getattr(model, "lm_head", 0) is None:  # tied embeddings: quantize a copy for the head
+        model.lm_head = make_linear(fmt, "lm_head", model.embed_tokens.weight, None, blocks.get("lm_head"), kernel)
+    logger.info("weights: %s (%d projections%s)", fmt, len(targets),
+                "" if fmt in ("none", "fp16") else f", C++ kernel {'on' if kernel is not None else 'off'}")
+    return model
+
+
+def default_format(gguf_path: str | None) -> str:
+    """``auto``: a GGUF's own quantization where a kernel for it wins (``q4`` for Q4_0/Q4_1, ``int8`` for
+    Q8_0, by the most common kind among its 2-D weights), else ``none``; ``none`` for safetensors."""
+    if gguf_path is None:
+        return "none"
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    kinds = Counter(t.tensor_type.name for t in GGUFReader(gguf_path).tensors if len(t.shape) == 2)
+    top = kinds.most_common(1)[0][0] if kinds else "F32"
+    return {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "int8"}.get(top, "none")
+
+
+def quantize_for_source(model: nn.Module, fmt: str, source, device: torch.device) -> str:
+    """Resolve ``auto`` and quantize ``model`` (fp32, loaded from ``source``, a ``ModelSource``); returns
+    the format used. On cuda only ``none`` runs (``auto`` means ``none`` there).
+
+    Raises:
+        ValueError: a format other than ``auto``/``none`` on cuda, or an unknown format.
+    """
+    import os
+
+    gguf = os.path.join(source.directory, source.gguf_file) if source.gguf_file else None
+    if device.type != "cpu":
+        if fmt not in ("auto", "none"):
+            raise ValueError(f"quantization {fmt!r} runs on the cpu only; use 'none' on {device.type}")
+        return "none"
+    if fmt == "auto":
+        fmt = default_format(gguf) if next(model.parameters()).dtype == torch.float32 else "none"
+    blocks = None
+    if gguf is not None and fmt in ("int8", "q4"):
+        from radixrt.runtime.layers.gguf_blocks import read_gguf_blocks
+
+        a = model.args
+        blocks = read_gguf_blocks(gguf, a.num_layers, a.num_heads, a.num_kv_heads, a.tie_word_embeddings)
+    quantize_model(model, fmt, blocks)
+    return fmt
