@@ -31,6 +31,7 @@ class ServerArgs:
     max_wait_steps: int = field(default=64, metadata={"help": "lpm aging: a request waiting more steps than this is served next"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
+    disable_jump_forward: bool = field(default=False, metadata={"help": "decode grammar-forced text token by token instead of appending it in one extend step"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
     cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on cuda"})

@@ -38,7 +38,8 @@ class Scheduler:
         self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
-        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length)
+        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
+                                       jump_forward=not args.disable_jump_forward)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -51,6 +52,7 @@ class Scheduler:
         self.sched_time = 0.0
         self.step_time = 0.0
         self.num_preemptions = 0
+        self.req_forward_passes = 0  # summed over requests: one per step a request takes part in
 
     # ---- requests in -------------------------------------------------------------------------------
     def add_request(self, r: GenerateReq) -> None:
@@ -108,7 +110,8 @@ class Scheduler:
     def cache_stats(self) -> dict:
         return {**self.mem.stats(self.running), "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
                 "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
-                "num_preemptions": self.num_preemptions}
+                "num_preemptions": self.num_preemptions, "req_forward_passes": self.req_forward_passes,
+                "jump_forward_tokens": self.outputs.jump_forward_tokens}
 
     # ---- scheduling --------------------------------------------------------------------------------
     def _promote_grammar_ready(self) -> None:
@@ -202,6 +205,7 @@ class Scheduler:
             fb = self.runner.prepare(batch)
             self.sched_time += time.perf_counter() - t0
             logits = self.runner.forward(fb)
+            self.req_forward_passes += len(batch)
             t1 = time.perf_counter()
             for req, n in batch:
                 req.num_computed += n
