@@ -191,13 +191,14 @@ class Engine:
             timeout: seconds of idleness after which the session closes and unpins (None: never).
 
         Raises:
-            ValueError: ``session_id`` is already open, or a bad argument.
+            ValidationError: ``session_id`` is already open, or a bad argument (a ValueError).
         """
+        from radixrt.runtime.errors import ValidationError
         from radixrt.runtime.session_args import check_open_session
         r = check_open_session(capacity_of_str_len, session_id, timeout)
         sid = self._call(lambda: self.scheduler.open_session(r))
         if sid is None:
-            raise ValueError(f"session_id: session {session_id!r} is already open")
+            raise ValidationError(f"session {session_id!r} is already open", "session_id")
         return sid
 
     def close_session(self, session_id: str) -> bool:
