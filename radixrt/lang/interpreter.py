@@ -35,6 +35,7 @@ class StreamExecutor:
     def __init__(self, backend: Any, arguments: dict, default_sp: SglSamplingParams, chat_template: Any = None,
                  stream: bool = False, trace: bool = False) -> None:
         self.sid = uuid.uuid4().hex
+        self.session_id: Optional[str] = None  # the runtime session pinning this program's KV (program.py)
         self.backend, self.arguments, self.default_sp = backend, arguments, default_sp
         self.stream, self.trace = stream, trace
         self.variables: dict[Optional[str], Any] = {}
@@ -151,6 +152,7 @@ class StreamExecutor:
             k.text_, k.messages_ = self.text_, list(self.messages_)
             k.cur_role, k.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
             k.fork_start_text_pos = len(self.text_)
+            k.session_id = self.session_id
         return kids
 
     # ---- execution -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from radixrt.lang.ir import DEFAULT_RUN_PARAMS, SglSamplingParams
 from radixrt.lang.state import ProgramState
 from radixrt.lang.tracer import placeholders
 
+logger = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:30001"
 _default_backend: Optional[BaseBackend] = None
 _default_lock = threading.Lock()
@@ -81,11 +83,17 @@ def _run_params(max_new_tokens: Optional[int], stop: Any, stop_token_ids: Any, t
 
 
 def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSamplingParams,
-                stream: bool) -> ProgramState:
+                stream: bool, use_session: bool = True) -> ProgramState:
     """Run ``func(state, **kwargs)``. Never raises for an error inside the program: see ``state.error()``.
-    With ``stream=True`` the function runs in a background thread and the state is returned at once."""
+    With ``stream=True`` the function runs in a background thread and the state is returned at once.
+
+    With ``use_session`` the run opens a runtime session (runtime/session.py) that pins the program's KV
+    between its calls, so other traffic cannot evict it while the program's own Python code runs; it is
+    closed when the program ends. A backend without sessions runs the program without one."""
     exe = StreamExecutor(backend, kwargs, sp, stream=stream)
     state = ProgramState(exe)
+    if use_session:
+        exe.session_id = _open_session(backend)
 
     def body() -> None:
         try:
@@ -94,6 +102,8 @@ def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSampl
             exe.set_error(e)
         finally:
             exe.end()
+            if exe.session_id is not None:
+                _close_session(backend, exe.session_id)
 
     if stream:
         threading.Thread(target=body, name="radixrt-program", daemon=True).start()
@@ -101,6 +111,21 @@ def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSampl
         body()
         exe.sync()
     return state
+
+
+def _open_session(backend: BaseBackend) -> Optional[str]:
+    try:
+        return backend.open_session()
+    except Exception as e:  # noqa: BLE001 - a server without sessions still runs the program
+        logger.warning("no session for this program run (%s); its KV is not pinned", e)
+        return None
+
+
+def _close_session(backend: BaseBackend, session_id: str) -> None:
+    try:
+        backend.close_session(session_id)
+    except Exception as e:  # noqa: BLE001 - the server's TTL or its exit releases the pin anyway
+        logger.warning("closing session %s failed: %s", session_id, e)
 
 
 class SglFunction:
@@ -128,8 +153,10 @@ class SglFunction:
             frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
             return_logprob: bool = False, logprob_start_len: Optional[int] = None,
             top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-            seed: Optional[int] = None, stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
+            seed: Optional[int] = None, stream: bool = False, backend: Any = None, use_session: bool = True,
+            **kwargs: Any) -> ProgramState:
         """Run once. Sampling arguments are defaults for every ``gen`` (which may override them).
+        ``use_session=False`` runs without a runtime session (see :func:`run_program`).
 
         Returns the final state (with ``stream=True``: at once, while it runs; read it with
         ``state.text_iter()``). Errors inside the program are on ``state.error()``.
@@ -138,7 +165,7 @@ class SglFunction:
                          presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
                          return_text_in_logprobs, seed)
         b = as_backend(backend) if backend is not None else get_default_backend()
-        return run_program(self.func, b, self._kwargs(args, kwargs), sp, stream)
+        return run_program(self.func, b, self._kwargs(args, kwargs), sp, stream, use_session)
 
     def run_batch(self, batch_kwargs: list[dict], *, max_new_tokens: Optional[int] = 128, stop: Any = None,
                   stop_token_ids: Any = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
@@ -146,13 +173,14 @@ class SglFunction:
                   ignore_eos: bool = False, return_logprob: bool = False, logprob_start_len: Optional[int] = None,
                   top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
                   seed: Optional[int] = None, backend: Any = None, num_threads: Union[int, str] = "auto",
-                  progress_bar: bool = False, generator_style: bool = False) -> Any:
+                  progress_bar: bool = False, generator_style: bool = False, use_session: bool = True) -> Any:
         """Run once per kwargs dict, concurrently (``num_threads``; "auto": one per program, up to 128).
 
         First the program is traced and its constant prefix (the text before anything argument-dependent)
         is prefilled once, so every program's first request hits the radix cache. A failing program
         does not stop the others: its state carries ``state.error()``. ``progress_bar`` shows a tqdm bar.
-        Returns the states in input order (or, with ``generator_style``, an iterator over them).
+        Returns the states in input order (or, with ``generator_style``, an iterator over them). Each
+        program runs in its own runtime session unless ``use_session=False`` (see :func:`run_program`).
 
         Raises:
             ValueError: ``batch_kwargs`` is not a list of dicts; connection errors of the pre-caching.
@@ -167,18 +195,18 @@ class SglFunction:
             self.precache(b)
         n = len(batch_kwargs)
         threads = min(n, 128) if num_threads == "auto" else max(1, min(int(num_threads), n or 1))
-        it = self._iter_batch(b, [self._kwargs((), k) for k in batch_kwargs], sp, threads, progress_bar)
+        it = self._iter_batch(b, [self._kwargs((), k) for k in batch_kwargs], sp, threads, progress_bar, use_session)
         return it if generator_style else list(it)
 
     def _iter_batch(self, b: BaseBackend, kws: list[dict], sp: SglSamplingParams, threads: int,
-                    progress_bar: bool) -> Iterator[ProgramState]:
+                    progress_bar: bool, use_session: bool = True) -> Iterator[ProgramState]:
         bar = None
         if progress_bar:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(kws), desc=self.func.__name__)
         try:
             with ThreadPoolExecutor(max(threads, 1)) as pool:
-                futs = [pool.submit(run_program, self.func, b, k, sp, False) for k in kws]
+                futs = [pool.submit(run_program, self.func, b, k, sp, False, use_session) for k in kws]
                 if bar is not None:
                     for f in futs:
                         f.add_done_callback(lambda _: bar.update())

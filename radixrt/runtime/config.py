@@ -34,6 +34,8 @@ class ServerArgs:
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
     disable_cascade_attention: bool = field(default=False, metadata={"help": "attend shared prefixes per row instead of once per group (ablation)"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
+    disable_jump_forward: bool = field(default=False, metadata={"help": "decode grammar-forced text token by token instead of appending it in one extend step"})
+    max_pinned_tokens: Optional[int] = field(default=None, metadata={"help": "cap on KV tokens that open sessions may pin, summed over sessions; default: no cap"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
     cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode eagerly on cuda"})
@@ -64,6 +66,8 @@ class ServerArgs:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.max_pinned_tokens is not None and (not isinstance(self.max_pinned_tokens, int) or self.max_pinned_tokens < 0):
+            raise ValueError(f"max_pinned_tokens must be an integer >= 0, got {self.max_pinned_tokens!r}")
         for name in ("max_total_tokens", "context_length"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 2):

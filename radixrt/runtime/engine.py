@@ -62,6 +62,7 @@ class Engine:
                         block = False
                 except queue.Empty:
                     pass
+                self.scheduler.sessions.expire()  # TTLs run out while idle too
                 if self.scheduler.has_work:
                     for o in self.scheduler.step():
                         self._deliver(self.detokenizer.handle_one(o))
@@ -115,7 +116,8 @@ class Engine:
 
     def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob: bool = False,
                  logprob_start_len=None, top_logprobs_num: int = 0, stream: bool = False, rid=None,
-                 cache_salt: str | None = None, return_text_in_logprobs: bool = False):
+                 cache_salt: str | None = None, return_text_in_logprobs: bool = False,
+                 session_params: dict | None = None, session_id: str | None = None):
         """Generate for one prompt (a dict back) or a list (a list back).
 
         ``sampling_params`` keys: max_new_tokens (default 128; None = the room left in the context;
@@ -123,12 +125,16 @@ class Engine:
         frequency_penalty, presence_penalty, repetition_penalty, stop, stop_token_ids, ignore_eos,
         seed, json_schema, regex, ebnf, choices, structural_tag.
 
+        ``session_params`` ({id, rid, offset, replace, drop_previous_output}, SGLang's) appends the prompt to
+        an open session's history; ``session_id`` marks a prompt that already holds the history. Either
+        way the session pins the KV when the request finishes (see :meth:`open_session`).
+
         Raises:
             ValueError: bad input, before anything is queued.
         """
         reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
                                       return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
-                                      cache_salt, self.grammar_check)
+                                      cache_salt, self.grammar_check, session_params, session_id)
         if stream:
             if not single:
                 raise ValueError("stream=True takes one prompt")
@@ -175,6 +181,30 @@ class Engine:
             if not acc.finished:  # the caller stopped iterating: abort, free its pages
                 self.abort(r.rid)
 
+    def open_session(self, capacity_of_str_len: int = 0, session_id: str | None = None,
+                     timeout: float | None = None) -> str:
+        """Open an agent session (SGLang's ``open_session``); returns its id.
+
+        Args:
+            capacity_of_str_len: the most tokens of context a session request may reach (0: no cap).
+            session_id: the id to use (default: a fresh uuid).
+            timeout: seconds of idleness after which the session closes and unpins (None: never).
+
+        Raises:
+            ValidationError: ``session_id`` is already open, or a bad argument (a ValueError).
+        """
+        from radixrt.runtime.errors import ValidationError
+        from radixrt.runtime.session_args import check_open_session
+        r = check_open_session(capacity_of_str_len, session_id, timeout)
+        sid = self._call(lambda: self.scheduler.open_session(r))
+        if sid is None:
+            raise ValidationError(f"session {session_id!r} is already open", "session_id")
+        return sid
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session; its pinned pages become evictable. False when it was not open."""
+        return self._call(lambda: self.scheduler.close_session(session_id))
+
     def abort(self, rid: str) -> None:
         self._inbox.put(AbortReq(rid))
 
@@ -200,7 +230,7 @@ class Engine:
             assert total == st["total_pages"], f"page accounting broken: {st}"
             if s.tree is not None:
                 s.tree.check_invariants()
-                if not s.running:
+                if not s.running and not st["pinned_sessions"]:
                     assert s.tree.all_locks_released(), "a lock_ref is above 0 while idle"
             return st
         return self._call(check)

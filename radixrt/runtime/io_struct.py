@@ -40,6 +40,18 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     any_whitespace: bool = False
 
 
+class SessionParams(msgspec.Struct, kw_only=True):
+    """SGLang's ``session_params`` of ``/generate``: continue session ``id`` after request ``rid`` (default:
+    its latest), its sequence cut at ``offset`` tokens, without its output if ``drop_previous_output``;
+    ``replace`` drops what followed ``rid``. The request's own ids are appended (see runtime/session.py)."""
+
+    id: str
+    rid: Optional[str] = None
+    offset: Optional[int] = None
+    replace: bool = False
+    drop_previous_output: bool = False
+
+
 class GenerateReq(msgspec.Struct, tag=True, kw_only=True):
     """A tokenized request, sent by the tokenizer manager (or the in-process Engine) to the scheduler."""
 
@@ -51,6 +63,21 @@ class GenerateReq(msgspec.Struct, tag=True, kw_only=True):
     top_logprobs_num: int = 0
     stream: bool = False
     cache_salt: Optional[str] = None
+    session_params: Optional[SessionParams] = None  # append to a session's history (SGLang)
+    session_id: Optional[str] = None                # the prompt holds the history; the session pins it
+
+
+class OpenSessionReq(msgspec.Struct, tag=True, kw_only=True):
+    """SGLang's ``/open_session``. ``capacity_of_str_len``: the most tokens of context a session request may
+    reach (0: no cap); ``timeout``: seconds of idleness before the session closes (None: never)."""
+
+    capacity_of_str_len: int = 0
+    session_id: Optional[str] = None
+    timeout: Optional[float] = None
+
+
+class CloseSessionReq(msgspec.Struct, tag=True, kw_only=True):
+    session_id: str
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -72,6 +99,7 @@ class InfoOut(msgspec.Struct, tag=True):
     num_running: int
     num_waiting: int
     flushed: Optional[bool] = None
+    session_id: Optional[str] = None   # the answer to an OpenSessionReq (None: the id was taken)
 
 
 # A logprob entry: (logprob, token_id). Top logprobs: a list of such pairs per position.

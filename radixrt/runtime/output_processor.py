@@ -4,7 +4,8 @@ Per step, after ``ModelRunner.forward``:
 1. input logprobs: log-softmax of the prompt rows asked for (``ForwardBatch.input_logprob_at``);
 2. sampling: penalties, grammar mask (constrained/grammar_step.py), temperature, top-k/p/min-p;
 3. the grammar matchers advance by the sampled tokens;
-4. finish checks: stop token ids / EOS, grammar termination, stop strings, max_new_tokens, context length.
+4. finish checks: stop token ids / EOS, grammar termination, stop strings, max_new_tokens, context length;
+5. jump-forward: text the grammar forces next is appended at once (jump_forward.py).
 
 Finished requests are returned, not released: the scheduler owns the running list and the pages.
 """
@@ -15,6 +16,7 @@ import torch
 from radixrt.runtime.constrained.grammar_step import advance_matchers, build_grammar_mask
 from radixrt.runtime.forward_batch import ForwardBatch
 from radixrt.runtime.io_struct import TokenOut
+from radixrt.runtime.jump_forward import try_jump_forward
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.sampler import SampleRow, sample
 
@@ -26,10 +28,17 @@ class OutputProcessor:
         tokenizer: decodes the output tail for stop strings.
         eos_ids: the model's EOS token ids (see :func:`eos_ids`).
         context_length: the longest prompt + output, in tokens.
+        jump_forward: append grammar-forced text in one extend step (requests without logprobs or stop
+            strings, whose matcher offers ``find_jump_forward_string``).
+
+    Attributes:
+        jump_forward_tokens: output tokens appended by jump-forward so far (not sampled).
     """
 
-    def __init__(self, tokenizer, eos_ids: set[int], context_length: int):
+    def __init__(self, tokenizer, eos_ids: set[int], context_length: int, jump_forward: bool = False):
         self.tokenizer, self.eos_ids, self.context_length = tokenizer, eos_ids, context_length
+        self.jump_forward = jump_forward
+        self.jump_forward_tokens = 0
 
     def process(self, fb: ForwardBatch, logits: torch.Tensor) -> list[tuple[Req, dict]]:
         """Consume fp32 ``logits [len(fb.logit_rows), vocab]``. Returns ``(req, finished_reason)`` for the
@@ -81,9 +90,22 @@ class OutputProcessor:
                 req.out_logprobs.append((out.logprobs[i], tok))
                 req.out_top_logprobs.append(out.top_logprobs[i] or [])
             reason = self.check_finished(req, tok)
+            if reason is None and self.jump_forward and req.grammar is not None:
+                reason = self._jump(req)
             if reason is not None:
                 finished.append((req, reason))
         return finished
+
+    def _jump(self, req: Req) -> dict | None:
+        """Jump forward over forced text; the length limits still end the request."""
+        if req.return_logprob or req.params.stop:  # forced tokens have no sampled logprob; stops need a scan
+            return None
+        room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len)
+        added = try_jump_forward(req, self.tokenizer, room)
+        self.jump_forward_tokens += added
+        if added and (len(req.output_ids) >= req.max_new_tokens or req.seq_len >= self.context_length):
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
 
     def _blocked(self, req: Req) -> list[int]:
         """Stop ids and EOS may not end the output before ``min_new_tokens``."""

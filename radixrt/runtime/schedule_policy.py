@@ -12,6 +12,10 @@ from collections import defaultdict
 
 from radixrt.runtime.request import Req
 
+# Among waiting requests, one whose not-yet-cached part shares at least this many tokens with a request
+# admitted in the same step waits one step and then hits that request's KV (in-batch prefix sharing).
+IN_BATCH_SHARE_MIN = 32
+
 
 def order_waiting(waiting: list[Req], policy: str, tree, max_wait_steps: int) -> list[Req]:
     if tree is None or policy == "fcfs" or len(waiting) <= 1:
@@ -44,3 +48,23 @@ def order_waiting(waiting: list[Req], policy: str, tree, max_wait_steps: int) ->
     for root in sorted(roots, key=lambda n: -weight[n]):
         visit(root)
     return aged + out
+
+
+def shares_uncached(tree, req: Req, admitted: list[Req], page_size: int) -> bool:
+    """True when ``req``'s not-yet-cached part shares at least ``max(IN_BATCH_SHARE_MIN, page_size)``
+    tokens with a request admitted this step: ``req`` then waits one step and hits that request's KV."""
+    if not admitted:
+        return False
+    ids = req.fill_ids
+    m = tree.match_prefix(ids[: req.max_cacheable_prefix()], req.cache_salt)
+    cached = len(m.pages) * page_size
+    for other in admitted:
+        if other.cache_salt != req.cache_salt:
+            continue
+        o = other.fill_ids
+        n, lim = cached, min(len(ids), len(o)) - 1
+        while n < lim and ids[n] == o[n]:
+            n += 1
+        if n - cached >= max(IN_BATCH_SHARE_MIN, page_size):
+            return True
+    return False

@@ -18,17 +18,15 @@ from __future__ import annotations
 import logging
 import time
 
-from radixrt.runtime.io_struct import GenerateReq, TokenOut
+from radixrt.runtime.io_struct import GenerateReq, OpenSessionReq, TokenOut
 from radixrt.runtime.mem.req_pages import ReqPages
 from radixrt.runtime.output_processor import OutputProcessor, eos_ids, make_out
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.params import grammar_of
-from radixrt.runtime.schedule_policy import order_waiting
+from radixrt.runtime.schedule_policy import order_waiting, shares_uncached
+from radixrt.runtime.session import SessionManager
 
 logger = logging.getLogger(__name__)
-# Among waiting requests, one whose not-yet-cached part shares at least this many tokens with a request
-# admitted in the same step waits one step and then hits that request's KV (in-batch prefix sharing).
-IN_BATCH_SHARE_MIN = 32
 
 
 class Scheduler:
@@ -38,7 +36,8 @@ class Scheduler:
         self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
-        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length)
+        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
+                                       jump_forward=not args.disable_jump_forward)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -51,19 +50,31 @@ class Scheduler:
         self.sched_time = 0.0
         self.step_time = 0.0
         self.num_preemptions = 0
+        self.req_forward_passes = 0  # summed over requests: one per step a request takes part in
+        self.sessions = SessionManager(self.tree, args.max_pinned_tokens)
+        self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 
     # ---- requests in -------------------------------------------------------------------------------
     def add_request(self, r: GenerateReq) -> None:
-        """Queue a validated request (see ``validate_request``)."""
-        ctx = self.runner.context_length
+        """Queue a validated request (see ``build_requests``); a session request gets its history first."""
+        ctx, error = self.runner.context_length, None
+        try:
+            session, ids = self.sessions.resolve(r.session_id, r.session_params, r.input_ids)
+        except ValueError as e:
+            session, ids, error = None, r.input_ids, str(e)
         max_new = r.sampling_params.max_new_tokens
         if max_new is None:
-            max_new = ctx - len(r.input_ids)
+            max_new = ctx - len(ids)
         self.arrivals += 1
         req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
+        req.input_ids, req.session_id = list(ids), session.id if session else None
         if r.return_logprob and r.logprob_start_len >= 0:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
+        if error or len(ids) >= ctx:
+            self._finish(req, {"type": "abort", "message": error or f"the session's context ({len(ids)} "
+                               f"tokens) reaches the context length {ctx}"})
+            return
         g = grammar_of(r.sampling_params)
         if g is not None and self.grammar_cache is not None:
             req.grammar_future = self.grammar_cache.submit(g[0], g[1], r.sampling_params.any_whitespace)
@@ -82,6 +93,15 @@ class Scheduler:
             if req in q:
                 q.remove(req)
         self._finish(req, {"type": "abort", "message": "aborted"})
+
+    def open_session(self, r: OpenSessionReq) -> str | None:
+        """Start a session (see runtime/session.py). Returns its id; None when ``r.session_id`` is taken."""
+        self.sessions.expire()
+        return self.sessions.open(r.capacity_of_str_len, r.session_id, r.timeout)
+
+    def close_session(self, session_id: str) -> bool:
+        """End a session; its pinned pages become evictable. False when it is not open."""
+        return self.sessions.close(session_id)
 
     def flush_cache(self) -> bool:
         """Drop every unlocked cached page. Returns False (nothing done) while requests are running."""
@@ -108,7 +128,8 @@ class Scheduler:
     def cache_stats(self) -> dict:
         return {**self.mem.stats(self.running), "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
                 "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
-                "num_preemptions": self.num_preemptions}
+                "num_preemptions": self.num_preemptions, "req_forward_passes": self.req_forward_passes,
+                "jump_forward_tokens": self.outputs.jump_forward_tokens, **self.sessions.stats()}
 
     # ---- scheduling --------------------------------------------------------------------------------
     def _promote_grammar_ready(self) -> None:
@@ -142,7 +163,7 @@ class Scheduler:
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.max_wait_steps):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 break
-            if self.tree is not None and self._shares_uncached(req, admitted):
+            if self.tree is not None and shares_uncached(self.tree, req, admitted, self.P):
                 continue
             matched = self.mem.admit(req)
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
@@ -176,32 +197,17 @@ class Scheduler:
                 return False
         return True
 
-    def _shares_uncached(self, req: Req, admitted: list[Req]) -> bool:
-        if not admitted:
-            return False
-        ids = req.fill_ids
-        m = self.tree.match_prefix(ids[: req.max_cacheable_prefix()], req.cache_salt)
-        cached = len(m.pages) * self.P
-        for other in admitted:
-            if other.cache_salt != req.cache_salt:
-                continue
-            o = other.fill_ids
-            n, lim = cached, min(len(ids), len(o)) - 1
-            while n < lim and ids[n] == o[n]:
-                n += 1
-            if n - cached >= max(IN_BATCH_SHARE_MIN, self.P):
-                return True
-        return False
-
     # ---- one step ------------------------------------------------------------------------------------
     def step(self) -> list[TokenOut]:
         """Run one iteration. Returns the outputs produced (deltas), finished requests included."""
         t0 = time.perf_counter()
+        self.sessions.expire()
         batch = self.schedule()
         if batch:
             fb = self.runner.prepare(batch)
             self.sched_time += time.perf_counter() - t0
             logits = self.runner.forward(fb)
+            self.req_forward_passes += len(batch)
             t1 = time.perf_counter()
             for req, n in batch:
                 req.num_computed += n
@@ -227,10 +233,17 @@ class Scheduler:
     # ---- results -------------------------------------------------------------------------------------
     def _finish_running(self, req: Req, reason: dict) -> None:
         self.running.remove(req)
-        self.mem.release(req)
+        if req.session_id is None:
+            self.mem.release(req)
+        else:  # the request's lock on its deepest cached node passes to its session
+            node, tokens = self.mem.release(req, keep_lock=True)
+            self.sessions.record(req.session_id, req.rid, len(req.input_ids), req.fill_ids)
+            self.sessions.pin(req.session_id, node, tokens)
         self._finish(req, reason)
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
+        if req.session_id is not None:
+            self.sessions.done(req.session_id)
         self.by_rid.pop(req.rid, None)
         self.finished_outs.append(make_out(req, force=True))

@@ -1,6 +1,6 @@
 """The scheduler process of ``radixrt serve``: model, KV pool, radix tree.
 
-    main (TokenizerManager) --PUSH/PULL GenerateReq|AbortReq|FlushCacheReq|GetInfoReq--> scheduler
+    main (TokenizerManager) --PUSH/PULL GenerateReq|AbortReq|FlushCacheReq|GetInfoReq|Open/CloseSessionReq--> scheduler
     scheduler --PUSH/PULL BatchTokenOut|InfoOut|ReadyOut--> detokenizer (InfoOut/ReadyOut pass through)
 
 Every message is a msgspec msgpack Struct (tagged union); nothing is pickled. Info and flush replies go
@@ -21,8 +21,8 @@ from typing import Union
 import msgspec
 import zmq
 
-from radixrt.runtime.io_struct import (AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
-                                      ReadyOut, TokenOut)
+from radixrt.runtime.io_struct import (AbortReq, BatchTokenOut, CloseSessionReq, FlushCacheReq, GenerateReq,
+                                      GetInfoReq, InfoOut, OpenSessionReq, ReadyOut, TokenOut)
 
 logger = logging.getLogger("radixrt.scheduler_process")
 
@@ -86,7 +86,8 @@ def _info(sched, flushed=None) -> InfoOut:
 
 
 def _loop(sched, pull, push, enc, parent_pid: int) -> None:
-    dec = msgspec.msgpack.Decoder(Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq])
+    dec = msgspec.msgpack.Decoder(Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq, OpenSessionReq,
+                                        CloseSessionReq])
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     while True:
@@ -106,6 +107,7 @@ def _loop(sched, pull, push, enc, parent_pid: int) -> None:
                 except zmq.Again:
                     break
                 _handle(sched, dec.decode(frame), push, enc)
+        sched.sessions.expire()  # session TTLs run out while idle too
         if sched.has_work:
             outs = sched.step()
             if outs:
@@ -127,3 +129,9 @@ def _handle(sched, msg, push, enc) -> None:
         push.send(enc.encode(_info(sched, flushed=sched.flush_cache())))
     elif isinstance(msg, GetInfoReq):
         push.send(enc.encode(_info(sched)))
+    elif isinstance(msg, OpenSessionReq):
+        info = _info(sched)
+        info.session_id = sched.open_session(msg)
+        push.send(enc.encode(info))
+    elif isinstance(msg, CloseSessionReq):
+        push.send(enc.encode(_info(sched, flushed=sched.close_session(msg.session_id))))

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut
+from radixrt.runtime.session_args import check_session_params
 from radixrt.runtime.sampling.params import grammar_of, normalize
 
 MAX_TOP_LOGPROBS = 20
@@ -40,7 +41,8 @@ def _as_batch(x: Any, name: str) -> tuple[list, bool]:
 
 def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampling_params=None,
                    return_logprob=False, logprob_start_len=None, top_logprobs_num=0, stream=False,
-                   rid=None, cache_salt=None, grammar_check=None) -> tuple[list[GenerateReq], bool]:
+                   rid=None, cache_salt=None, grammar_check=None, session_params=None,
+                   session_id=None) -> tuple[list[GenerateReq], bool]:
     """Validate and tokenize. Returns ``(requests, single)``; ``single`` means one item was given.
 
     Raises:
@@ -82,6 +84,7 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
                               f"{top_logprobs_num!r}", "top_logprobs_num")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise ValidationError("cache_salt must be a string", "cache_salt")
+    sess = check_session_params(session_params, session_id)
     reqs = []
     for ids, sp_in, r in zip(id_lists, sps, rids):
         sp = normalize(sp_in)
@@ -102,7 +105,8 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
         reqs.append(GenerateReq(rid=r or uuid.uuid4().hex, input_ids=list(ids), sampling_params=sp,
                                 return_logprob=return_logprob, logprob_start_len=start,
                                 top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                                stream=stream, cache_salt=cache_salt))
+                                stream=stream, cache_salt=cache_salt, session_params=sess,
+                                session_id=session_id))
     return reqs, single
 
 
@@ -232,3 +236,4 @@ class ReqOutput:
             meta["input_token_logprobs"] = self._lp(self.input_token_logprobs or [])
             meta["input_top_logprobs"] = [self._lp(t) if t else None for t in (self.input_top_logprobs or [])]
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+

@@ -80,6 +80,13 @@ class BaseBackend:
     def close(self) -> None:
         """Release sockets/connections. The backend must not be used afterwards."""
 
+    def open_session(self) -> Optional[str]:
+        """Open an agent session that pins a program's KV between its calls; None where unsupported."""
+        return None
+
+    def close_session(self, session_id: str) -> None:
+        """Close a session opened by :meth:`open_session` (its pages become evictable)."""
+
     # ---- shared ------------------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (loaded once), or None."""
@@ -105,6 +112,8 @@ class BaseBackend:
     @staticmethod
     def _body(exe: Any, sp: SglSamplingParams, stream: bool = False) -> dict:
         body: dict = {"text": exe.text_, "sampling_params": sp.to_srt(), "stream": stream}
+        if getattr(exe, "session_id", None):
+            body["session_id"] = exe.session_id
         if sp.return_logprob:
             body["return_logprob"] = True
             for k in ("logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"):

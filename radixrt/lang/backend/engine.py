@@ -6,7 +6,7 @@ from typing import Any, Iterator
 from radixrt.lang.backend.base import BaseBackend, RequestError
 
 _KW = ("sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num", "stream",
-       "rid", "cache_salt", "return_text_in_logprobs")
+       "rid", "cache_salt", "return_text_in_logprobs", "session_id")
 
 
 class EngineBackend(BaseBackend):
@@ -49,6 +49,12 @@ class EngineBackend(BaseBackend):
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
+
+    def open_session(self) -> str:
+        return self.engine.open_session()
+
+    def close_session(self, session_id: str) -> None:
+        self.engine.close_session(session_id)
 
     def get_server_info(self) -> dict:
         return self.engine.get_server_info()

@@ -65,6 +65,12 @@ class HttpEndpoint(RemoteEndpoint):
     def _info(self, op: str, timeout: Optional[float] = None) -> Any:
         return self._send("GET", f"/{op}", timeout=timeout)
 
+    def open_session(self) -> str:
+        return self._send("POST", "/open_session", {"capacity_of_str_len": 0})
+
+    def close_session(self, session_id: str) -> None:
+        self._send("POST", "/close_session", {"session_id": session_id})
+
     def flush_cache(self) -> bool:
         try:
             r = self._client.post("/flush_cache")

@@ -121,6 +121,18 @@ class ZmqEndpoint(RemoteEndpoint):
                 return self._result(rep)
         raise BackendError(f"no result for {op}")
 
+    def open_session(self) -> str:
+        return self._op("open_session", {"capacity_of_str_len": 0})
+
+    def close_session(self, session_id: str) -> None:
+        self._op("close_session", {"session_id": session_id})
+
+    def _op(self, op: str, body: dict) -> Any:
+        for rep in self._exchange(op, body, None):
+            if rep.event in ("result", "error"):
+                return self._result(rep)
+        raise BackendError(f"no result for {op}")
+
     def flush_cache(self) -> bool:
         """True when flushed; False while requests run (the server refuses then)."""
         try:

@@ -6,7 +6,7 @@ tokens' pages belong to the tree and are locked through ``req.last_node``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from radixrt.runtime.mem.allocator import PageAllocator
 from radixrt.runtime.mem.radix_cache import RadixCache
@@ -16,17 +16,27 @@ if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [to
 
 
 class ReqPages:
+    """Attributes:
+        unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
+            evictable) and returns True, or returns False when nothing is pinned (runtime/session.py).
+    """
+
     def __init__(self, page_size: int, num_pages: int, enable_cache: bool):
         self.P = page_size
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixCache(page_size, self.allocator) if enable_cache else None
+        self.unpin: Callable[[], bool] | None = None
 
     def allocate(self, n: int) -> list[int] | None:
-        """``n`` free pages, evicting least recently used tree leaves if short; None if impossible."""
+        """``n`` free pages, evicting least recently used tree leaves if short, then dropping session pins
+        one by one (oldest first) while still short; None if impossible."""
         if n <= 0:
             return []
-        if self.allocator.num_free < n and self.tree is not None:
-            self.tree.evict(n - self.allocator.num_free)
+        while True:
+            if self.allocator.num_free < n and self.tree is not None:
+                self.tree.evict(n - self.allocator.num_free)
+            if self.allocator.num_free >= n or self.unpin is None or not self.unpin():
+                break
         return self.allocator.allocate(n)
 
     def admit(self, req: Req) -> int:
@@ -70,15 +80,23 @@ class ReqPages:
             self.tree.dec_lock_ref(req.last_node)
         req.last_node, req.prefix_len = m.last_node, k
 
-    def release(self, req: Req) -> None:
-        """Cache what is valid, then give back the request's own pages and its lock."""
+    def release(self, req: Req, keep_lock: bool = False) -> tuple[Any, int]:
+        """Cache what is valid, then give back the request's own pages and its lock.
+
+        With ``keep_lock`` the lock on the deepest cached node is not released but returned, for a session
+        to pin: ``(node, cached tokens)``; ``(None, 0)`` when nothing is locked."""
         self.cache(req)
         own = req.page_table[req.prefix_len // self.P:]
         if own:
             self.allocator.free(own)
+        kept = (None, 0)
         if req.last_node is not None:
-            self.tree.dec_lock_ref(req.last_node)
+            if keep_lock:
+                kept = (req.last_node, req.prefix_len)
+            else:
+                self.tree.dec_lock_ref(req.last_node)
         req.page_table, req.last_node, req.prefix_len, req.num_computed = [], None, 0, 0
+        return kept
 
     def stats(self, running: list[Req]) -> dict:
         """Page counts: free + evictable + protected + private == total."""

@@ -9,7 +9,7 @@ from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.openai_protocol import (CHAT_ROLES, MAX_CHAT_TOP_LOGPROBS, ApiError,
                                                     ChatCompletionRequest, chat_logprobs, finish_reason, new_id, now)
 from radixrt.runtime.server.openai_sampling import n_seeds, sampling_params
-from radixrt.runtime.server.openai_serving import Envelope, check_model, complete, stream, submit
+from radixrt.runtime.server.openai_serving import Envelope, check_model, complete, session_of, stream, submit
 from radixrt.runtime.server.request_body import parse_body
 from radixrt.runtime.server.tool_parser import ToolPlan, parse_output, plan_tools, render_tool_history
 
@@ -109,7 +109,8 @@ async def chat_completions(request: Request):
     sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
     top_n = req.top_logprobs or 0
     batch = await submit(c, "messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
-                         top_n=top_n, cache_salt=req.cache_salt, grammar_param="tools" if plan else None)
+                         top_n=top_n, cache_salt=req.cache_salt, grammar_param="tools" if plan else None,
+                         session_id=session_of(request, req.session_id))
     env = Envelope(new_id("chatcmpl"), "chat.completion", "chat.completion.chunk", now(), tm.model_name,
                    bool(req.stream_options and req.stream_options.include_usage))
 

@@ -7,7 +7,7 @@ from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.openai_protocol import (MAX_COMPLETION_LOGPROBS, ApiError, CompletionRequest,
                                                     completion_logprobs, finish_reason, new_id, now)
 from radixrt.runtime.server.openai_sampling import n_seeds, sampling_params
-from radixrt.runtime.server.openai_serving import Envelope, check_model, complete, stream, submit
+from radixrt.runtime.server.openai_serving import Envelope, check_model, complete, session_of, stream, submit
 from radixrt.runtime.server.request_body import parse_body
 
 router = APIRouter()
@@ -61,7 +61,7 @@ async def completions(request: Request):
     top_n = req.logprobs or 0
     batch = await submit(c, "prompt", "max_tokens", sps, texts=rep(texts) if texts is not None else None,
                          ids=rep(ids) if ids is not None else None, return_logprob=return_lp, top_n=top_n,
-                         cache_salt=req.cache_salt)
+                         cache_salt=req.cache_salt, session_id=session_of(request, req.session_id))
     env = Envelope(new_id("cmpl"), "text_completion", "text_completion", now(), tm.model_name,
                    bool(req.stream_options and req.stream_options.include_usage))
     echo = [x if texts is not None else tm.tokenizer.decode(x) for x in prompts] if req.echo else None

@@ -36,7 +36,7 @@ from radixrt.runtime.server.openai_protocol import ApiError, error_body
 
 logger = logging.getLogger("radixrt.dsl")
 
-OPS = ("generate", "abort", "flush_cache", "get_server_info", "get_model_info")
+OPS = ("generate", "abort", "flush_cache", "get_server_info", "get_model_info", "open_session", "close_session")
 
 
 class DslServer:
@@ -140,6 +140,10 @@ class DslServer:
             result = await flush(self.tm)
         elif req.op == "get_server_info":
             result = await self.tm.server_info()
+        elif req.op == "open_session":  # body as POST /open_session; the result is the session id
+            result = await self.tm.open_session(req.body)
+        elif req.op == "close_session":
+            result = {"success": await self.tm.close_session(req.body.get("session_id"))}
         else:
             result = model_info(self.args)
         await self._send(envelope, DslReply(req_id=req.req_id, event="result", data=result))

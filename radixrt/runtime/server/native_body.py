@@ -11,7 +11,8 @@ from typing import Any, AsyncIterator, Optional, Union
 from radixrt.runtime.errors import ValidationError
 
 GENERATE_KEYS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                 "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "cache_salt")
+                 "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "cache_salt", "session_params",
+                 "session_id")
 
 
 @dataclass
@@ -28,6 +29,8 @@ class GenerateBody:
     stream: bool = False
     rid: Optional[Union[str, list[str]]] = None
     cache_salt: Any = None
+    session_params: Any = None   # SGLang's {id, rid, offset, replace, drop_previous_output}
+    session_id: Any = None       # radixrt: the prompt holds the history; the session pins it
 
 
 def parse_generate_body(body: Any) -> GenerateBody:

@@ -83,6 +83,7 @@ class _Common(_Req):
     ignore_eos: bool = False
     min_tokens: int = 0
     cache_salt: Optional[str] = None
+    session_id: Optional[str] = None  # radixrt: pin this conversation's KV in an open session (extra_body)
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     response_format: Optional[dict[str, Any]] = None

@@ -24,8 +24,21 @@ def check_model(c: ServerContext, model: Optional[str]) -> None:
                        code="model_not_found")
 
 
+def session_of(request: Request, body_session_id: Optional[str]) -> Optional[str]:
+    """The session of an OpenAI call: the ``X-Session-Id`` header or the body's ``session_id`` (extra_body).
+
+    Raises:
+        ApiError: 400 when both are given and differ.
+    """
+    header = request.headers.get("x-session-id")
+    if header is not None and body_session_id is not None and header != body_session_id:
+        raise ApiError("the X-Session-Id header and session_id differ", param="session_id")
+    return header if header is not None else body_session_id
+
+
 async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[dict], texts=None, ids=None,
-                 return_logprob=False, top_n=0, cache_salt=None, grammar_param=None) -> ReqBatch:
+                 return_logprob=False, top_n=0, cache_salt=None, grammar_param=None,
+                 session_id=None) -> ReqBatch:
     """Validate and queue one request per entry of ``sps`` (prompt ``texts[i]`` or ``ids[i]``).
 
     Raises:
@@ -34,7 +47,8 @@ async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[
     """
     try:
         reqs, _ = await c.tm.build(prompt=texts, input_ids=ids, sampling_params=sps, return_logprob=return_logprob,
-                                   logprob_start_len=-1, top_logprobs_num=top_n, stream=False, cache_salt=cache_salt)
+                                   logprob_start_len=-1, top_logprobs_num=top_n, stream=False, cache_salt=cache_salt,
+                                   session_id=session_id)
         return await c.tm.submit(reqs)
     except ValueError as e:
         param = openai_param(getattr(e, "param", None), prompt_param, max_param)

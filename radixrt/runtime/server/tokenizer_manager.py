@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.errors import ValidationError
-from radixrt.runtime.io_struct import AbortReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut, ReadyOut, StrOut
+from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
+                                      ReadyOut, StrOut)
 from radixrt.runtime.server.child_processes import ChildProcesses
 from radixrt.runtime.server.ipc import Ipc
 from radixrt.runtime.server.native_body import NativeCall, parse_generate_body
@@ -44,6 +45,7 @@ class TokenizerManager:
         self.fatal: Optional[str] = None  # a start-up failure: the server should exit
         self.on_fatal = None              # callback set by launch (stops uvicorn)
         self.states: dict[str, ReqBatch] = {}
+        self.session_ids: set[str] = set()  # opened here and not closed (the scheduler also expires TTLs)
         self.children: Optional[ChildProcesses] = None
         self.ipc: Optional[Ipc] = None
         self.closing = False
@@ -174,7 +176,7 @@ class TokenizerManager:
 
     async def build(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
                     logprob_start_len=None, top_logprobs_num=0, stream=False, rid=None,
-                    cache_salt=None) -> tuple[list[GenerateReq], bool]:
+                    cache_salt=None, session_params=None, session_id=None) -> tuple[list[GenerateReq], bool]:
         """Validate and tokenize (the Engine's rules); grammar specs are compiled here first.
 
         Raises:
@@ -185,7 +187,12 @@ class TokenizerManager:
         check = GrammarCheck(self.grammar_cache)
         reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
                                       return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
-                                      cache_salt, check)
+                                      cache_salt, check, session_params, session_id)
+        sp = reqs[0].session_params if reqs else None
+        sid = sp.id if sp is not None else session_id
+        if sid is not None and sid not in self.session_ids:
+            param = "session_params" if sp is not None else "session_id"
+            raise ValidationError(f"{param}: no open session {sid!r} (POST /open_session first)", param)
         if not reqs:
             field = "text" if prompt is not None else "input_ids"
             raise ValidationError(f"{field}: the batch is empty", field)
@@ -240,6 +247,32 @@ class TokenizerManager:
         return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
                            version=_version(), process_ids={"main": os.getpid(), **self.children.pids()})
 
+    async def open_session(self, body: Any) -> str:
+        """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.
+
+        Raises:
+            ValidationError: a bad field, or ``session_id`` already open.
+        """
+        from radixrt.runtime.session_args import check_open_session
+        if not isinstance(body, dict):
+            raise ValidationError("the request body must be a JSON object", None)
+        self.check_ready()
+        r = check_open_session(body.get("capacity_of_str_len"), body.get("session_id"), body.get("timeout"))
+        sid = (await self._ask(r)).session_id
+        if sid is None:
+            raise ValidationError(f"session {r.session_id!r} is already open", "session_id")
+        self.session_ids.add(sid)
+        return sid
+
+    async def close_session(self, session_id: Any) -> bool:
+        """SGLang's /close_session; its pinned pages become evictable. False when it was not open."""
+        from radixrt.runtime.session_args import check_session_id
+        if check_session_id(session_id) is None:
+            raise ValidationError("session_id is required", "session_id")
+        self.check_ready()
+        self.session_ids.discard(session_id)
+        return bool((await self._ask(CloseSessionReq(session_id=session_id))).flushed)
+
     # ---- the native API (/generate and the DSL socket) ------------------------------------------------
     async def native_generate(self, body: Any) -> NativeCall:
         """Validate a /generate body (:mod:`.native_body`) and queue it.
@@ -252,7 +285,7 @@ class TokenizerManager:
         reqs, single = await self.build(
             prompt=b.text, input_ids=b.input_ids, sampling_params=b.sampling_params, return_logprob=b.return_logprob,
             logprob_start_len=b.logprob_start_len, top_logprobs_num=b.top_logprobs_num, stream=b.stream,
-            rid=b.rid, cache_salt=b.cache_salt)
+            rid=b.rid, cache_salt=b.cache_salt, session_params=b.session_params, session_id=b.session_id)
         if isinstance(b.rid, list) and len(b.rid) != len(reqs):
             raise ValidationError(f"rid: {len(b.rid)} ids for {len(reqs)} prompts", "rid")
         if b.stream and not single:

@@ -1,0 +1,93 @@
+"""Jump-forward decoding on vs off on the json-decode workload (issue 15, part 2), in-process Engine.
+
+    flock /tmp/bench.lock python benchmarks/bench_jump_forward.py [--requests 16]
+
+Per setting: the workload's requests (PERSON_SCHEMA extractions, greedy) all submitted at once, then
+forward passes per request (one per step a request takes part in), output tokens per request, output tok/s
+(output tokens / wall seconds), jump-forward tokens, and the share of schema-valid outputs. Prints one line
+per setting and the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import jsonschema  # noqa: E402
+
+import workloads as W  # noqa: E402
+from radixrt import Engine  # noqa: E402
+from radixrt.runtime.model_loader import load_tokenizer  # noqa: E402
+
+
+def prompts(n: int) -> list[str]:
+    tok = load_tokenizer()
+    z = W.Sizes(json_requests=n)
+    wl = W.json_decode(W.Words(tok), z, True)
+    return [next(p).prompt for p in wl.make_programs()]
+
+
+def run(disable: bool, ps: list[str], max_new: int) -> dict:
+    e = Engine(disable_jump_forward=disable, max_total_tokens=16384)
+    try:
+        sp = {"max_new_tokens": max_new, "temperature": 0, "json_schema": json.dumps(W.PERSON_SCHEMA)}
+        e.generate(ps[0], sp)  # warm-up: grammar compile, first-step allocations
+        e.flush_cache()
+        c0 = e.get_server_info()["cache"]
+        outs: list = [None] * len(ps)
+
+        def one(i: int) -> None:
+            outs[i] = e.generate(ps[i], sp)
+        t0 = time.perf_counter()
+        th = [threading.Thread(target=one, args=(i,)) for i in range(len(ps))]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        wall = time.perf_counter() - t0
+        c1 = e.get_server_info()["cache"]
+    finally:
+        e.shutdown()
+    toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    valid = 0
+    for o in outs:
+        try:
+            jsonschema.validate(json.loads(o["text"]), W.PERSON_SCHEMA)
+            valid += 1
+        except (ValueError, jsonschema.ValidationError):
+            pass
+    n = len(ps)
+    return {"jump_forward": not disable, "requests": n,
+            "forward_passes_per_request": (c1["req_forward_passes"] - c0["req_forward_passes"]) / n,
+            "output_tokens_per_request": toks / n, "output_tok_per_s": toks / wall, "wall_s": wall,
+            "jump_forward_tokens": c1["jump_forward_tokens"] - c0["jump_forward_tokens"],
+            "schema_valid": f"{valid}/{n}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    a = ap.parse_args()
+    ps = prompts(a.requests)
+    res = [run(d, ps, a.max_new_tokens) for d in (True, False)]
+    for r in res:
+        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}))
+    off, on = res
+    print(f"jump-forward on/off: forward passes per request {on['forward_passes_per_request']:.1f} vs "
+          f"{off['forward_passes_per_request']:.1f} ({on['forward_passes_per_request'] / off['forward_passes_per_request']:.2f}x), "
+          f"output tok/s {on['output_tok_per_s']:.1f} vs {off['output_tok_per_s']:.1f} "
+          f"({on['output_tok_per_s'] / off['output_tok_per_s']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
