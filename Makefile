@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,12 @@ demo: $(STAMP)
 	$(BIN)/python examples/run_demo.py
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py --workloads all
+
+# llama.cpp's llama-server and llama-bench, built once into ~/.cache/radixrt/peers (about 10 min on 2 cores);
+# `make bench` runs them as the llama.cpp peer. Not part of `make test`.
+peers:
+	sh benchmarks/build_peers.sh
 
 clean:
 	rm -rf $(VENV)

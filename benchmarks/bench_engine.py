@@ -1,7 +1,8 @@
 """Engine throughput against the machine's roofline and HF transformers ``generate`` (issue 2).
 
 Prints: the roofline (fp32 matmul GFLOP/s, memory read GB/s); prefill tok/s on a 1024-token prompt;
-decode tok/s at batch 1, 8, 32, 64; HF ``generate`` at the same batch sizes; batch 32 with mixed
+decode tok/s at batch 1, 8, 32, 64; HF ``generate`` at the same batch sizes; llama.cpp's ``llama-bench``
+tg128 next to batch 1 (built by ``make peers``; a notice when absent); batch 32 with mixed
 output lengths against HF. Each figure also appears as a share of the roofline:
 batch-1 decode against weight bytes / bandwidth, larger batches and prefill against
 2 x params x tokens / FLOP/s.
@@ -17,10 +18,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from peers import llama_bench_tg  # noqa: E402
 from roofline import matmul_gflops, read_gbps  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model_loader import load_hf_model, load_tokenizer  # noqa: E402
+from radixrt.runtime.model_loader import default_gguf_path, load_hf_model, load_tokenizer  # noqa: E402
 
 
 def decode_tps(engine, prompts, new_tokens) -> float:
@@ -82,6 +84,14 @@ def main() -> None:
         print(f"decode batch {bs:3d}: {tps:7.1f} tok/s = {share:5.0%} of {kind} roofline | HF generate "
               f"{h:7.1f} tok/s | ratio {tps / h:4.1f}x")
         results[f"decode_bs{bs}"] = {"radixrt": tps, "hf": h, "share": share}
+        if bs == 1:   # llama.cpp's batch-1 decode on the same GGUF (its own Q4_1 weights), same threads
+            try:
+                lb = llama_bench_tg(default_gguf_path(), torch.get_num_threads())
+                print(f"decode batch   1: llama.cpp llama-bench tg{lb['n_gen']} {lb['tok_s']:7.1f} tok/s "
+                      f"({lb['threads']} threads) | radixrt / llama.cpp {tps / lb['tok_s']:4.2f}x")
+                results["llama_bench_tg"] = {**lb, "radixrt_ratio": tps / lb["tok_s"]}
+            except (FileNotFoundError, RuntimeError) as e:
+                print(f"decode batch   1: llama.cpp not run ({e})")
     # Batch 32 with mixed output lengths: HF's static batch runs until the longest finishes.
     lens = [8 + (i * 13) % 57 for i in range(32)]
     prompts = [ids[i * 7:i * 7 + args.prompt_len] for i in range(32)]

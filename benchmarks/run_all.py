@@ -5,8 +5,10 @@
     python benchmarks/run_all.py --workloads shared-prefix --sp-groups 4 --systems radixrt,radixrt-nocache
 
 Systems: radixrt, radixrt-nocache (``--disable-radix-cache``), hf-generate (transformers, static batches, in
-process), llama.cpp (llama-cpp-python's server, the ``[peers]`` extra; skipped with a notice when absent).
-Workloads and metrics: see ``workloads.py`` and ``metrics.py``; systems: ``systems.py``.
+process), llama.cpp (llama.cpp's ``llama-server``, built by ``make peers``; skipped with a notice when absent),
+and on request llama-cpp-python (its Python server, the ``[peers]`` extra). Workloads and metrics: see
+``workloads.py``, ``target_workloads.py`` (``--workloads all`` adds them) and ``metrics.py``; systems:
+``systems.py``, ``llama_server.py``.
 
 Prints a table per workload, every comparison as a ratio radixrt / peer measured in the same run, and the
 issue's targets as met / missed. Writes ``bench.json`` (every figure, plus the TTFT and ITL samples) and one
@@ -36,9 +38,11 @@ import jsonschema  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import metrics as M  # noqa: E402
+import target_workloads as T  # noqa: E402
 import workloads as W  # noqa: E402
 
-SYSTEMS = ("radixrt", "radixrt-nocache", "hf-generate", "llama.cpp")
+SYSTEMS = ("radixrt", "radixrt-nocache", "hf-generate", "llama.cpp")   # the default run
+KNOWN_SYSTEMS = SYSTEMS + ("llama-cpp-python",)
 BASE = "radixrt"
 TARGETS = [  # (workload, what, peer / kind, threshold)
     ("shared-prefix", "throughput", "radixrt-nocache", 8.0),
@@ -48,6 +52,10 @@ TARGETS = [  # (workload, what, peer / kind, threshold)
     ("agent-loop", "hit_rate", None, 0.02),
     ("json-decode", "json_valid", None, 1.0),
     ("json-decode", "vs_free", "json-decode-free", 0.9),
+]
+TARGETS_12 = [  # issue 12's llama.cpp targets, checked when their workloads ran (--workloads all)
+    ("agent-dependent", "throughput", "llama.cpp", 1.2),
+    ("shared-system-16", "throughput", "llama.cpp", 3.0),
 ]
 
 
@@ -150,10 +158,14 @@ def make_system(name: str, tok: Any, a: argparse.Namespace) -> Any:
         return S.RadixRT(tok, "radixrt-nocache", ("--disable-radix-cache", *extra))
     if name == "hf-generate":
         return S.HFGenerate(tok, batch_size=a.hf_batch_size, threads=a.threads)
-    if name == "llama.cpp":
+    if name in ("llama.cpp", "llama-cpp-python"):
         from radixrt.runtime.model_loader import default_gguf_path
-        return S.LlamaCpp(tok, a.gguf or default_gguf_path(), threads=a.threads)
-    raise ValueError(f"unknown system {name!r}; known: {SYSTEMS}")
+        gguf = a.gguf or default_gguf_path()
+        if name == "llama-cpp-python":
+            return S.LlamaCpp(tok, gguf, threads=a.threads)
+        from llama_server import LlamaServer
+        return LlamaServer(tok, gguf, threads=a.threads)
+    raise ValueError(f"unknown system {name!r}; known: {KNOWN_SYSTEMS}")
 
 
 def run_system(sys_obj: Any, workloads: list[W.Workload], tok: Any, a: argparse.Namespace, ctx: int) -> dict:
@@ -166,10 +178,12 @@ def run_system(sys_obj: Any, workloads: list[W.Workload], tok: Any, a: argparse.
     lengths: dict[str, dict[int, int]] = {}   # workload -> program -> output tokens (json-decode-free matches them)
     try:
         for wl in workloads:
-            if sys_obj.reset():   # True: a fresh process, to warm up again
-                sys_obj.warmup()
             kw = {"lengths": lengths[wl.match_from]} if wl.match_from in lengths else {}
             programs = wl.make_programs(**kw)
+            concurrency = wl.concurrency or a.concurrency
+            sys_obj.configure(min(len(programs), concurrency or len(programs)))
+            if sys_obj.reset():   # True: a fresh process, to warm up again
+                sys_obj.warmup()
             prof = None
             if a.profile and hasattr(sys_obj, "profile_pid"):
                 from profiling import PySpy
@@ -177,7 +191,7 @@ def run_system(sys_obj: Any, workloads: list[W.Workload], tok: Any, a: argparse.
                 prof = PySpy(sys_obj.profile_pid(), os.path.join(a.out_dir, f"profile-{sys_obj.name}-{wl.name}.txt"))
             with tqdm(total=wl.n_calls, desc=f"{sys_obj.name:>15s} | {wl.name}", file=sys.stderr,
                       dynamic_ncols=True, leave=True) as pbar:
-                records = sys_obj.run(wl, programs, pbar, a.concurrency)
+                records = sys_obj.run(wl, programs, pbar, concurrency)
             profile = None
             if prof is not None:
                 from profiling import top_frames
@@ -265,7 +279,7 @@ def evaluate_targets(results: dict, systems_run: list[str]) -> list[dict]:
     """Each target: value, threshold, met/missed (by how much) or not run."""
     res = results["workloads"]
     out = []
-    for wl, what, peer, thr in TARGETS:
+    for wl, what, peer, thr in TARGETS + [t for t in TARGETS_12 if t[0] in res]:
         runs = res.get(wl, {})
         base = runs.get(BASE, {}).get("summary") if runs else None
         t: dict[str, Any] = {"workload": wl, "what": what, "peer": peer, "threshold": thr, "value": None}
@@ -310,7 +324,7 @@ def evaluate_targets(results: dict, systems_run: list[str]) -> list[dict]:
 
 
 def targets_text(targets: list[dict]) -> str:
-    lines = ["== targets (2 CPU cores, SmolLM2-135M; issue 7)"]
+    lines = ["== targets (2 CPU cores, SmolLM2-135M; issue 7, and issue 12's llama.cpp lines when run)"]
     for t in targets:
         v = t["value"]
         if t["met"] is None:
@@ -330,8 +344,9 @@ def targets_text(targets: list[dict]) -> str:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
-    ap.add_argument("--workloads", default=",".join(W.WORKLOADS), help=f"comma list of {W.WORKLOADS}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {KNOWN_SYSTEMS}")
+    ap.add_argument("--workloads", default=",".join(W.WORKLOADS),
+                    help=f"comma list of {W.WORKLOADS + tuple(T.TARGET_WORKLOADS)}, or all")
     ap.add_argument("--preset", default="default", choices=sorted(W.PRESETS), help="base sizes (then the flags below)")
     ap.add_argument("--out-dir", default=str(HERE / "results"))
     ap.add_argument("--concurrency", type=int, default=0,
@@ -354,17 +369,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def build_workloads(names: list[str], words: W.Words, sizes: W.Sizes) -> list[W.Workload]:
+    """``all``: the five workloads and issue 12's two; otherwise the ones named, in order."""
+    if names == ["all"]:
+        names = list(W.WORKLOADS) + list(T.TARGET_WORKLOADS)
+    out: list[W.Workload] = []
+    for n in names:
+        out += [T.TARGET_WORKLOADS[n](words, sizes)] if n in T.TARGET_WORKLOADS else W.build([n], words, sizes)
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> dict:
     a = parse_args(argv)
     from radixrt.runtime.model_loader import load_tokenizer
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     for s in names:
-        if s not in SYSTEMS:
-            raise SystemExit(f"unknown system {s!r}; known: {SYSTEMS}")
+        if s not in KNOWN_SYSTEMS:
+            raise SystemExit(f"unknown system {s!r}; known: {KNOWN_SYSTEMS}")
     sizes = W.sizes_from(a.preset, {f: getattr(a, f) for f in W.SIZE_FIELDS})
     tok = load_tokenizer()
     words = W.Words(tok)
-    workloads = W.build([w.strip() for w in a.workloads.split(",") if w.strip()], words, sizes)
+    workloads = build_workloads([w.strip() for w in a.workloads.split(",") if w.strip()], words, sizes)
     ctx = min(8192, max(1024, -(-2 * max(w.max_prompt_tokens + w.max_new_tokens for w in workloads) // 512) * 512))
 
     machine = machine_info(roofline=not a.no_roofline)

@@ -12,7 +12,8 @@ workload), ``warmup``, ``run(workload, programs, pbar)`` -> records, ``stop``.
                        Timing: a batch's requests are sent when its ``generate`` starts; a token arrives at its
                        decoding step (a logits processor stamps each step); every request ends when ``generate``
                        returns, which is when a caller gets it.
-- ``llama.cpp``        ``python -m llama_cpp.server`` (``llama-cpp-python[server]``, the ``[peers]`` extra) on the
+- ``llama.cpp``        llama.cpp's ``llama-server`` built by ``make peers``: see ``llama_server.py``.
+- ``llama-cpp-python`` ``python -m llama_cpp.server`` (``llama-cpp-python[server]``, the ``[peers]`` extra) on the
                        same GGUF file with its RAM prompt cache on (``--cache true``) and ``/v1/completions``
                        streamed. It serves one request at a time (requests queue in the server). JSON calls are
                        constrained by a GBNF grammar converted from the schema (``json_schema_to_gbnf``); ``select``
@@ -125,6 +126,9 @@ class System:
     def start(self, context_length: int) -> None: ...
 
     def stop(self) -> None: ...
+
+    def configure(self, in_flight: int) -> None:
+        """Called before each workload's :meth:`reset` with the most programs it keeps in flight."""
 
     def reset(self) -> bool:
         """A cold cache before each workload; True when that took a fresh process (warm it up again)."""
@@ -324,8 +328,9 @@ def gbnf_literal(s: str) -> str:
 
 
 class LlamaCpp(HTTPSystem):
-    """llama-cpp-python's OpenAI-compatible server on the same GGUF, prompt cache on."""
-    name = "llama.cpp"
+    """llama-cpp-python's OpenAI-compatible server on the same GGUF, prompt cache on (``--systems
+    llama-cpp-python``; ``llama.cpp`` is llama.cpp's own server, :mod:`llama_server`)."""
+    name = "llama-cpp-python"
 
     def __init__(self, tokenizer: Any, gguf: str, threads: Optional[int] = None):
         super().__init__(tokenizer)

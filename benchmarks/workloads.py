@@ -33,6 +33,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Optional
 
+from sizes import PRESETS, SIZE_FIELDS, TINY, Sizes, sizes_from  # noqa: F401  (re-exported)
+
 # ---- calls ----------------------------------------------------------------------------------------------
 
 
@@ -74,6 +76,7 @@ class Workload:
     headline: str = "request_throughput"         # the throughput figure its ratios and targets use
     match_from: Optional[str] = None             # make_programs(lengths=...) takes the output lengths of this
                                                  # workload's run on the same system, by program
+    concurrency: int = 0                         # programs in flight at most (0: all at once)
 
 
 # ---- text ---------------------------------------------------------------------------------------------
@@ -105,47 +108,6 @@ def chatml(messages: list[tuple[str, str]], add_generation_prompt: bool = True) 
     s = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
     return s + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
-
-# ---- sizes ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Sizes:
-    seed: int = 0
-    # 1 shared-prefix (SGLang's gsp defaults 64 x 16 x 2048 / 128 / 256, scaled to 2 CPU cores; the ratio
-    # system : question and 16 requests a group are kept, so prefix reuse dominates as there)
-    sp_groups: int = 2
-    sp_per_group: int = 16
-    sp_system_len: int = 512
-    sp_question_len: int = 32
-    sp_output_len: int = 16
-    # 2 agent-loop
-    agent_programs: int = 8
-    agent_steps: int = 4
-    agent_system_len: int = 256
-    agent_task_len: int = 24
-    agent_obs_len: int = 32
-    agent_max_tokens: int = 64
-    # 3 multi-turn-chat
-    chat_convs: int = 8
-    chat_turns: int = 4
-    chat_user_len: int = 48
-    chat_reply_len: int = 24
-    # 4 few-shot-select
-    select_examples: int = 16
-    select_inputs: int = 16
-    # 5 json-decode
-    json_requests: int = 16
-    json_filler_len: int = 48
-    json_max_tokens: int = 128
-
-
-TINY = dict(sp_groups=2, sp_per_group=2, sp_system_len=48, sp_question_len=8, sp_output_len=4,
-            agent_programs=2, agent_steps=2, agent_system_len=32, agent_task_len=8, agent_obs_len=8,
-            agent_max_tokens=40, chat_convs=1, chat_turns=4, chat_user_len=8, chat_reply_len=4,
-            select_examples=3, select_inputs=2, json_requests=2, json_filler_len=8, json_max_tokens=128)
-
-PRESETS = {"default": {}, "tiny": TINY}
 
 # ---- 1 shared-prefix ------------------------------------------------------------------------------------
 
@@ -355,11 +317,3 @@ def build(names: list[str], words: Words, z: Sizes) -> list[Workload]:
         else:
             raise ValueError(f"unknown workload {n!r}; known: {WORKLOADS}")
     return out
-
-
-def sizes_from(preset: str, overrides: dict) -> Sizes:
-    z = Sizes(**PRESETS[preset])
-    return dataclasses.replace(z, **{k: v for k, v in overrides.items() if v is not None})
-
-
-SIZE_FIELDS = [f.name for f in dataclasses.fields(Sizes)]
