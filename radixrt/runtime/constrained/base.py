@@ -26,7 +26,7 @@ from .specs import GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, choices_to_regex, validate
 __all__ = [
     "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "GrammarMatcher", "CompiledGrammar",
     "GrammarBackend", "allocate_token_bitmask", "apply_token_bitmask_",
-    "choices_to_regex", "validate_spec", "compile_error", "fill_single_token",
+    "choices_to_regex", "validate_spec", "checked_spec", "compile_error", "fill_single_token",
 ]
 
 
@@ -100,6 +100,20 @@ def compile_error(backend: str, kind: str, reason: object) -> ValueError:
     if text.startswith(kind + ": "):
         text = text[len(kind) + 2:]
     return ValueError(f"{backend}: cannot compile {kind}: {text}")
+
+
+def checked_spec(backend: str, kind: str, spec: str) -> str:
+    """``spec`` validated for ``kind`` (see :func:`.specs.validate_spec`): the text a backend compiles.
+
+    Raises:
+        ValueError: an unknown ``kind``, or the uniform compile error (:func:`compile_error`) for a bad spec.
+    """
+    if kind not in GRAMMAR_KINDS:
+        raise ValueError(f"{backend}: unknown grammar kind {kind!r}; choose one of {list(GRAMMAR_KINDS)}")
+    try:
+        return validate_spec(kind, spec)
+    except ValueError as e:
+        raise compile_error(backend, kind, e) from None
 
 
 def reraise_fatal(e: BaseException) -> None:

@@ -18,11 +18,10 @@ import json
 import outlines_core as oc
 import torch
 
-from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, compile_error, fill_single_token,
-                   reraise_fatal, validate_spec)
+from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
+                   fill_single_token, reraise_fatal)
 from .json_strings import pattern_to_json_regex
 from .schema_prep import prepare_schema, rewrite_patterns
-from .specs import GRAMMAR_KINDS
 from .vocab import piece_bytes, special_token_ids
 
 # outlines-core 0.2.14's JSON regexes deviate from RFC 8259; these textual fixes restore it:
@@ -199,14 +198,9 @@ class OutlinesBackend(GrammarBackend):
 
     def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> OutlinesCompiled:
         """See :meth:`GrammarBackend.compile`. Raises ValueError("outlines: ...")."""
-        if kind not in GRAMMAR_KINDS:
-            raise ValueError(f"outlines: unknown grammar kind {kind!r}; choose one of {list(GRAMMAR_KINDS)}")
         if kind in ("ebnf", "structural_tag"):
             raise ValueError(f"outlines: {kind} is not supported by this backend; use --grammar-backend xgrammar")
-        try:
-            text = validate_spec(kind, spec)
-        except ValueError as e:
-            raise compile_error(self.name, kind, e) from None
+        text = checked_spec(self.name, kind, spec)
         try:
             if kind == "json_schema":
                 schema = rewrite_patterns(prepare_schema(json.loads(text), expand_types=False, explicit_any=True),

@@ -17,11 +17,10 @@ import os
 import torch
 import xgrammar as xgr
 
-from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, compile_error, fill_single_token,
-                   reraise_fatal, validate_spec)
+from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
+                   fill_single_token, reraise_fatal)
 from .json_strings import fix_json_string_rules
 from .schema_prep import prepare_schema
-from .specs import GRAMMAR_KINDS
 from .vocab import special_token_ids
 
 logger = logging.getLogger(__name__)
@@ -177,12 +176,7 @@ class XGrammarBackend(GrammarBackend):
 
     def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> XGrammarCompiled:
         """See :meth:`GrammarBackend.compile`. Raises ValueError("xgrammar: cannot compile <kind>: ...")."""
-        if kind not in GRAMMAR_KINDS:
-            raise ValueError(f"xgrammar: unknown grammar kind {kind!r}; choose one of {list(GRAMMAR_KINDS)}")
-        try:
-            text = validate_spec(kind, spec)
-        except ValueError as e:
-            raise compile_error(self.name, kind, e) from None
+        text = checked_spec(self.name, kind, spec)
         try:
             if kind == "json_schema":
                 compiled = self._json_schema(text, any_whitespace)
