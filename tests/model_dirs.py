@@ -33,10 +33,20 @@ FAMILIES = {
 }
 
 
-def make_model_dir(family: str, path: Path, tokenizer, chat_template: str | None = None, seed: int = 0) -> Path:
-    """Save a random-weight ``family`` model (fp32 safetensors), ``tokenizer`` and optionally a chat template
-    file from :data:`FIXTURES` into ``path``; returns ``path``."""
+QWEN_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # added (non-special) tokens, as in Qwen's
+
+
+def make_model_dir(family: str, path: Path, tokenizer, chat_template: str | None = None, seed: int = 0,
+                   added_tokens: list[str] | None = None) -> Path:
+    """Save a random-weight ``family`` model (fp32 safetensors), ``tokenizer`` (plus ``added_tokens``) and
+    optionally a chat template file from :data:`FIXTURES` into ``path``; returns ``path``."""
+    import copy
+
     import transformers
+
+    if added_tokens:
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.add_tokens(added_tokens)
 
     cfg_name, model_name, extra = FAMILIES[family]
     eos = tokenizer.eos_token_id

@@ -203,6 +203,6 @@ def detect_tool_format(model_type: Optional[str], chat_template: Optional[str]) 
         return "qwen25"
     if "[TOOL_CALLS]" in t or "[AVAILABLE_TOOLS]" in t:
         return "mistral"
-    if "<|python_tag|>" in t or '"parameters"' in t or "<|eom_id|>" in t:
+    if "<|python_tag|>" in t or "ipython" in t or '"parameters' in t:
         return "llama3"
     return {"qwen2": "qwen25", "qwen3": "qwen25", "llama": "llama3", "mistral": "mistral"}.get(model_type or "")
