@@ -37,9 +37,10 @@ QWEN_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # added (n
 
 
 def make_model_dir(family: str, path: Path, tokenizer, chat_template: str | None = None, seed: int = 0,
-                   added_tokens: list[str] | None = None) -> Path:
+                   added_tokens: list[str] | None = None, **overrides) -> Path:
     """Save a random-weight ``family`` model (fp32 safetensors), ``tokenizer`` (plus ``added_tokens``) and
-    optionally a chat template file from :data:`FIXTURES` into ``path``; returns ``path``."""
+    optionally a chat template file from :data:`FIXTURES` into ``path``; returns ``path``. ``overrides``
+    replace entries of :data:`SMALL`."""
     import copy
 
     import transformers
@@ -51,7 +52,7 @@ def make_model_dir(family: str, path: Path, tokenizer, chat_template: str | None
     cfg_name, model_name, extra = FAMILIES[family]
     eos = tokenizer.eos_token_id
     cfg = getattr(transformers, cfg_name)(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                          eos_token_id=eos, pad_token_id=eos, **SMALL, **extra)
+                                          eos_token_id=eos, pad_token_id=eos, **{**SMALL, **overrides}, **extra)
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():  # transformers initialises biases to 0 and norms to 1: make them matter too
