@@ -32,7 +32,7 @@ def family_model(request, tmp_path_factory, tokenizer, prompts):
     ref = [hf_greedy(hf, p, NEW) for p in prompts]
     del hf
     e = make_engine(model=str(d), page_size=16, chunked_prefill_size=32, max_num_batched_tokens=96,
-                    max_total_tokens=4096, dtype="float32", device="cpu")
+                    max_total_tokens=4096, dtype="float32", device="cpu", quantization="none")
     yield request.param, d, e, ref
     close_engine(e)
 
