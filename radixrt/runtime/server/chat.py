@@ -125,7 +125,9 @@ async def chat_completions(request: Request):
         return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     if req.stream:
-        parsers = [turn.parser() for _ in range(n)] if turn.parser() is not None else None
+        parsers = [turn.parser() for _ in range(n)]
+        if parsers[0] is None:
+            parsers = None
 
         def step(i, s):
             t = s.token
