@@ -74,6 +74,11 @@ def test_llama3_python_tag():
     for step in (1, 4, 1000):
         got, calls, _, _ = stream("llama3", text, step)
         assert got == content and calls == CALLS[:1]
+        # special tokens are kept for these formats: the end-of-turn token's text is not content
+        got, calls, _, _ = stream("llama3", text + "<|eom_id|>", step)
+        assert got == content and calls == CALLS[:1]
+        got, calls, _, _ = stream("mistral", OUTPUTS["mistral"][0] + "</s>", step)
+        assert got == OUTPUTS["mistral"][1] and calls == CALLS
     assert get_tool_format("llama3").skip_special_tokens is False
 
 

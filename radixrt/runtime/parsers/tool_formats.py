@@ -1,14 +1,11 @@
 """Tool-call output formats, one per model family, as SGLang's ``--tool-call-parser`` names them.
 
-=========  ============================================================  ===================================
-parser     what the model writes                                         families
-=========  ============================================================  ===================================
-hermes     text, then ``<tool_call>{"name": .., "arguments": ..}</tool_call>``  Hermes-style prompts (the
-           blocks (``qwen25``: the same with newlines inside the tags)   injected fallback), Qwen2.5, Qwen3
-llama3     text, then ``{"name": .., "parameters": ..}`` objects joined  Llama 3.1 / 3.2 / 3.3
-           by ``;``, optionally after ``<|python_tag|>``
-mistral    text, then ``[TOOL_CALLS] [{"name": .., "arguments": ..}, ..]``  Mistral (v0.3 and later)
-=========  ============================================================  ===================================
+- ``hermes``: text, then ``<tool_call>{"name": .., "arguments": ..}</tool_call>`` blocks (the injected
+  fallback prompt); ``qwen25`` (alias ``qwen``, ``qwen3``): the same with the JSON on its own line, as
+  Qwen2.5 and Qwen3 write it;
+- ``llama3``: text, then ``{"name": .., "parameters": ..}`` objects joined by ``;``, optionally after
+  ``<|python_tag|>`` (Llama 3.1 / 3.2 / 3.3);
+- ``mistral``: text, then ``[TOOL_CALLS] [{"name": .., "arguments": ..}, ..]`` (Mistral v0.3 and later).
 
 Each format scans output text into (content, calls) — tolerant of the whitespace variants the grammar or
 the model may produce — and builds the xgrammar structural tag that constrains ``tool_choice: auto``
@@ -33,7 +30,10 @@ class ToolFormat(ABC):
 
     name: str
     markers: tuple[str, ...]     # literal text that opens a call block
+    trigger: str                 # the structural tag's trigger: free text until the model writes it
+    end: str                     # constrained text after a call's arguments
     skip_special_tokens = True   # False when a marker is a special token the detokenizer would drop
+    end_texts: tuple[str, ...] = ()  # end-of-turn tokens' text, kept by skip_special_tokens=False: not content
 
     def _find(self, text: str, pos: int) -> tuple[int, str]:
         """First marker at or after ``pos``: ``(index, marker)`` or ``(-1, "")``."""
@@ -59,12 +59,17 @@ class ToolFormat(ABC):
         out: list[str] = []
         calls: list[Call] = []
         pos = 0
+        for e in self.end_texts:  # an end-of-turn token is the last one: drop its text
+            if text.endswith(e):
+                text = text[:-len(e)]
+                break
         while True:
             j, m = self._find(text, pos)
             if j < 0:
                 tail = text[pos:]
                 if not final:
-                    tail = tail[:len(tail) - self.hold(tail)]
+                    k = max([self.hold(tail)] + [held_back(tail, e) for e in self.end_texts])
+                    tail = tail[:len(tail) - k]
                 out.append(tail)
                 return "".join(out), calls
             out.append(text[pos:j])
@@ -89,9 +94,6 @@ class ToolFormat(ABC):
                  "end": self.end} for t in tools]
         return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [self.trigger],
                                                      "tags": tags, "stop_after_first": not parallel}}
-
-    trigger: str
-    end: str
 
     @abstractmethod
     def begin(self, name: str) -> str:
@@ -133,6 +135,7 @@ class Llama3Format(ToolFormat):
     trigger = '{"name": "'
     end = "}"
     skip_special_tokens = False
+    end_texts = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
 
     def _find(self, text: str, pos: int) -> tuple[int, str]:
         t = text.find(self.PYTHON_TAG, pos)
@@ -163,6 +166,7 @@ class MistralFormat(ToolFormat):
     trigger = MARK
     end = "}]"
     skip_special_tokens = False
+    end_texts = ("</s>",)
 
     def begin(self, name: str) -> str:
         return f'{self.MARK} [{{"name": "{name}", "arguments": '
