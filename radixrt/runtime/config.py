@@ -46,6 +46,8 @@ class ServerArgs:
     zmq_port: Optional[int] = field(default=None, metadata={"help": "DSL ZMQ ROUTER port; default port + 1"})
     api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
     enable_metrics: bool = field(default=False, metadata={"help": "serve Prometheus /metrics"})
+    tool_call_parser: Optional[str] = field(default=None, metadata={"help": "hermes|qwen25|llama3|mistral; default: from the chat template / architecture"})
+    reasoning_parser: Optional[str] = field(default=None, metadata={"help": "qwen3|deepseek-r1: split <think>...</think> into reasoning_content"})
     num_threads: Optional[int] = field(default=None, metadata={"help": "torch CPU threads; default all cores"})
 
     def __post_init__(self) -> None:
@@ -72,6 +74,13 @@ class ServerArgs:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 2):
                 raise ValueError(f"{name} must be an integer >= 2, got {v!r}")
+        if self.tool_call_parser is not None or self.reasoning_parser is not None:
+            from radixrt.runtime.parsers.reasoning import get_reasoning_format
+            from radixrt.runtime.parsers.tool_formats import get_tool_format
+            if self.tool_call_parser is not None:
+                get_tool_format(self.tool_call_parser)
+            if self.reasoning_parser is not None:
+                get_reasoning_format(self.reasoning_parser)
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 

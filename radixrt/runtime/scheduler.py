@@ -137,6 +137,9 @@ class Scheduler:
             self.grammar_queue.remove(req)
             try:
                 req.grammar = req.grammar_future.result().matcher()
+                if req.params.reasoning_end_ids:  # constrain only the answer, not the thinking
+                    from radixrt.runtime.constrained.reasoning_gate import ReasoningGate
+                    req.grammar = ReasoningGate(req.grammar, req.params.reasoning_end_ids)
             except Exception as e:  # validated before queueing; a backend failure still ends cleanly
                 self._finish(req, {"type": "abort", "message": f"grammar: {e}"})
                 continue

@@ -93,6 +93,8 @@ def read_gguf_blocks(path: str, num_layers: int, num_heads: int, num_kv_heads: i
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else "llama"
+    permuted = arch == "llama"  # llama.cpp permutes q/k only for the llama architecture (Mistral too), not Qwen
     raw: dict[str, tuple[str, np.ndarray]] = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
@@ -110,7 +112,7 @@ def read_gguf_blocks(path: str, num_layers: int, num_heads: int, num_kv_heads: i
                 continue
             blocks = []
             for j, (kind, arr) in enumerate(parts):
-                if module.endswith("qkv_proj") and j < 2:  # q (j = 0) and k (j = 1) carry the rotary permutation
+                if permuted and module.endswith("qkv_proj") and j < 2:  # q (j = 0), k (j = 1): rotary permutation
                     arr = arr[unpermute_rows(arr.shape[0], num_heads if j == 0 else num_kv_heads)]
                 blocks.append(arr)
             out[f"layers.{i}.{module}"] = (parts[0][0], torch.from_numpy(np.ascontiguousarray(np.concatenate(blocks))))

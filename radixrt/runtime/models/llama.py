@@ -1,46 +1,25 @@
-"""Llama-family decoder (SmolLM2, Llama 2/3) in one readable file, gpt-fast style.
+"""The Llama-layout decoder (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3) in one file, gpt-fast style.
 
-RMSNorm, rotary position embeddings (rotate-half form, as in transformers) with the config's
-``rope_theta``, grouped-query attention through an :class:`AttentionBackend` over the paged KV pool,
-SwiGLU MLP and optionally tied embeddings. Tokens of all requests in a step are packed along one
-dimension (no padding): every tensor below is ``[num_tokens, ...]``.
+RMSNorm, rotary position embeddings (:mod:`.rope`), grouped-query attention through an
+:class:`AttentionBackend` over the paged KV pool, SwiGLU MLP and optionally tied embeddings. The families
+differ only in the switches of :class:`~radixrt.runtime.models.args.ModelArgs`: q/k/v biases (Qwen2) and
+per-head q/k RMSNorm (Qwen3). Tokens of all requests in a step are packed along one dimension (no
+padding): every tensor below is ``[num_tokens, ...]``.
+
+The projections stay plain ``nn.Linear`` attributes named ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and
+``down_proj`` so that they can be swapped for quantized modules after loading.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView
+from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.rope import Rotary
 
-
-@dataclass
-class LlamaArgs:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-
-    @classmethod
-    def from_hf(cls, cfg) -> "LlamaArgs":
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        rtype = rope.get("rope_type", "default")
-        if rtype not in ("default", None):
-            raise ValueError(f"rope_type {rtype!r} is not supported (only 'default')")
-        return cls(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-                   cfg.num_attention_heads, cfg.num_key_value_heads,
-                   getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-                   float(theta), cfg.rms_norm_eps, bool(cfg.tie_word_embeddings), cfg.max_position_embeddings)
+LlamaArgs = ModelArgs  # the name other modules used before the families were added
 
 
 class RMSNorm(nn.Module):
@@ -53,49 +32,36 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-class Rotary(nn.Module):
-    """cos/sin tables ``[max_pos, head_dim]``, indexed by each token's position."""
-
-    def __init__(self, head_dim: int, max_pos: int, theta: float):
-        super().__init__()
-        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos().float(), persistent=False)
-        self.register_buffer("sin", emb.sin().float(), persistent=False)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)   # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
 class Attention(nn.Module):
-    def __init__(self, a: LlamaArgs, layer: int):
+    def __init__(self, a: ModelArgs, layer: int):
         super().__init__()
         self.layer, self.nh, self.nkv, self.hd = layer, a.num_heads, a.num_kv_heads, a.head_dim
         self.q_size, self.kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         # q, k and v fused into one matmul: one pass over the activations instead of three.
-        self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=False)
+        self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=a.o_bias)
         self.scale = a.head_dim ** -0.5
+        # Qwen3 normalises every q and k head over head_dim before RoPE (keeps attention logits bounded)
+        self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
+        self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
 
     def forward(self, x, positions, rotary: Rotary, attn: AttentionBackend, kv: KVCacheView):
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotary(q.view(T, self.nh, self.hd), positions)
-        k = rotary(k.view(T, self.nkv, self.hd), positions)
+        q, k = q.view(T, self.nh, self.hd), k.view(T, self.nkv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, positions), rotary(k, positions)
         o = attn.forward(q, k, v.view(T, self.nkv, self.hd), self.layer, kv, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, a: LlamaArgs):
+    def __init__(self, a: ModelArgs):
         super().__init__()
         self.inter = a.intermediate_size
-        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -103,7 +69,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: LlamaArgs, layer: int):
+    def __init__(self, a: ModelArgs, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.self_attn = Attention(a, layer)
@@ -116,14 +82,14 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, a: LlamaArgs):
+    def __init__(self, a: ModelArgs):
         super().__init__()
         self.args = a
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(a, i) for i in range(a.num_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
-        self.rotary = Rotary(a.head_dim, a.max_position_embeddings, a.rope_theta)
+        self.rotary = Rotary(a.inv_freq, a.max_position_embeddings, a.rope_scaling)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
@@ -152,27 +118,39 @@ class LlamaForCausalLM(nn.Module):
         return (hidden @ self._lm_head_t).float()
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
-        """Load a transformers ``LlamaForCausalLM`` state dict, fusing q/k/v and gate/up.
+        """Load a transformers ``{Llama,Mistral,Qwen2,Qwen3}ForCausalLM`` state dict, fusing q/k/v and gate/up.
 
         Raises:
             ValueError: a missing or unexpected tensor.
         """
         own: dict[str, torch.Tensor] = {}
-        for i in range(self.args.num_layers):
-            p = f"model.layers.{i}."
-            own[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
-                [sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-            own[f"layers.{i}.self_attn.o_proj.weight"] = sd[p + "self_attn.o_proj.weight"]
-            own[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-                [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]], dim=0)
-            own[f"layers.{i}.mlp.down_proj.weight"] = sd[p + "mlp.down_proj.weight"]
-            for n in ("input_layernorm", "post_attention_layernorm"):
-                own[f"layers.{i}.{n}.weight"] = sd[p + f"{n}.weight"]
-        own["embed_tokens.weight"] = sd["model.embed_tokens.weight"]
-        own["norm.weight"] = sd["model.norm.weight"]
+        a = self.args
+
+        def put(dst: str, names: list[str]) -> None:
+            try:
+                own[dst] = torch.cat([sd[n] for n in names], dim=0) if len(names) > 1 else sd[names[0]]
+            except KeyError as e:
+                raise ValueError(f"weights do not fit the {a.model_type} model: missing {e.args[0]}") from None
+
+        for i in range(a.num_layers):
+            p, q = f"model.layers.{i}.", f"layers.{i}."
+            kinds = ["weight"] + (["bias"] if a.qkv_bias else [])
+            for kind in kinds:
+                put(q + f"self_attn.qkv_proj.{kind}", [p + f"self_attn.{n}_proj.{kind}" for n in "qkv"])
+            for kind in ["weight"] + (["bias"] if a.o_bias else []):
+                put(q + f"self_attn.o_proj.{kind}", [p + f"self_attn.o_proj.{kind}"])
+            for kind in ["weight"] + (["bias"] if a.mlp_bias else []):
+                put(q + f"mlp.gate_up_proj.{kind}", [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"])
+                put(q + f"mlp.down_proj.{kind}", [p + f"mlp.down_proj.{kind}"])
+            norms = ["input_layernorm", "post_attention_layernorm"]
+            norms += ["self_attn.q_norm", "self_attn.k_norm"] if a.qk_norm else []
+            for n in norms:
+                put(q + f"{n}.weight", [p + f"{n}.weight"])
+        put("embed_tokens.weight", ["model.embed_tokens.weight"])
+        put("norm.weight", ["model.norm.weight"])
         if self.lm_head is not None:
-            own["lm_head.weight"] = sd["lm_head.weight"]
+            put("lm_head.weight", ["lm_head.weight"])
         missing, unexpected = self.load_state_dict(own, strict=False)
         missing = [m for m in missing if not m.startswith("rotary")]
         if missing or unexpected:
-            raise ValueError(f"weights do not fit the Llama model: missing={missing} unexpected={unexpected}")
+            raise ValueError(f"weights do not fit the {a.model_type} model: missing={missing} unexpected={unexpected}")

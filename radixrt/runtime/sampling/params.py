@@ -90,6 +90,8 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
             raise ValidationError("stop strings must be non-empty", "stop")
     for t in sp.stop_token_ids:
         _num("stop_token_ids", t, lo=0, integer=True)
+    for t in sp.reasoning_end_ids:
+        _num("reasoning_end_ids", t, lo=0, integer=True)
     grammars = [g for g in _GRAMMAR_FIELDS if getattr(sp, g) is not None]
     if len(grammars) > 1:
         raise ValidationError(f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}",

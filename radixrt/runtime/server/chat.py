@@ -11,7 +11,8 @@ from radixrt.runtime.server.openai_protocol import (CHAT_ROLES, MAX_CHAT_TOP_LOG
 from radixrt.runtime.server.openai_sampling import n_seeds, sampling_params
 from radixrt.runtime.server.openai_serving import Envelope, check_model, complete, session_of, stream, submit
 from radixrt.runtime.server.request_body import parse_body
-from radixrt.runtime.server.tool_parser import ToolPlan, parse_output, plan_tools, render_tool_history
+from radixrt.runtime.server.chat_format import ChatFormat, prepare_turn
+from radixrt.runtime.server.tool_parser import ToolPlan, plan_tools
 
 router = APIRouter()
 
@@ -29,9 +30,9 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
     return plan
 
 
-def render_chat(tokenizer, messages, plan: Optional[ToolPlan] = None) -> str:
-    """The model's chat template over OpenAI messages (roles system/developer/user/assistant/tool); the
-    tools of ``plan`` go into the system prompt, earlier ``tool_calls`` into the assistant text."""
+def chat_messages(messages) -> list[dict]:
+    """OpenAI messages (roles system/developer/user/assistant/tool) as template-ready dicts. Raises ApiError
+    400 naming the message field at fault."""
     if not messages:
         raise ApiError("messages must be a non-empty list", param="messages")
     msgs = []
@@ -61,13 +62,16 @@ def render_chat(tokenizer, messages, plan: Optional[ToolPlan] = None) -> str:
         if m.tool_calls:
             d["tool_calls"] = m.tool_calls
         msgs.append(d)
-    msgs = render_tool_history(msgs)
-    if plan is not None:
-        msgs = plan.inject(msgs)
-    try:
-        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    except Exception as e:
-        raise ApiError(f"messages: the chat template failed: {type(e).__name__}: {e}", param="messages") from None
+    return msgs
+
+
+def chat_format(c) -> ChatFormat:
+    """The server's :class:`ChatFormat` (template, tool-call and reasoning parsers), built on first use."""
+    if c.chat_format is None:
+        from radixrt.runtime.model_loader import load_config
+        c.chat_format = ChatFormat.for_model(c.tm.tokenizer, load_config(c.args.model).model_type,
+                                             c.args.tool_call_parser, c.args.reasoning_parser)
+    return c.chat_format
 
 
 def _check_top_logprobs(req: ChatCompletionRequest) -> None:
@@ -87,8 +91,9 @@ async def chat_completions(request: Request):
     (context length - prompt tokens). ``n`` > 1 submits n requests sharing the prompt's KV (seeds
     ``seed + i`` when ``seed`` is given). ``finish_reason`` is ``stop`` (EOS, a stop string or token,
     or an abort), ``length``, or ``tool_calls``: ``tools``/``tool_choice`` are handled by
-    :mod:`.tool_parser` (tools injected into the system prompt, output constrained and parsed into
-    ``message.tool_calls``; streamed as OpenAI tool-call deltas).
+    :mod:`.chat_format` (tools in the model's template or injected into the system prompt, output
+    constrained and parsed into ``message.tool_calls``; streamed as OpenAI tool-call deltas); with
+    ``--reasoning-parser`` the thinking goes to ``reasoning_content``.
     """
     c = ctx(request)
     tm = c.tm
@@ -100,11 +105,10 @@ async def chat_completions(request: Request):
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp = sampling_params(req, max_new, max_param)
-    if plan is not None:
-        kind, spec = plan.grammar()
-        sp[kind] = spec
-    prompt = render_chat(tm.tokenizer, req.messages, plan)
-    ids = tm.tokenizer.encode(prompt, add_special_tokens=False)
+    turn = prepare_turn(chat_format(c), tm.tokenizer, chat_messages(req.messages), plan, sp,
+                        req.chat_template_kwargs, req.separate_reasoning)
+    sp.update(turn.sampling)
+    ids = tm.tokenizer.encode(turn.prompt, add_special_tokens=False)
     n = req.n
     sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
     top_n = req.top_logprobs or 0
@@ -121,12 +125,14 @@ async def chat_completions(request: Request):
         return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     if req.stream:
-        parsers = [plan.stream() for _ in range(n)] if plan is not None else None
+        parsers = [turn.parser() for _ in range(n)]
+        if parsers[0] is None:
+            parsers = None
 
         def step(i, s):
             t = s.token
             lp = lp_obj(t.output_token_logprobs, t.output_top_logprobs) if t.output_token_logprobs else None
-            if parsers is not None:  # tool calls: content and tool_call deltas from the parser
+            if parsers is not None:  # reasoning, content and tool_call deltas from the parser
                 deltas = parsers[i].feed(s.text_delta or "")
                 if t.finished_reason is not None:
                     deltas += parsers[i].finish()
@@ -146,8 +152,9 @@ async def chat_completions(request: Request):
 
     def choice(i, o) -> dict:
         message, reason = {"role": "assistant", "content": o.text}, finish_reason(o.finished_reason)
-        if plan is not None:
-            message, reason = parse_output(plan, o.text, reason)
+        parser = turn.parser()
+        if parser is not None:
+            message, reason = parser.parse(o.text, reason)
         return {"index": i, "message": message, "logprobs": lp_obj(o.output_token_logprobs, o.output_top_logprobs),
                 "finish_reason": reason}
 

@@ -17,6 +17,7 @@ class ServerContext:
     args: Any                       # ServerArgs
     tm: Any                         # TokenizerManager
     metrics: Optional[Any] = None   # Metrics, with --enable-metrics
+    chat_format: Optional[Any] = None  # ChatFormat, built on the first chat request
     _token_texts: Optional[TokenTexts] = field(default=None, repr=False)
 
     def token_texts(self) -> TokenTexts:

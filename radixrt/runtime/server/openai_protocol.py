@@ -99,6 +99,8 @@ class ChatCompletionRequest(_Common):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # template variables, e.g. {"enable_thinking": false}
+    separate_reasoning: bool = True  # with --reasoning-parser: thinking goes to reasoning_content
 
 
 class CompletionRequest(_Common):

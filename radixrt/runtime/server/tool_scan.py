@@ -3,151 +3,23 @@
 ``scan`` finds complete and partial ``<tool_call>`` blocks (auto) or the JSON call array/object
 (required / named); ``ToolCallStream`` turns streamed text into OpenAI tool-call deltas whose arguments
 concatenate to the non-streamed value. The tool plan (tool_parser.py) builds on this module, never the
-other way round.
+other way round. The JSON scanning itself is :mod:`radixrt.runtime.parsers.json_scan`, shared with the
+per-family formats of :mod:`radixrt.runtime.parsers.tool_formats`.
 """
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
+
+from radixrt.runtime.parsers.json_scan import Call as _Call
+from radixrt.runtime.parsers.json_scan import Incomplete as _Incomplete
+from radixrt.runtime.parsers.json_scan import NotACall as _Bad
+from radixrt.runtime.parsers.json_scan import call_object as _call_object
+from radixrt.runtime.parsers.json_scan import skip_ws as _ws
+from radixrt.runtime.parsers.tool_stream import new_call_id
 
 TOOL_CALL_BEGIN = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
-_WS = " \t\n\r"
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-class _Incomplete(Exception):
-    """The text ends inside the construct being scanned."""
-
-
-class _Bad(Exception):
-    """The text cannot be a call."""
-
-
-def _ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in _WS:
-        i += 1
-    return i
-
-
-def _string_end(s: str, i: int) -> int:
-    """Index after the JSON string starting at ``s[i] == '"'``."""
-    i += 1
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == '"':
-            return i + 1
-        i += 1
-    raise _Incomplete
-
-
-_SCALAR = re.compile(r"-?[0-9.eE+\-]+|true|false|null")
-
-
-def _value_end(s: str, i: int, final: bool) -> int:
-    """Index after the JSON value starting at ``s[i]`` (structure only; the grammar did the validation)."""
-    if i >= len(s):
-        raise _Incomplete
-    c = s[i]
-    if c == '"':
-        return _string_end(s, i)
-    if c in "{[":
-        depth = 0
-        while i < len(s):
-            c = s[i]
-            if c == '"':
-                i = _string_end(s, i)
-                continue
-            if c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-            i += 1
-        raise _Incomplete
-    m = _SCALAR.match(s, i)
-    if not m:
-        if "true".startswith(s[i:]) or "false".startswith(s[i:]) or "null".startswith(s[i:]):
-            raise _Incomplete
-        raise _Bad
-    if m.end() == len(s) and not final:
-        raise _Incomplete  # a number may go on
-    return m.end()
-
-
-@dataclass
-class _Call:
-    name: Optional[str] = None
-    args: Optional[str] = None  # raw text so far (a prefix of the final text)
-    complete: bool = False
-
-
-def _call_object(s: str, i: int, final: bool, calls: list) -> int:
-    """Scan ``{"name": "...", "arguments": ...}`` at ``s[i]``; appends a :class:`_Call`; returns the index
-    after it. Raises _Incomplete (the partial call stays in ``calls``) or _Bad."""
-    call = _Call()
-    calls.append(call)
-    i = _ws(s, i)
-    if i >= len(s):
-        raise _Incomplete
-    if s[i] != "{":
-        raise _Bad
-    i += 1
-    first = True
-    while True:
-        i = _ws(s, i)
-        if i >= len(s):
-            raise _Incomplete
-        if s[i] == "}":
-            if call.name is None or call.args is None:
-                raise _Bad
-            call.complete = True
-            return i + 1
-        if not first:
-            if s[i] != ",":
-                raise _Bad
-            i = _ws(s, i + 1)
-            if i >= len(s):
-                raise _Incomplete
-        first = False
-        if s[i] != '"':
-            raise _Bad
-        k_end = _string_end(s, i)
-        key = json.loads(s[i:k_end])
-        i = _ws(s, k_end)
-        if i >= len(s):
-            raise _Incomplete
-        if s[i] != ":":
-            raise _Bad
-        i = _ws(s, i + 1)
-        if key == "name":
-            if i >= len(s):
-                raise _Incomplete
-            if s[i] != '"':
-                raise _Bad
-            end = _string_end(s, i)
-            call.name = json.loads(s[i:end])
-            i = end
-        elif key in ("arguments", "parameters"):
-            try:
-                end = _value_end(s, i, final)
-            except _Incomplete:
-                call.args = s[i:]
-                raise
-            call.args = s[i:end]
-            i = end
-        else:
-            i = _value_end(s, i, final)
 
 
 def scan(text: str, style: str, final: bool) -> tuple[str, list[_Call], bool]:

@@ -1,0 +1,63 @@
+"""Rotary position embeddings: the inverse frequencies of a config's ``rope_type`` and the cos/sin tables.
+
+Supported ``rope_type`` values: ``default``, ``linear`` (position interpolation, kaiokendev), ``llama3``
+(Llama 3.1's wavelength-banded scaling) and ``yarn`` (Peng et al. 2023, arXiv:2309.00071). The scaled
+variants take their frequencies from transformers' ``ROPE_INIT_FUNCTIONS`` so they match the reference
+implementation bit for bit; ``dynamic`` and ``longrope`` are refused because their frequencies change with
+the sequence length at run time, which a fixed table cannot express.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_parameters(cfg) -> dict:
+    """The config's rope dict (``rope_parameters`` in transformers 5, ``rope_scaling`` + ``rope_theta`` before)."""
+    rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    rope.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+    return rope
+
+
+def inv_freq(cfg, head_dim: int) -> tuple[torch.Tensor, float]:
+    """``(inv_freq [head_dim // 2] fp32, attention_scaling)`` for the config's rope.
+
+    ``attention_scaling`` multiplies cos and sin (YaRN's mscale; 1.0 otherwise).
+
+    Raises:
+        ValueError: a ``rope_type`` outside :data:`ROPE_TYPES`, or ``partial_rotary_factor`` != 1.
+    """
+    rope = rope_parameters(cfg)
+    rtype = rope["rope_type"]
+    if rtype not in ROPE_TYPES:
+        raise ValueError(f"rope_type {rtype!r} is not supported; supported: {list(ROPE_TYPES)}")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not supported")
+    if rtype == "default":
+        # fp32 arithmetic in the same order as transformers, so greedy tokens match it exactly
+        exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        return 1.0 / (float(rope["rope_theta"]) ** exps), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    freqs, scaling = ROPE_INIT_FUNCTIONS[rtype](cfg, torch.device("cpu"))
+    return freqs.float(), float(scaling)
+
+
+class Rotary(nn.Module):
+    """cos/sin tables ``[max_pos, head_dim]`` fp32, indexed by each token's position (rotate-half form)."""
+
+    def __init__(self, inv: torch.Tensor, max_pos: int, scaling: float = 1.0):
+        super().__init__()
+        freqs = torch.arange(max_pos, dtype=torch.float32, device=inv.device)[:, None] * inv.float()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x [T, heads, head_dim]``, ``positions [T]`` int64 -> rotated ``x`` (same shape and dtype)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)   # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -1,0 +1,92 @@
+"""Streaming tool-call parsing: model text in, OpenAI chat deltas out, for any :class:`ToolFormat`.
+
+Every ``feed`` rescans the whole text and sends the difference from what was already sent, so the streamed
+pieces always add up to :meth:`ToolCallStream.message`'s values (the non-streamed answer is the same parse
+run once). Delta shapes are OpenAI's: ``{"content": ...}``; a call's first piece ``{"tool_calls": [{index,
+id, type: "function", function: {name, arguments: ""}}]}``, then ``{"tool_calls": [{index, function:
+{arguments: <chunk>}}]}``.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixrt.runtime.parsers.tool_formats import ToolFormat
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class ToolCallStream:
+    fmt: ToolFormat
+    text: str = ""
+    sent_content: str = ""
+    ids: list = field(default_factory=list)          # per emitted call: its id
+    sent_args: list = field(default_factory=list)    # per emitted call: characters of arguments sent
+    _calls: list = field(default_factory=list)
+
+    def feed(self, delta: str) -> list[dict]:
+        """Append model text; returns the deltas to send now."""
+        self.text += delta
+        return self._diff(final=False)
+
+    def finish(self) -> list[dict]:
+        """The output ended; returns the last deltas (held-back text, a final number, ...)."""
+        return self._diff(final=True)
+
+    def _diff(self, final: bool) -> list[dict]:
+        content, calls = self.fmt.scan(self.text, final)
+        self._calls = calls
+        out: list[dict] = []
+        # trailing whitespace before a call is held back while streaming (it is dropped if a call follows)
+        target = content if final and not any(c.name for c in calls) else content.rstrip()
+        if len(target) > len(self.sent_content) and target.startswith(self.sent_content):
+            out.append({"content": target[len(self.sent_content):]})
+            self.sent_content = target
+        for idx, c in enumerate(calls):
+            if c.name is None:
+                break  # calls are streamed in order, each once its name is known
+            if idx == len(self.ids):
+                self.ids.append(new_call_id())
+                self.sent_args.append(0)
+                out.append({"tool_calls": [{"index": idx, "id": self.ids[idx], "type": "function",
+                                            "function": {"name": c.name, "arguments": ""}}]})
+            args = c.args or ""
+            if len(args) > self.sent_args[idx]:
+                out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[self.sent_args[idx]:]}}]})
+                self.sent_args[idx] = len(args)
+        return out
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.ids)
+
+    def has_complete_call(self) -> bool:
+        return any(c.complete for c in self._calls[:len(self.ids)])
+
+    def message(self) -> tuple[Optional[str], list[dict]]:
+        """After :meth:`finish`: ``(content, tool_calls)`` as sent (``content`` None when empty and there
+        are calls)."""
+        calls = [{"id": self.ids[i], "type": "function", "function": {"name": c.name, "arguments": c.args or ""}}
+                 for i, c in enumerate(self._calls[:len(self.ids)])]
+        content = self.sent_content
+        return (None if calls and not content else content), calls
+
+    def finish_reason(self, base: Optional[str]) -> Optional[str]:
+        """``tool_calls`` when generation stopped normally after a complete call; else ``base``."""
+        return "tool_calls" if base == "stop" and self.has_complete_call() else base
+
+
+def parse_tool_output(fmt: ToolFormat, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
+    """A finished non-streamed choice: ``(message, finish_reason)``."""
+    st = ToolCallStream(fmt)
+    st.feed(text)
+    st.finish()
+    content, calls = st.message()
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg, st.finish_reason(base_finish)
