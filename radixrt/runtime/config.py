@@ -12,6 +12,7 @@ GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "fp16", "int8", "q4")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash")
 
 
 @dataclass
@@ -49,6 +50,10 @@ class ServerArgs:
     tool_call_parser: Optional[str] = field(default=None, metadata={"help": "hermes|qwen25|llama3|mistral; default: from the chat template / architecture"})
     reasoning_parser: Optional[str] = field(default=None, metadata={"help": "qwen3|deepseek-r1: split <think>...</think> into reasoning_content"})
     num_threads: Optional[int] = field(default=None, metadata={"help": "torch CPU threads; default all cores"})
+    tp: int = field(default=1, metadata={"help": "tensor-parallel ranks (torch.distributed: gloo on cpu, nccl on cuda)"})
+    dp: int = field(default=1, metadata={"help": "data-parallel replicas behind a cache-aware router (Ray Serve, extra [cluster])"})
+    router_policy: str = field(default="cache_aware", metadata={"help": "--dp routing: cache_aware|round_robin|power_of_two|consistent_hash"})
+    ray_address: Optional[str] = field(default=None, metadata={"help": "--dp on an existing Ray cluster (e.g. auto or ray://host:10001); default: a local Ray"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -63,8 +68,9 @@ class ServerArgs:
         choice("device", DEVICES)
         choice("dtype", DTYPES)
         choice("quantization", QUANTIZATIONS)
+        choice("router_policy", ROUTER_POLICIES)
         for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_num_batched_tokens",
-                     "max_wait_steps", "cuda_graph_max_bs", "log_interval"):
+                     "max_wait_steps", "cuda_graph_max_bs", "log_interval", "tp", "dp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -102,6 +108,17 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+    def to_cli(self, skip: tuple[str, ...] = ()) -> list[str]:
+        """The flags that rebuild these args (non-default fields only), e.g. for a replica's own server."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in skip or v == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            out += [flag] if isinstance(v, bool) else [flag, str(v)]
+        return out
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -27,9 +27,8 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Mapping
 
+from radixrt.runtime.config import ROUTER_POLICIES as POLICIES
 from radixrt.runtime.router.approx_tree import ApproxTree
-
-POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash")
 
 
 class RoutingPolicy(ABC):

@@ -51,6 +51,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = ServerArgs.from_cli_args(ns)
     except ValueError as e:
         parser.error(str(e))
+    if args.dp > 1:
+        from radixrt.runtime.router.launch import serve_dp
+        return serve_dp(args)
     return serve(args)
 
 

@@ -1,0 +1,124 @@
+"""One data-parallel replica: a whole ``radixrt serve`` process, wrapped as a Ray Serve deployment.
+
+The replica starts ``python -m radixrt serve`` on 127.0.0.1 and a free port of its node, with the flags the
+user gave ``radixrt serve --dp N`` (minus the cluster ones), waits for its ``/health``, and forwards the
+ingress's requests to it over HTTP. Each replica therefore has its own scheduler, KV pool and radix tree,
+exactly as a single-node server; the router's job is to send each prompt where its prefix is cached.
+
+The server is started with ``PR_SET_PDEATHSIG`` (Linux), so a replica actor that is killed (SIGKILL, node
+loss) takes its server down with it; the server's own children already exit with their parent.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+READY_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the replica's __del__ still stops the server on a clean shutdown
+        pass
+
+
+class RadixrtReplica:
+    """Ray Serve deployment class (wrapped with ``serve.deployment`` in router/app.py).
+
+    Args:
+        server_argv: ``radixrt serve`` flags for the replica's server (no --host/--port/--api-key).
+
+    Raises:
+        RuntimeError: the server exited or did not become ready within ``READY_TIMEOUT_S`` seconds
+            (its stderr tail is in the message).
+    """
+
+    def __init__(self, server_argv: list[str]):
+        from ray import serve
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        port, zmq_port = _free_port(), _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile(prefix=f"radixrt-replica-{self.replica_id}-", suffix=".log",
+                                               delete=False)
+        cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(zmq_port),
+               *server_argv]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log,
+                                     preexec_fn=_die_with_parent)
+        self._wait_ready()
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"replica server exited with {self.proc.returncode}: {self._tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"replica server not ready after {READY_TIMEOUT_S}s: {self._tail()}")
+
+    def _tail(self) -> str:
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-3000:]
+
+    async def __call__(self, req: dict) -> dict:
+        """Forward ``req["path"]`` with JSON ``req["body"]``. Returns status, JSON body and this replica's id."""
+        if req.get("op") == "stats":
+            r = await self.client.get("/get_server_info")
+            info = r.json()
+            return {"replica": self.replica_id, "cache": info["cache"], "pid": os.getpid(),
+                    "server_pid": self.proc.pid, "num_running": info["num_running"]}
+        if req.get("op") == "flush":
+            return (await self.client.post("/flush_cache")).json()
+        r = await self.client.request(req.get("method", "POST"), req["path"], json=req.get("body"))
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"error": {"message": r.text[:1000], "type": "internal_error", "param": None, "code": None}}
+        return {"status": r.status_code, "body": body, "replica": self.replica_id}
+
+    async def stream(self, req: dict):
+        """Forward a streamed request; yields the server's SSE bytes as they come."""
+        async with self.client.stream("POST", req["path"], json=req["body"]) as r:
+            async for chunk in r.aiter_raw():
+                yield chunk
+
+    async def check_health(self) -> None:
+        """Ray Serve health check. Raises RuntimeError when the server is gone or unhealthy."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"replica server exited with {self.proc.returncode}: {self._tail()}")
+        r = await self.client.get("/health", timeout=10)
+        if r.status_code != 200:
+            raise RuntimeError(f"replica server /health answered {r.status_code}: {r.text[:300]}")
+
+    def __del__(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if getattr(self, "log", None) is not None:
+            try:
+                os.unlink(self.log.name)
+            except OSError:
+                pass
