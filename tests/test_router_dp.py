@@ -27,6 +27,10 @@ def dp():
     s = ServerProc("--dp", "2", "--max-running-requests", "8")
     try:
         s.wait_ready(timeout=900)
+        deadline = time.time() + 600
+        while len(_stats_of(s)) < 2:  # /health is up with one replica; the tests want both
+            assert time.time() < deadline, s.logs()
+            time.sleep(1)
     except BaseException:
         s.kill()
         raise
@@ -36,6 +40,11 @@ def dp():
 
 def _gen(c, text: str, n: int = 2, **sp):
     return c.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, **sp}})
+
+
+def _stats_of(s) -> dict:
+    with s.client(timeout=60) as c:
+        return _stats(c)
 
 
 def _stats(c) -> dict:
@@ -60,8 +69,8 @@ def _run_tenants(c) -> tuple[int, int, dict]:
 
 def test_cache_aware_beats_round_robin_on_real_replicas(dp):
     with dp.client(timeout=300) as c:
-        assert c.post("/router/policy", json={"policy": "nope"}).status_code == 400
-        _gen(c, "warm up")  # the router is created on the first request
+        bad = c.post("/router/policy", json={"policy": "nope"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "policy"
         results = {}
         for policy in ("cache_aware", "round_robin"):
             assert c.post("/router/policy", json={"policy": policy, "flush": True}).json() == {"policy": policy}

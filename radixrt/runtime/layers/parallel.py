@@ -19,8 +19,8 @@ gloo, for control messages (the scheduler's per-step broadcast).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -56,29 +56,25 @@ class TPGroup:
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
 
 
-def init_tp(rank: int, size: int, device: torch.device, init_method: Optional[str] = None) -> TPGroup:
-    """Join (or, for rank 0, create) the process group. ``init_method`` None means ``env://`` (torchrun's
-    MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE). Backend: NCCL on CUDA, gloo on CPU.
+def init_tp(rank: int, size: int, device: torch.device, init_method: Optional[str] = None,
+            timeout: timedelta = timedelta(seconds=900)) -> TPGroup:
+    """Join the process group (``init_method`` None: torchrun's ``env://``, i.e. MASTER_ADDR/PORT). NCCL plus
+    a gloo CPU group on CUDA, gloo alone on CPU. ``timeout`` bounds every collective: long enough for all
+    ranks to load their weights on a busy host (a dead peer is noticed at once: its sockets close).
 
     Raises:
         ValueError: ``rank`` outside ``[0, size)``.
     """
     if not 0 <= rank < size:
         raise ValueError(f"tp rank {rank} must be in [0, {size})")
-    if size == 1:
-        return TPGroup()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=size)
+    dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=size,
+                            timeout=timeout)
     world = dist.group.WORLD
-    cpu = world if backend == "gloo" else dist.new_group(backend="gloo")
+    cpu = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     return TPGroup(rank, size, world, cpu)
-
-
-def tp_from_env() -> tuple[int, int]:
-    """(rank, size) from torchrun's RANK / WORLD_SIZE, or (0, 1) outside torchrun."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 # ---- head and vocab partitioning -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ class RouterIngress:
     def __init__(self, replicas, model: Optional[str], api_key: Optional[str], policy: str):
         from radixrt.runtime.model_loader import load_tokenizer
         self.replicas, self.policy = replicas, policy
+        self.routed: dict[str, int] = {}   # replica id -> requests it answered, since the last policy swap
         self.tokenizer = load_tokenizer(model)
         self.expected = f"Bearer {api_key}".encode() if api_key else None
 
@@ -82,7 +83,8 @@ class RouterIngress:
         if not isinstance(body, dict):
             return _err(400, "the request body must be a JSON object", "body")
         session = request.headers.get("x-session-id") or body.get("session_id")
-        req = {"tokens": self._tokens(path, body), "session": session, "path": path, "body": body}
+        req = {"tokens": self._tokens(path, body), "session": session, "path": path, "body": body,
+               "policy": self.policy}
         if body.get("stream"):
             return StreamingResponse(self._stream(req), media_type="text/event-stream")
         try:
@@ -90,6 +92,7 @@ class RouterIngress:
         except REPLICA_DIED as e:
             return _err(503, f"the replica serving this request died: {type(e).__name__}: {str(e)[:300]}; "
                              "the other replicas keep serving, retry", None, "service_unavailable")
+        self.routed[out["replica"]] = self.routed.get(out["replica"], 0) + 1
         return JSONResponse(out["body"], status_code=out["status"], headers={"X-Radixrt-Replica": out["replica"]})
 
     async def _stream(self, req: dict):
@@ -104,7 +107,14 @@ class RouterIngress:
     # ---- routes ------------------------------------------------------------------------------------------
     @app.get("/health")
     async def health(self):
-        return {"status": "ok"}
+        """200 with the number of live replicas once at least one answers, else 503."""
+        try:
+            reps = await self.replicas.broadcast("stats").results_async(timeout_s=STATS_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - any failure here means "not healthy"
+            return _err(503, f"no replica answered: {type(e).__name__}: {e}", None, "service_unavailable")
+        if not reps:
+            return _err(503, "no replica is up yet", None, "service_unavailable")
+        return {"status": "ok", "replicas": len(reps)}
 
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request):
@@ -128,45 +138,26 @@ class RouterIngress:
 
     @app.get("/router/stats")
     async def stats(self, request: Request):
-        """Per replica: its radix cache's hit tokens / query tokens, pids; plus what the router routed."""
+        """Per replica: its radix cache's hit tokens / query tokens and pids; plus the requests it answered."""
         denied = self._denied(request)
         if denied is not None:
             return denied
-        from radixrt.runtime.router.serve_router import ROUTERS
-        router = ROUTERS.get("radixrt_replica")
-        ids = router.replica_ids() if router is not None else []
-        calls = [self.replicas.remote({"op": "stats", "replica": rid}) for rid in ids]
-        results = await asyncio.gather(*(asyncio.wait_for(_await(c), STATS_TIMEOUT_S) for c in calls),
-                                       return_exceptions=True)
-        reps = [r if isinstance(r, dict) else {"replica": rid, "error": f"{type(r).__name__}: {r}"}
-                for rid, r in zip(ids, results)]
-        return {"policy": router.policy.name if router is not None else self.policy, "replicas": reps,
-                "routed": dict(router.routed) if router is not None else {}}
+        reps = await self.replicas.broadcast("stats").results_async(timeout_s=STATS_TIMEOUT_S)
+        return {"policy": self.policy, "replicas": sorted(reps, key=lambda r: r["replica"]), "routed": self.routed}
 
     @app.post("/router/policy")
     async def set_policy(self, request: Request):
-        """Swap the routing policy at run time (A/B runs): ``{"policy": "round_robin"}``; also resets the
-        routed counters and flushes every replica's cache when ``"flush": true``."""
+        """Swap the routing policy at run time (A/B runs): ``{"policy": "round_robin", "flush": true}``;
+        resets the answered counters, and with ``flush`` empties every replica's cache."""
         denied = self._denied(request)
         if denied is not None:
             return denied
-        from radixrt.runtime.router.policy import make_policy
-        from radixrt.runtime.router.serve_router import ROUTERS
+        from radixrt.runtime.config import ROUTER_POLICIES
         body = await request.json()
-        try:
-            policy = make_policy(body.get("policy") if isinstance(body, dict) else None)
-        except ValueError as e:
-            return _err(400, str(e), "policy")
-        router = ROUTERS.get("radixrt_replica")
-        if router is None:
-            return _err(503, "no request has been routed yet: the router is not up", None, "service_unavailable")
-        router.policy = policy
-        router.routed.clear()
+        policy = body.get("policy") if isinstance(body, dict) else None
+        if policy not in ROUTER_POLICIES:
+            return _err(400, f"policy must be one of {ROUTER_POLICIES}, got {policy!r}", "policy")
+        self.policy, self.routed = policy, {}
         if body.get("flush"):
-            await asyncio.gather(*(self.replicas.remote({"op": "flush", "replica": rid})
-                                   for rid in router.replica_ids()))
-        return {"policy": router.policy.name}
-
-
-async def _await(resp):
-    return await resp
+            await self.replicas.broadcast("flush").results_async(timeout_s=STATS_TIMEOUT_S)
+        return {"policy": policy}

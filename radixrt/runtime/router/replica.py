@@ -81,19 +81,22 @@ class RadixrtReplica:
 
     async def __call__(self, req: dict) -> dict:
         """Forward ``req["path"]`` with JSON ``req["body"]``. Returns status, JSON body and this replica's id."""
-        if req.get("op") == "stats":
-            r = await self.client.get("/get_server_info")
-            info = r.json()
-            return {"replica": self.replica_id, "cache": info["cache"], "pid": os.getpid(),
-                    "server_pid": self.proc.pid, "num_running": info["num_running"]}
-        if req.get("op") == "flush":
-            return (await self.client.post("/flush_cache")).json()
         r = await self.client.request(req.get("method", "POST"), req["path"], json=req.get("body"))
         try:
             body = r.json()
         except ValueError:
             body = {"error": {"message": r.text[:1000], "type": "internal_error", "param": None, "code": None}}
         return {"status": r.status_code, "body": body, "replica": self.replica_id}
+
+    async def stats(self) -> dict:
+        """This replica's radix-cache counters (hit/query tokens, pages) and pids."""
+        info = (await self.client.get("/get_server_info")).json()
+        return {"replica": self.replica_id, "cache": info["cache"], "num_running": info["num_running"],
+                "pid": os.getpid(), "server_pid": self.proc.pid}
+
+    async def flush(self) -> dict:
+        """Empty this replica's radix cache (``POST /flush_cache``)."""
+        return (await self.client.post("/flush_cache")).json()
 
     async def stream(self, req: dict):
         """Forward a streamed request; yields the server's SSE bytes as they come."""

@@ -10,11 +10,12 @@ handle (here: the ingress) and, per request, returns ranked lists of candidate r
   and gives those loads to the policy, which picks one replica;
 - ranks the pick first and every other replica after it, so that Ray falls back to another replica when
   the pick is full (``max_ongoing_requests``) instead of waiting;
-- honours ``{"replica": unique_id}``, pinning a request to one replica (the ingress's per-replica stats);
-- drops a dead replica from the policy (its tree and its sticky sessions).
+- keeps one policy object per policy name; the request's ``"policy"`` (set by the ingress, which can swap
+  it at run time for A/B runs) picks one, ``request_router_kwargs["policy"]`` is the default;
+- drops a dead replica from every policy (its tree and its sticky sessions).
 
-Every router registers itself in ``ROUTERS`` (by deployment name) so that the ingress in the same process
-can list the replicas it knows.
+Ray Serve imports this class by path but may rebuild it by value (cloudpickle), so module-level state here
+is not shared with the ingress: everything the ingress needs travels in the request instead.
 """
 from __future__ import annotations
 
@@ -27,16 +28,14 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, Reque
 from radixrt.runtime.router.policy import make_policy
 
 logger = logging.getLogger("radixrt.router")
-ROUTERS: dict[str, "PolicyRequestRouter"] = {}
 
 
 class PolicyRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, policy: str = "cache_aware", **policy_kwargs) -> None:
         """Called by Ray Serve with ``request_router_kwargs``. Raises ValueError on an unknown policy."""
-        self.policy = make_policy(policy, **policy_kwargs)
+        self.default = policy
+        self.policies = {policy: make_policy(policy, **policy_kwargs)}
         self.in_flight: dict[str, int] = defaultdict(int)
-        self.routed: dict[str, int] = defaultdict(int)
-        ROUTERS[self._deployment_id.name] = self
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
@@ -46,12 +45,12 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         req = pending_request.args[0] if pending_request is not None and pending_request.args else None
         if not isinstance(req, dict):
             return [candidate_replicas]
-        pinned = req.get("replica")
-        if pinned is not None:
-            return [[by_id[pinned]]] if pinned in by_id else []
+        name = req.get("policy") or self.default
+        policy = self.policies.get(name)
+        if policy is None:  # validated by the ingress
+            policy = self.policies[name] = make_policy(name)
         loads = {rid: self.in_flight[rid] for rid in by_id}
-        pick = self.policy.select(req.get("tokens") or [], loads, req.get("session"))
-        self.routed[pick] += 1
+        pick = policy.select(req.get("tokens") or [], loads, req.get("session"))
         return [[by_id[pick]], [r for rid, r in by_id.items() if rid != pick]]
 
     def on_send_request(self, replica_id: ReplicaID) -> None:
@@ -66,8 +65,6 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         logger.warning("replica %s died; routing around it", replica_id.unique_id)
-        self.policy.remove(replica_id.unique_id)
+        for policy in self.policies.values():
+            policy.remove(replica_id.unique_id)
         self.in_flight.pop(replica_id.unique_id, None)
-
-    def replica_ids(self) -> list[str]:
-        return sorted(r.unique_id for r in self.curr_replicas)

@@ -1,0 +1,140 @@
+"""Tensor-parallel schedulers in lockstep: one scheduler per rank, rank 0 alone talks ZeroMQ.
+
+Every rank holds the same requests, the same radix tree and the same page tables (only its slice of the
+weights and of the KV heads differs), so every rank's scheduler makes the same decisions as long as it sees
+the same inputs in the same order. Rank 0 makes that so: at each loop turn it broadcasts a :class:`TpStep`
+(the requests, aborts and flushes it received, the grammar requests that are ready, a stop flag) as msgspec
+msgpack bytes over the gloo CPU group (never pickle); every rank then applies the messages and runs one
+``step()``. Sampled token ids are broadcast from rank 0 (``share_tokens``), so even a sampler that is not
+bit-exact across ranks cannot split them.
+
+Processes: ``radixrt serve --tp N`` on one machine makes the scheduler process rank 0, which spawns ranks
+1..N-1 itself (``spawn_workers``, TCP rendezvous on 127.0.0.1). Under ``torchrun`` (``RANK``/``WORLD_SIZE``
+set) rank 0 runs the whole server and the other ranks run only :func:`run_worker` (``radixrt serve`` sees
+``RANK > 0``), joined by ``env://``. A rank that dies ends rank 0's loop with an error naming it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from typing import Optional, Union
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from radixrt.runtime.io_struct import AbortReq, FlushCacheReq, GenerateReq
+from radixrt.runtime.layers.parallel import TPGroup, init_tp
+
+logger = logging.getLogger("radixrt.tp")
+
+
+class TpStep(msgspec.Struct):
+    """What every rank applies before one loop turn, in order."""
+
+    msgs: list[Union[GenerateReq, AbortReq, FlushCacheReq]] = []
+    grammar_ready: list[str] = []   # rids whose grammar rank 0 promotes this turn
+    stop: bool = False
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(TpStep)
+
+
+def share_step(tp: TPGroup, step: Optional[TpStep]) -> TpStep:
+    """Rank 0 passes its ``step`` and every rank gets it back (length, then bytes, over the gloo group)."""
+    if tp.rank == 0:
+        data = _enc.encode(step)
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        dist.broadcast(n, 0, group=tp.cpu_group)
+        dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), 0, group=tp.cpu_group)
+        return step
+    n = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(n, 0, group=tp.cpu_group)
+    buf = torch.empty(int(n), dtype=torch.uint8)
+    dist.broadcast(buf, 0, group=tp.cpu_group)
+    return _dec.decode(buf.numpy().tobytes())
+
+
+def share_tokens(tp: TPGroup, ids: list[int]) -> list[int]:
+    """Rank 0's sampled token ids, on every rank."""
+    if tp.size == 1 or not ids:
+        return ids
+    t = torch.tensor(ids, dtype=torch.int64)
+    dist.broadcast(t, 0, group=tp.cpu_group)
+    return t.tolist()
+
+
+def apply_step(sched, step: TpStep) -> None:
+    """Apply rank 0's messages on a worker rank (no outputs: rank 0 alone answers)."""
+    for msg in step.msgs:
+        if isinstance(msg, GenerateReq):
+            try:
+                sched.add_request(msg)
+            except Exception:  # rank 0 reports it; the same failure happens on every rank
+                logger.exception("add_request failed for %s", msg.rid)
+        elif isinstance(msg, AbortReq):
+            sched.abort(msg.rid)
+        else:
+            sched.flush_cache()
+    sched.grammar_gate = set(step.grammar_ready)
+
+
+def grammar_ready(sched) -> list[str]:
+    """Rank 0: the grammar requests whose compile finished, promoted this turn on every rank."""
+    return [r.rid for r in sched.grammar_queue if r.grammar_future.done()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_workers(args_json: bytes, size: int) -> tuple[str, list]:
+    """Start ranks 1..size-1 on this machine (multiprocessing spawn). Returns the rendezvous address."""
+    import multiprocessing as mp
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=run_worker, args=(args_json, r, size, init),
+                         name=f"radixrt-tp{r}", daemon=True) for r in range(1, size)]
+    for p in procs:
+        p.start()
+    return init, procs
+
+
+def check_workers(procs: list) -> None:
+    """Raises RuntimeError naming the first rank that exited."""
+    for r, p in enumerate(procs, start=1):
+        if not p.is_alive():
+            raise RuntimeError(f"tensor-parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}")
+
+
+def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str]) -> None:
+    """A rank > 0: build the sharded scheduler, then apply rank 0's steps until told to stop."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from radixrt.runtime.config import ServerArgs
+    from radixrt.runtime.scheduler_process import setup_child
+    args = msgspec.json.decode(args_json, type=ServerArgs)
+    setup_child(args.log_level, f"tp{rank}")
+    from radixrt.runtime.build import build_scheduler
+    from radixrt.runtime.model_runner import resolve_device_dtype
+    device, _ = resolve_device_dtype(args.device, args.dtype)
+    tp = init_tp(rank, size, device, init_method)
+    sched = build_scheduler(args, tp)
+    try:
+        while True:
+            step = share_step(tp, None)
+            if step.stop:
+                return
+            apply_step(sched, step)
+            if sched.has_work:
+                sched.step()
+    except Exception as e:  # a dead peer: say so and leave (the server reports rank 0's exit)
+        logger.error("tp rank %d stops: %s: %s", rank, type(e).__name__, e)
+        sys.exit(1)
+    finally:
+        if sched.grammar_cache is not None:
+            sched.grammar_cache.shutdown(wait=False)
