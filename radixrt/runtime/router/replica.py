@@ -53,8 +53,8 @@ class RadixrtReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         port, zmq_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.log = tempfile.NamedTemporaryFile(prefix=f"radixrt-replica-{self.replica_id}-", suffix=".log",
-                                               delete=False)
+        # an unnamed file (already unlinked): nothing is left behind however the replica ends
+        self.log = tempfile.TemporaryFile(prefix=f"radixrt-replica-{self.replica_id}-")
         cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(zmq_port),
                *server_argv]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log,
@@ -76,8 +76,10 @@ class RadixrtReplica:
         raise RuntimeError(f"replica server not ready after {READY_TIMEOUT_S}s: {self._tail()}")
 
     def _tail(self) -> str:
-        with open(self.log.name, errors="replace") as f:
-            return f.read()[-3000:]
+        """The server's last 3000 bytes of stderr (pread: the child's write offset is left alone)."""
+        fd = self.log.fileno()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, 3000, max(size - 3000, 0)).decode(errors="replace")
 
     async def __call__(self, req: dict) -> dict:
         """Forward ``req["path"]`` with JSON ``req["body"]``. Returns status, JSON body and this replica's id."""
@@ -120,8 +122,3 @@ class RadixrtReplica:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if getattr(self, "log", None) is not None:
-            try:
-                os.unlink(self.log.name)
-            except OSError:
-                pass
