@@ -18,8 +18,9 @@ def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int):
     return None if backend is None else GrammarCache(backend)
 
 
-def build_scheduler(args: ServerArgs) -> Scheduler:
+def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     """Load the tokenizer and the model (weights + KV pool), make the grammar cache, build the Scheduler.
+    ``tp``: this rank's TPGroup under ``--tp`` (the model is sharded; sampled ids come from rank 0).
 
     The parts are reachable as ``scheduler.tokenizer``, ``.runner`` and ``.grammar_cache``.
 
@@ -27,6 +28,9 @@ def build_scheduler(args: ServerArgs) -> Scheduler:
         ValueError: a bad argument or an unsupported model.
     """
     tokenizer = load_tokenizer(args.model)
-    runner = ModelRunner(args)
+    runner = ModelRunner(args, tp)
     grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
-    return Scheduler(args, runner, tokenizer, grammar_cache)
+    sched = Scheduler(args, runner, tokenizer, grammar_cache)
+    if tp is not None and tp.size > 1:
+        sched.outputs.share_tokens = tp.share_tokens
+    return sched

@@ -50,11 +50,15 @@ class ModelRunner:
         context_length: the longest prompt + output, in tokens.
     """
 
-    def __init__(self, args: ServerArgs):
+    def __init__(self, args: ServerArgs, tp=None):
+        """``tp``: this rank's ``TPGroup`` under ``--tp``; the model is sharded after loading (layers/tp_shard.py)."""
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        self.args = args
+        self.args, self.tp = args, tp
         self.device, self.dtype = resolve_device_dtype(args.device, args.dtype)
+        if tp is not None:  # one GPU per rank of this node
+            from radixrt.runtime.layers.parallel import rank_device
+            self.device = rank_device(self.device, tp.rank)
         self.source = resolve_model(args.model)
         cfg = load_config(args.model)
         self.config = cfg
@@ -66,28 +70,37 @@ class ModelRunner:
         model = model.to_empty(device="cpu")
         model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
         model.load_hf_state_dict(load_state_dict(args.model))
+        num_heads, num_kv_heads = margs.num_heads, margs.num_kv_heads
+        if tp is not None and tp.size > 1:
+            from radixrt.runtime.layers.tp_shard import local_heads, shard_model
+            shard_model(model, tp)
+            num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.to(self.device)  # tables stay fp32; cast per use
         self.quantization = quantize_for_source(self.model, args.quantization, self.source, self.device)
         self.vocab_size = margs.vocab_size
         self.page_size = args.page_size
-        self.num_pages = self._pool_pages(margs)
-        self.kv = KVPool(self.num_pages, self.page_size, margs.num_layers, margs.num_kv_heads,
+        self.num_pages = self._pool_pages(margs.num_layers, num_kv_heads, margs.head_dim)
+        self.kv = KVPool(self.num_pages, self.page_size, margs.num_layers, num_kv_heads,
                          margs.head_dim, self.dtype, self.device)
         self.attn = get_backend(args.attention_backend, self.device, self.dtype)
         if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtype up front
-            self.attn.configure(margs.num_heads, margs.num_kv_heads, margs.head_dim, self.dtype)
+            self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype)
         self.cascade_steps = 0  # steps that attended shared prefixes once per group
         self.cascade_rows = 0   # decode rows served by a group, summed over those steps
         self.graph_runner = None
-        if self.device.type == "cuda" and not args.disable_cuda_graph and hasattr(self.attn, "cuda_graph"):
+        # under --tp, decode runs eagerly: collectives inside captured graphs are not wired here
+        if (self.device.type == "cuda" and not args.disable_cuda_graph and hasattr(self.attn, "cuda_graph")
+                and (tp is None or tp.size == 1)):
             from radixrt.runtime.cuda_graph_runner import CudaGraphRunner
             self.graph_runner = CudaGraphRunner(self)
         logger.info("model %s on %s/%s: %d KV pages x %d tokens", self.source.name, self.device,
                     self.dtype, self.num_pages, self.page_size)
 
-    def _pool_pages(self, a: ModelArgs) -> int:
-        per_token = KVPool.bytes_per_token(a.num_layers, a.num_kv_heads, a.head_dim, self.dtype)
+    def _pool_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        """KV pages from --max-total-tokens, or from free GPU memory (the minimum over the tp ranks, whose
+        schedulers must agree on the pool)."""
+        per_token = KVPool.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
         total = self.args.max_total_tokens
         if total is None:
             if self.device.type == "cuda":
@@ -95,6 +108,8 @@ class ModelRunner:
                 used = torch.cuda.memory_allocated(self.device)
                 budget = (free + used) * self.args.mem_fraction_static - used
                 total = max(int(budget // per_token), self.page_size)
+                if self.tp is not None and self.tp.size > 1:
+                    total = min(self.tp.gather_json(total))
             else:
                 total = CPU_DEFAULT_TOTAL_TOKENS
         return max(total // self.page_size, 1)

@@ -39,6 +39,7 @@ class OutputProcessor:
         self.tokenizer, self.eos_ids, self.context_length = tokenizer, eos_ids, context_length
         self.jump_forward = jump_forward
         self.jump_forward_tokens = 0
+        self.share_tokens = None  # under --tp: TPGroup.share_tokens, rank 0's samples on every rank
 
     def process(self, fb: ForwardBatch, logits: torch.Tensor) -> list[tuple[Req, dict]]:
         """Consume fp32 ``logits [len(fb.logit_rows), vocab]``. Returns ``(req, finished_reason)`` for the
@@ -82,6 +83,8 @@ class OutputProcessor:
                            req.top_logprobs_num if req.return_logprob else 0, req.return_logprob)
                  for req in reqs]
         out = sample(sub, srows, build_grammar_mask(reqs, sub.shape[-1]))
+        if self.share_tokens is not None:
+            out.token_ids = self.share_tokens(out.token_ids)
         advance_matchers(reqs, out.token_ids)
         for i, req in enumerate(reqs):
             tok = out.token_ids[i]

@@ -36,6 +36,7 @@ class Scheduler:
         self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
+        self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
                                        jump_forward=not args.disable_jump_forward)
         self.waiting: list[Req] = []
@@ -133,7 +134,9 @@ class Scheduler:
 
     # ---- scheduling --------------------------------------------------------------------------------
     def _promote_grammar_ready(self) -> None:
-        for req in [r for r in self.grammar_queue if r.grammar_future.done()]:
+        gate = self.grammar_gate  # under --tp: the rids rank 0 promotes this step (waited for here)
+        for req in [r for r in self.grammar_queue
+                    if (r.rid in gate if gate is not None else r.grammar_future.done())]:
             self.grammar_queue.remove(req)
             try:
                 req.grammar = req.grammar_future.result().matcher()

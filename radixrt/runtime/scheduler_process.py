@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Union
 
@@ -57,9 +58,12 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     push = ctx.socket(zmq.PUSH)
     push.connect(out_addr)
     enc = msgspec.msgpack.Encoder()
+    tp, workers = None, []
     try:
         from radixrt.runtime.build import build_scheduler
-        sched = build_scheduler(args)
+        if args.tp > 1:
+            tp, workers = _start_tp(args, args_json)
+        sched = build_scheduler(args, tp)
     except BaseException as e:  # tell the main process why, then exit
         logger.error("model load failed:\n%s", traceback.format_exc())
         push.send(enc.encode(ReadyOut(error=f"{type(e).__name__}: {e}")))
@@ -71,7 +75,7 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
                                   vocab_size=runner.vocab_size, max_total_tokens=runner.num_pages * runner.page_size,
                                   page_size=runner.page_size)))
     try:
-        _loop(sched, pull, push, enc, parent_pid)
+        _loop(sched, pull, push, enc, parent_pid, tp, workers)
     except BaseException:
         logger.error("scheduler loop died:\n%s", traceback.format_exc())
         raise
@@ -100,21 +104,29 @@ def _loop(sched, pull, push, enc, parent_pid: int) -> None:
             timeout = GRAMMAR_POLL_MS
         else:
             timeout = IDLE_POLL_MS
+        msgs = []
         if poller.poll(timeout):
             while True:
                 try:
-                    frame = pull.recv(zmq.NOBLOCK)
+                    msgs.append(dec.decode(pull.recv(zmq.NOBLOCK)))
                 except zmq.Again:
                     break
-                _handle(sched, dec.decode(frame), push, enc)
-        sched.sessions.expire()  # session TTLs run out while idle too
+        if tp is not None:  # lockstep: every rank applies these messages, then runs the same step
+            check_workers(workers)
+            name_sessions(msgs)
+            ready, clock.now = grammar_ready(sched), time.monotonic()
+            share_step(tp, TpStep(msgs, ready, clock.now))
+            sched.grammar_gate = set(ready)
+        for msg in msgs:
+            _handle(sched, msg, push, enc, tp)
+        sched.sessions.expire()  # session TTLs run out while idle too (under --tp: on rank 0's clock)
         if sched.has_work:
             outs = sched.step()
             if outs:
                 push.send(enc.encode(BatchTokenOut(outs)))
 
 
-def _handle(sched, msg, push, enc) -> None:
+def _handle(sched, msg, push, enc, tp=None) -> None:
     if isinstance(msg, GenerateReq):
         try:
             sched.add_request(msg)
@@ -126,12 +138,12 @@ def _handle(sched, msg, push, enc) -> None:
     elif isinstance(msg, AbortReq):
         sched.abort(msg.rid)
     elif isinstance(msg, FlushCacheReq):
-        push.send(enc.encode(_info(sched, flushed=sched.flush_cache())))
+        push.send(enc.encode(_info(sched, sched.flush_cache(), tp)))
     elif isinstance(msg, GetInfoReq):
-        push.send(enc.encode(_info(sched)))
+        push.send(enc.encode(_info(sched, None, tp)))
     elif isinstance(msg, OpenSessionReq):
-        info = _info(sched)
+        info = _info(sched, None, tp)
         info.session_id = sched.open_session(msg)
         push.send(enc.encode(info))
     elif isinstance(msg, CloseSessionReq):
-        push.send(enc.encode(_info(sched, flushed=sched.close_session(msg.session_id))))
+        push.send(enc.encode(_info(sched, sched.close_session(msg.session_id), tp)))

@@ -5,8 +5,9 @@ weights and of the KV heads differs), so every rank's scheduler makes the same d
 the same inputs in the same order. Rank 0 makes that so: at each loop turn it broadcasts a :class:`TpStep`
 (the requests, aborts and flushes it received, the grammar requests that are ready, a stop flag) as msgspec
 msgpack bytes over the gloo CPU group (never pickle); every rank then applies the messages and runs one
-``step()``. Sampled token ids are broadcast from rank 0 (``share_tokens``), so even a sampler that is not
-bit-exact across ranks cannot split them.
+``step()``. Sampled token ids are broadcast from rank 0 (``TPGroup.share_tokens``, called by the
+OutputProcessor), so even a sampler that is not bit-exact across ranks cannot split them. Info and flush
+requests travel too: every rank's cache stats are gathered for rank 0's reply (``TPGroup.gather_json``).
 
 Processes: ``radixrt serve --tp N`` on one machine makes the scheduler process rank 0, which spawns ranks
 1..N-1 itself (``spawn_workers``, TCP rendezvous on 127.0.0.1). Under ``torchrun`` (``RANK``/``WORLD_SIZE``
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 from typing import Optional, Union
@@ -25,7 +27,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from radixrt.runtime.io_struct import AbortReq, FlushCacheReq, GenerateReq
+from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq,
+                                      OpenSessionReq)
 from radixrt.runtime.layers.parallel import TPGroup, init_tp
 
 logger = logging.getLogger("radixrt.tp")
@@ -34,9 +37,34 @@ logger = logging.getLogger("radixrt.tp")
 class TpStep(msgspec.Struct):
     """What every rank applies before one loop turn, in order."""
 
-    msgs: list[Union[GenerateReq, AbortReq, FlushCacheReq]] = []
+    msgs: list[Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq, OpenSessionReq, CloseSessionReq]] = []
     grammar_ready: list[str] = []   # rids whose grammar rank 0 promotes this turn
+    now: float = 0.0                # rank 0's clock for this turn (session timestamps and TTLs)
     stop: bool = False
+
+
+class TurnClock:
+    """The session manager's clock under --tp: one value per loop turn, rank 0's, so TTLs expire alike."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lockstep(sched) -> TurnClock:
+    """Put ``sched``'s sessions on a turn clock (every rank, before the first turn)."""
+    clock = TurnClock()
+    sched.sessions.clock = clock
+    return clock
+
+
+def name_sessions(msgs: list) -> None:
+    """Rank 0: give every unnamed OpenSessionReq its id now, so that all ranks open the same session."""
+    for m in msgs:
+        if isinstance(m, OpenSessionReq) and m.session_id is None:
+            m.session_id = uuid.uuid4().hex
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -58,17 +86,9 @@ def share_step(tp: TPGroup, step: Optional[TpStep]) -> TpStep:
     return _dec.decode(buf.numpy().tobytes())
 
 
-def share_tokens(tp: TPGroup, ids: list[int]) -> list[int]:
-    """Rank 0's sampled token ids, on every rank."""
-    if tp.size == 1 or not ids:
-        return ids
-    t = torch.tensor(ids, dtype=torch.int64)
-    dist.broadcast(t, 0, group=tp.cpu_group)
-    return t.tolist()
-
-
-def apply_step(sched, step: TpStep) -> None:
-    """Apply rank 0's messages on a worker rank (no outputs: rank 0 alone answers)."""
+def apply_step(sched, tp: TPGroup, step: TpStep) -> None:
+    """Apply rank 0's messages on a worker rank (no outputs: rank 0 alone answers; info and flush only
+    take part in gathering the ranks' cache stats, as rank 0 does in its reply)."""
     for msg in step.msgs:
         if isinstance(msg, GenerateReq):
             try:
@@ -77,8 +97,17 @@ def apply_step(sched, step: TpStep) -> None:
                 logger.exception("add_request failed for %s", msg.rid)
         elif isinstance(msg, AbortReq):
             sched.abort(msg.rid)
-        else:
+        elif isinstance(msg, FlushCacheReq):
             sched.flush_cache()
+            tp.gather_json(sched.cache_stats())
+        elif isinstance(msg, OpenSessionReq):  # rank 0 gathers its reply's stats first, then opens
+            tp.gather_json(sched.cache_stats())
+            sched.open_session(msg)
+        elif isinstance(msg, CloseSessionReq):
+            sched.close_session(msg.session_id)
+            tp.gather_json(sched.cache_stats())
+        else:
+            tp.gather_json(sched.cache_stats())
     sched.grammar_gate = set(step.grammar_ready)
 
 
@@ -116,20 +145,24 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
     """A rank > 0: build the sharded scheduler, then apply rank 0's steps until told to stop."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from radixrt.runtime.config import ServerArgs
-    from radixrt.runtime.scheduler_process import setup_child
     args = msgspec.json.decode(args_json, type=ServerArgs)
-    setup_child(args.log_level, f"tp{rank}")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"[%(asctime)s tp{rank}] %(levelname)s %(name)s: %(message)s")
     from radixrt.runtime.build import build_scheduler
+    from radixrt.runtime.layers.parallel import rank_device
     from radixrt.runtime.model_runner import resolve_device_dtype
-    device, _ = resolve_device_dtype(args.device, args.dtype)
-    tp = init_tp(rank, size, device, init_method)
+    tp = init_tp(rank, size, rank_device(resolve_device_dtype(args.device, args.dtype)[0], rank), init_method)
     sched = build_scheduler(args, tp)
+    clock = lockstep(sched)
     try:
         while True:
             step = share_step(tp, None)
             if step.stop:
                 return
-            apply_step(sched, step)
+            clock.now = step.now
+            apply_step(sched, tp, step)
+            sched.sessions.expire()
             if sched.has_work:
                 sched.step()
     except Exception as e:  # a dead peer: say so and leave (the server reports rank 0's exit)

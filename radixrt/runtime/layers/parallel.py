@@ -19,10 +19,12 @@ gloo, for control messages (the scheduler's per-step broadcast).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional
 
+import msgspec
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -55,6 +57,29 @@ class TPGroup:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
 
+    def share_tokens(self, ids: list[int]) -> list[int]:
+        """Rank 0's sampled token ids, on every rank (broadcast over the CPU group)."""
+        if self.size == 1 or not ids:
+            return ids
+        t = torch.tensor(ids, dtype=torch.int64)
+        dist.broadcast(t, 0, group=self.cpu_group)
+        return t.tolist()
+
+    def gather_json(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (msgspec JSON bytes over the CPU group, never pickle), in rank order."""
+        if self.size == 1:
+            return [obj]
+        data = msgspec.json.encode(obj)
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        lens = [torch.zeros(1, dtype=torch.int64) for _ in range(self.size)]
+        dist.all_gather(lens, n, group=self.cpu_group)
+        width = int(max(lens))
+        buf = torch.zeros(width, dtype=torch.uint8)
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
+        dist.all_gather(parts, buf, group=self.cpu_group)
+        return [msgspec.json.decode(p[:int(k)].numpy().tobytes()) for p, k in zip(parts, lens)]
+
 
 def init_tp(rank: int, size: int, device: torch.device, init_method: Optional[str] = None,
             timeout: timedelta = timedelta(seconds=900)) -> TPGroup:
@@ -75,6 +100,13 @@ def init_tp(rank: int, size: int, device: torch.device, init_method: Optional[st
     world = dist.group.WORLD
     cpu = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     return TPGroup(rank, size, world, cpu)
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """A rank's device: ``cuda:LOCAL_RANK`` (torchrun) or ``cuda:rank`` (one node) on CUDA; the CPU as is."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
 
 
 # ---- head and vocab partitioning -----------------------------------------------------------------------

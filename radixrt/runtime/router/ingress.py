@@ -23,12 +23,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from radixrt.runtime.server.openai_protocol import error_body
-
 logger = logging.getLogger("radixrt.router")
 app = FastAPI(title="radixrt-dp", docs_url=None, redoc_url=None, openapi_url=None)
 REPLICA_DIED = (RayActorError, ActorUnavailableError)
 STATS_TIMEOUT_S = 30
+
+
+def error_body(message: str, param: Optional[str] = None, typ: str = "invalid_request_error",
+               code: Optional[str] = None) -> dict:
+    """An OpenAI-style error body (the server's shape; the router sits below the server, so its own)."""
+    return {"error": {"message": message, "type": typ, "param": param, "code": code}}
 
 
 def _err(status: int, message: str, param: Optional[str] = None, typ: str = "invalid_request_error") -> JSONResponse:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from typing import Optional
@@ -54,6 +55,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.dp > 1:
         from radixrt.runtime.router.launch import serve_dp
         return serve_dp(args)
+    rank = int(os.environ.get("RANK", 0))
+    if args.tp > 1 and rank > 0:  # torchrun: ranks > 0 run only a lockstep scheduler; rank 0 serves
+        import msgspec
+
+        from radixrt.runtime.tp_worker import run_worker
+        run_worker(msgspec.json.encode(args), rank, args.tp, None)
+        return 0
     return serve(args)
 
 
