@@ -1,6 +1,10 @@
 """Routing policies without Ray, fed real SmolLM2 token ids."""
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
 import pytest
 
 from radixrt.runtime.router.approx_tree import ApproxTree
@@ -109,3 +113,17 @@ def test_bad_input():
     with pytest.raises(ValueError, match="max_tokens"):
         ApproxTree(0)
     assert make_policy("power_of_two", seed=3).name == "power_of_two"
+
+
+def test_simulation_smoke():
+    """benchmarks/bench_router.py on a tiny workload: real radix trees; cache-aware beats round-robin."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_router as br
+    a = argparse.Namespace(
+        turns=3, user_len=16, reply_len=16, replica_tokens=2048, page_size=16, prefill_cost=1.0, decode_cost=20.0,
+        concurrency=2.0, think=1.0, seed=0)
+    convs = br.sessions(tenants=4, per_tenant=3, turns=3, sys_len=256, user_len=16, reply_len=16, seed=0)
+    rows = {v: br.simulate(convs, 4, v, a) for v in ("cache_aware", "round_robin", "consistent_hash(session)")}
+    assert all(r["requests"] == 36 for r in rows.values())
+    assert rows["round_robin"]["routed_max"] == rows["round_robin"]["routed_min"] == 9
+    assert rows["cache_aware"]["hit_rate"] > rows["round_robin"]["hit_rate"] + 0.1, rows
