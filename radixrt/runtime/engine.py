@@ -37,6 +37,9 @@ class Engine:
         if unknown:
             raise ValueError(f"unknown Engine argument(s) {sorted(unknown)}")
         self.args = ServerArgs(**kwargs)
+        if self.args.tp > 1 or self.args.dp > 1:
+            raise ValueError("tp and dp > 1 need processes: use `radixrt serve --tp N` / `--dp N` (the Engine "
+                             "runs one rank in this process)")
         self.scheduler = build_scheduler(self.args)
         s = self.scheduler
         self.tokenizer, self.runner, self.grammar_cache = s.tokenizer, s.runner, s.grammar_cache

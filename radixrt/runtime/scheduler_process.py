@@ -84,12 +84,31 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
             sched.grammar_cache.shutdown(wait=False)
 
 
-def _info(sched, flushed=None) -> InfoOut:
+def _start_tp(args, args_json: bytes):
+    """Rank 0 of ``--tp``: under torchrun the other ranks exist already (``env://``); else spawn them here."""
+    from radixrt.runtime.layers.parallel import init_tp, rank_device
+    from radixrt.runtime.model_runner import resolve_device_dtype
+    from radixrt.runtime.tp_worker import spawn_workers
+    device = rank_device(resolve_device_dtype(args.device, args.dtype)[0], 0)
+    if "WORLD_SIZE" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != args.tp:
+            raise ValueError(f"tp ({args.tp}) must equal torchrun's WORLD_SIZE ({os.environ['WORLD_SIZE']})")
+        return init_tp(0, args.tp, device), []
+    init, workers = spawn_workers(args_json, args.tp)
+    return init_tp(0, args.tp, device, init), workers
+
+
+def _info(sched, flushed=None, tp=None) -> InfoOut:
     from radixrt.runtime.server_info import queue_stats
-    return InfoOut(**queue_stats(sched), flushed=flushed)
+    stats = queue_stats(sched)
+    if tp is not None:  # every rank's tree, to check that they agree (the workers gather too)
+        stats["cache"]["tp_ranks"] = tp.gather_json(sched.cache_stats())
+    return InfoOut(**stats, flushed=flushed)
 
 
-def _loop(sched, pull, push, enc, parent_pid: int) -> None:
+def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
+    from radixrt.runtime.tp_worker import TpStep, check_workers, grammar_ready, lockstep, name_sessions, share_step
+    clock = lockstep(sched) if tp is not None else None
     dec = msgspec.msgpack.Decoder(Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq, OpenSessionReq,
                                         CloseSessionReq])
     poller = zmq.Poller()
@@ -97,6 +116,8 @@ def _loop(sched, pull, push, enc, parent_pid: int) -> None:
     while True:
         if not parent_alive(parent_pid):
             logger.info("the parent process is gone; exiting")
+            if tp is not None:
+                share_step(tp, TpStep(stop=True))
             return
         if sched.running or sched.waiting or sched.finished_outs:
             timeout = 0

@@ -16,10 +16,12 @@ set) rank 0 runs the whole server and the other ranks run only :func:`run_worker
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 from typing import Optional, Union
 
@@ -32,6 +34,7 @@ from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq,
 from radixrt.runtime.layers.parallel import TPGroup, init_tp
 
 logger = logging.getLogger("radixrt.tp")
+ARGS_ENV = "RADIXRT_TP_ARGS"  # the ServerArgs (msgspec JSON) handed to a spawned rank
 
 
 class TpStep(msgspec.Struct):
@@ -122,23 +125,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_workers(args_json: bytes, size: int) -> tuple[str, list]:
-    """Start ranks 1..size-1 on this machine (multiprocessing spawn). Returns the rendezvous address."""
-    import multiprocessing as mp
+def spawn_workers(args_json: bytes, size: int) -> tuple[str, list[subprocess.Popen]]:
+    """Start ranks 1..size-1 on this machine as ``python -m radixrt.runtime.tp_worker`` (the scheduler process
+    is a daemon, which multiprocessing forbids to have children). They share this process group, and die
+    with this process (PR_SET_PDEATHSIG on Linux; a closed gloo socket stops them anyway).
+    Returns the rendezvous address and the processes."""
     init = f"tcp://127.0.0.1:{_free_port()}"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=run_worker, args=(args_json, r, size, init),
-                         name=f"radixrt-tp{r}", daemon=True) for r in range(1, size)]
-    for p in procs:
-        p.start()
+    env = {**os.environ, ARGS_ENV: args_json.decode()}
+    procs = [subprocess.Popen([sys.executable, "-m", "radixrt.runtime.tp_worker", str(r), str(size), init],
+                              env=env, preexec_fn=_die_with_parent) for r in range(1, size)]
     return init, procs
 
 
-def check_workers(procs: list) -> None:
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def check_workers(procs: list[subprocess.Popen]) -> None:
     """Raises RuntimeError naming the first rank that exited."""
     for r, p in enumerate(procs, start=1):
-        if not p.is_alive():
-            raise RuntimeError(f"tensor-parallel rank {r} (pid {p.pid}) exited with code {p.exitcode}")
+        if p.poll() is not None:
+            raise RuntimeError(f"tensor-parallel rank {r} (pid {p.pid}) exited with code {p.returncode}")
 
 
 def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str]) -> None:
@@ -171,3 +181,7 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
     finally:
         if sched.grammar_cache is not None:
             sched.grammar_cache.shutdown(wait=False)
+
+
+if __name__ == "__main__":  # a rank spawned by spawn_workers: RANK SIZE INIT_METHOD, args in the environment
+    run_worker(os.environ.pop(ARGS_ENV).encode(), int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
