@@ -76,6 +76,13 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
                                   page_size=runner.page_size)))
     try:
         _loop(sched, pull, push, enc, parent_pid, tp, workers)
+    except RuntimeError as e:
+        if tp is None:
+            raise
+        from radixrt.runtime.tp_worker import peer_failure
+        err = peer_failure(workers, e)
+        logger.error("scheduler loop died: %s", err)
+        raise err from e
     except BaseException:
         logger.error("scheduler loop died:\n%s", traceback.format_exc())
         raise

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Optional, Union
 
 import msgspec
@@ -149,6 +150,20 @@ def check_workers(procs: list[subprocess.Popen]) -> None:
     for r, p in enumerate(procs, start=1):
         if p.poll() is not None:
             raise RuntimeError(f"tensor-parallel rank {r} (pid {p.pid}) exited with code {p.returncode}")
+
+
+def peer_failure(procs: list[subprocess.Popen], err: Exception, wait_s: float = 5.0) -> RuntimeError:
+    """The error to stop rank 0 with after a collective failed: names the rank that died when one did
+    (its exit may take a moment to be seen), else says which collective error it was."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            check_workers(procs)
+        except RuntimeError as dead:
+            return dead
+        if time.monotonic() > deadline:
+            return RuntimeError(f"a tensor-parallel peer failed: {type(err).__name__}: {err}")
+        time.sleep(0.1)
 
 
 def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str]) -> None:
