@@ -77,12 +77,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--on-first", action="store_true", help="run jump-forward on before off (order check)")
     a = ap.parse_args()
     ps = prompts(a.requests)
-    res = [run(d, ps, a.max_new_tokens) for d in (True, False)]
-    for r in res:
-        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}))
-    off, on = res
+    order = (False, True) if a.on_first else (True, False)
+    res = {d: run(d, ps, a.max_new_tokens) for d in order}
+    for d in order:
+        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res[d].items()}))
+    off, on = res[True], res[False]
     print(f"jump-forward on/off: forward passes per request {on['forward_passes_per_request']:.1f} vs "
           f"{off['forward_passes_per_request']:.1f} ({on['forward_passes_per_request'] / off['forward_passes_per_request']:.2f}x), "
           f"output tok/s {on['output_tok_per_s']:.1f} vs {off['output_tok_per_s']:.1f} "

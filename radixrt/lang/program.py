@@ -103,6 +103,7 @@ def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSampl
         finally:
             exe.end()
             if exe.session_id is not None:
+                exe.sync()  # the queued gens still use the session: close it once they have run
                 _close_session(backend, exe.session_id)
 
     if stream:
