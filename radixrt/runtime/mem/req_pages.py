@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixrt.runtime.mem.allocator import PageAllocator
+from radixrt.runtime.mem.eviction import DEFAULT_POLICY
 from radixrt.runtime.mem.radix_cache import RadixCache
 
 if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [tool.importlinter])
@@ -16,13 +17,13 @@ if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [to
 
 
 class ReqPages:
-    def __init__(self, page_size: int, num_pages: int, enable_cache: bool):
+    def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):
         self.P = page_size
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixCache(page_size, self.allocator) if enable_cache else None
+        self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
 
     def allocate(self, n: int) -> list[int] | None:
-        """``n`` free pages, evicting least recently used tree leaves if short; None if impossible."""
+        """``n`` free pages, evicting tree leaves (by the eviction policy) if short; None if impossible."""
         if n <= 0:
             return []
         if self.allocator.num_free < n and self.tree is not None:
@@ -33,7 +34,7 @@ class ReqPages:
         """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens."""
         pages, node = [], None
         if self.tree is not None and req.max_cacheable_prefix() > 0:
-            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
+            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt, hit=True)
             pages, node = m.pages, m.last_node
             self.tree.inc_lock_ref(node)
         matched = len(pages) * self.P
