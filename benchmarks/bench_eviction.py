@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import eviction_traces as T  # noqa: E402
 
 from radixrt.runtime.mem.eviction import POLICIES  # noqa: E402
-from radixrt.tools.replay import Replayer, pages_needed, replay  # noqa: E402
+from radixrt.runtime.profile.replay import Replayer, pages_needed, replay  # noqa: E402
 
 SHARES = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5)
 

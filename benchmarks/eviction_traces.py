@@ -17,7 +17,7 @@ import json
 import random
 from typing import Any
 
-from radixrt.tools.replay import ReplayReq
+from radixrt.runtime.profile.replay import ReplayReq
 
 VOCAB = (100, 40000)
 

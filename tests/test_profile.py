@@ -12,9 +12,10 @@ import pytest
 
 from radixrt.runtime.mem.eviction import POLICIES
 from radixrt.runtime.request_log import RequestLog, page_hashes
-from radixrt.tools.logs import read_openai_jsonl, read_request_log
-from radixrt.tools.profile import profile
-from radixrt.tools.replay import ReplayReq, pages_needed, replay
+from radixrt.runtime.profile.logs import read_request_log
+from radixrt.runtime.profile.replay import ReplayReq, pages_needed, replay
+from radixrt.runtime.profile.report import profile
+from radixrt.runtime.server.chat_log import read_openai_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from radixrt.runtime.mem.eviction import POLICIES
+
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
@@ -30,6 +32,9 @@ class ServerArgs:
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm|fcfs|dfs-weight (lpm falls back to fcfs without the cache)"})
     max_wait_steps: int = field(default=64, metadata={"help": "lpm aging: a request waiting more steps than this is served next"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
+    eviction_policy: str = field(default="gdsf", metadata={"help": "gdsf|lru|lfu: which cached prefix goes first when pages run short (mem/eviction.py)"})
+    request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
+    request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
     cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})
@@ -52,6 +57,7 @@ class ServerArgs:
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
         choice("schedule_policy", SCHEDULE_POLICIES)
+        choice("eviction_policy", tuple(POLICIES))
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)

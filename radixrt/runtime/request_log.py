@@ -7,6 +7,8 @@ Fields of a line (times are Unix seconds, taken in the scheduler process; length
   ``prefill_done``   when its prompt's KV was complete (its first output token was sampled);
   ``finish``         when it finished;
   ``ttft``           ``prefill_done - arrival`` (seconds);
+  ``prefill_chunks`` ``[[time, prompt tokens computed], ...]`` after each prefill chunk (each chunk's KV goes
+                     into the tree at once, so a request admitted in between hits it);
   ``prompt_len``, ``output_len``;
   ``prompt_ids``, ``output_ids``   the token ids (token form, the default);
   ``page_size``, ``page_hashes``   instead of ids with ``--request-log-hash``: one 63-bit hash per whole page
@@ -17,7 +19,7 @@ Fields of a line (times are Unix seconds, taken in the scheduler process; length
   ``cache_salt``     its cache namespace (in hash form, a hash of it), or null;
   ``cached_tokens``  prompt tokens served from the prefix cache;
   ``finish_reason``  ``stop`` / ``length`` / ``abort``.
-``radixrt profile`` replays either form through the radix tree (``radixrt/tools``).
+``radixrt profile`` replays either form through the radix tree (``runtime/profile``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import hashlib
 import json
 import os
 import struct
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 HASH_MASK = (1 << 63) - 1
 
@@ -61,12 +63,14 @@ class RequestLog:
 
     def write(self, *, rid: str, arrival: float, admit: Optional[float], prefill_done: Optional[float],
               finish: float, prompt_ids: list[int], output_ids: list[int], cacheable_len: int,
-              cache_salt: Optional[str], cached_tokens: int, finish_reason: str) -> None:
+              cache_salt: Optional[str], cached_tokens: int, finish_reason: str,
+              prefill_chunks: Optional[list[tuple[float, int]]] = None) -> None:
         """Append one finished request (times in Unix seconds)."""
         if self._f is None:
             return
         rec: dict = {"rid": rid, "arrival": arrival, "admit": admit, "prefill_done": prefill_done,
                      "finish": finish, "ttft": None if prefill_done is None else prefill_done - arrival,
+                     "prefill_chunks": [list(c) for c in prefill_chunks or []],
                      "prompt_len": len(prompt_ids), "output_len": len(output_ids)}
         if self.hash_pages:
             rec["page_size"] = self.page_size
@@ -77,6 +81,17 @@ class RequestLog:
             rec["cache_salt"] = cache_salt
         rec.update(cacheable_len=cacheable_len, cached_tokens=cached_tokens, finish_reason=finish_reason)
         self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def write_req(self, req: Any, now: float) -> None:
+        """Append a finished scheduler ``Req`` (``request.py``: its ``t_arrival``, ``t_admit``,
+        ``prefill_marks`` and ``cacheable_len``), finishing at ``now``."""
+        first = next((t for t, n in req.prefill_marks if n >= len(req.input_ids)), None)
+        reason = (req.finished_reason or {}).get("type", "abort")
+        cacheable = req.cacheable_len if req.cacheable_len is not None else max(len(req.input_ids) - 1, 0)
+        self.write(rid=req.rid, arrival=req.t_arrival, admit=req.t_admit, prefill_done=first, finish=now,
+                   prompt_ids=req.input_ids, output_ids=req.output_ids, cacheable_len=cacheable,
+                   cache_salt=req.cache_salt, cached_tokens=req.cached_tokens, finish_reason=reason,
+                   prefill_chunks=req.prefill_marks)
 
     def close(self) -> None:
         if self._f is not None:

@@ -20,6 +20,7 @@ import time
 
 from radixrt.runtime.io_struct import GenerateReq, TokenOut
 from radixrt.runtime.mem.req_pages import ReqPages
+from radixrt.runtime.request_log import RequestLog
 from radixrt.runtime.output_processor import OutputProcessor, eos_ids, make_out
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.params import grammar_of
@@ -35,7 +36,8 @@ class Scheduler:
     def __init__(self, args, runner, tokenizer, grammar_cache=None):
         self.args, self.runner, self.tokenizer = args, runner, tokenizer
         self.P = runner.page_size
-        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
+        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
+        self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length)
@@ -61,6 +63,7 @@ class Scheduler:
             max_new = ctx - len(r.input_ids)
         self.arrivals += 1
         req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
+        req.t_arrival = time.time()
         if r.return_logprob and r.logprob_start_len >= 0:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
@@ -149,6 +152,8 @@ class Scheduler:
             if not self.mem.grow(req, n):
                 self.mem.release(req)
                 break
+            if req.t_admit is None:
+                req.t_admit, req.cacheable_len = time.time(), req.max_cacheable_prefix()
             if not req.output_ids and req.cached_tokens == 0:
                 req.cached_tokens = matched
                 self.hit_tokens += matched
@@ -203,8 +208,11 @@ class Scheduler:
             self.sched_time += time.perf_counter() - t0
             logits = self.runner.forward(fb)
             t1 = time.perf_counter()
+            now = time.time()
             for req, n in batch:
                 req.num_computed += n
+                if n > 1 or not req.prefill_marks:
+                    req.prefill_marks.append((now, min(req.num_computed, len(req.input_ids))))
             for req, reason in self.outputs.process(fb, logits):
                 self._finish_running(req, reason)
             for req, n in batch:
@@ -233,4 +241,6 @@ class Scheduler:
     def _finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
         self.by_rid.pop(req.rid, None)
+        if self.request_log is not None:
+            self.request_log.write_req(req, time.time())
         self.finished_outs.append(make_out(req, force=True))

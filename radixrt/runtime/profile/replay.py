@@ -3,7 +3,8 @@
 Each request follows what the scheduler does with its pages (``mem/req_pages.py``):
   1. *start* (admission): ``match_prefix`` of the cacheable part of the prompt (hit counted), lock the
      matched node, allocate private pages for the rest of the prompt (evicting by the policy);
-  2. *prefill done*: insert the prompt's whole pages, give back the duplicates, move the lock to the new node;
+  2. *prefill done*: insert the prompt's whole pages, give back the duplicates, move the lock to the new node
+     (with ``chunks``, at the end of each prefill chunk, as the scheduler inserts each chunk);
   3. *finish*: allocate pages for the output, insert prompt + output less the last token (its KV is never
      computed), give back private pages and the lock.
 With times (a request log from ``--request-log``), the three events of every request are replayed in time
@@ -39,6 +40,7 @@ class ReplayReq:
     start: Optional[float] = None
     prefill_done: Optional[float] = None
     finish: Optional[float] = None
+    chunks: Optional[list[tuple[float, int]]] = None  # (time, prompt tokens computed) after each prefill chunk
 
     def tokens_key(self, n: int, page_size: int) -> list[int]:
         """Key of the first ``n`` tokens, cut to whole pages, in tree units (tokens, or one hash a page)."""
@@ -135,9 +137,11 @@ class Replayer:
             lv.pages += more
         return lv
 
-    def prefill_done(self, lv: _Live) -> None:
+    def prefill_done(self, lv: _Live, tokens: Optional[int] = None) -> None:
+        """The first ``tokens`` prompt tokens (default all) have their KV: insert them."""
         if lv.ok:
-            self._insert(lv, lv.req.prompt_len)
+            n = lv.req.prompt_len if tokens is None else min(tokens, lv.req.prompt_len)
+            self._insert(lv, n)
 
     def finish(self, lv: _Live) -> None:
         r = lv.req
@@ -161,18 +165,20 @@ class Replayer:
             events = []
             for i, r in enumerate(reqs):
                 done = r.prefill_done if r.prefill_done is not None else r.start
-                fin = r.finish if r.finish is not None else done
+                fin = max(r.finish if r.finish is not None else done, done, r.start)
                 # at equal times: finishes, then prefills, then admissions (a step's outputs precede the next
                 # step's scheduling)
-                events += [(r.start, 2, i), (max(done, r.start), 1, i), (max(fin, done, r.start), 0, i)]
+                events += [(r.start, 2, i, 0), (fin, 0, i, 0)]
+                for t, n in r.chunks or [(done, r.prompt_len)]:
+                    events.append((min(max(t, r.start), fin), 1, i, n))
             heapq.heapify(events)
             live: dict[int, _Live] = {}
             while events:
-                _, kind, i = heapq.heappop(events)
+                _, kind, i, n = heapq.heappop(events)
                 if kind == 2:
                     live[i] = self.start(reqs[i])
                 elif kind == 1:
-                    self.prefill_done(live[i])
+                    self.prefill_done(live[i], n)
                 else:
                     self.finish(live.pop(i))
         else:
