@@ -62,7 +62,7 @@ class FlushCacheReq(msgspec.Struct, tag=True):
 
 
 class GetInfoReq(msgspec.Struct, tag=True):
-    pass
+    top: int = 0  # > 0: also summarize the radix tree's ``top`` longest and most-hit prefixes
 
 
 class InfoOut(msgspec.Struct, tag=True):
@@ -72,6 +72,7 @@ class InfoOut(msgspec.Struct, tag=True):
     num_running: int
     num_waiting: int
     flushed: Optional[bool] = None
+    tree: Optional[dict] = None  # mem/tree_summary.py, when asked with GetInfoReq.top > 0
 
 
 # A logprob entry: (logprob, token_id). Top logprobs: a list of such pairs per position.

@@ -19,6 +19,7 @@ Fields of a line (times are Unix seconds, taken in the scheduler process; length
   ``cache_salt``     its cache namespace (in hash form, a hash of it), or null;
   ``cached_tokens``  prompt tokens served from the prefix cache;
   ``finish_reason``  ``stop`` / ``length`` / ``abort``.
+A ``POST /flush_cache`` that emptied the cache writes ``{"event": "flush_cache", "time": T}``.
 ``radixrt profile`` replays either form through the radix tree (``runtime/profile``).
 """
 from __future__ import annotations
@@ -92,6 +93,11 @@ class RequestLog:
                    prompt_ids=req.input_ids, output_ids=req.output_ids, cacheable_len=cacheable,
                    cache_salt=req.cache_salt, cached_tokens=req.cached_tokens, finish_reason=reason,
                    prefill_chunks=req.prefill_marks)
+
+    def write_flush(self, now: float) -> None:
+        """Mark that the cache was flushed at ``now`` (the replay flushes its tree there too)."""
+        if self._f is not None:
+            self._f.write(json.dumps({"event": "flush_cache", "time": now}) + "\n")
 
     def close(self) -> None:
         if self._f is not None:

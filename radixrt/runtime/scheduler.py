@@ -93,6 +93,8 @@ class Scheduler:
         if self.running or self.waiting:
             return False
         self.tree.flush()
+        if self.request_log is not None:
+            self.request_log.write_flush(time.time())
         return True
 
     @property

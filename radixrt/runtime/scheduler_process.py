@@ -80,9 +80,11 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
             sched.grammar_cache.shutdown(wait=False)
 
 
-def _info(sched, flushed=None) -> InfoOut:
+def _info(sched, flushed=None, top: int = 0) -> InfoOut:
+    from radixrt.runtime.mem.tree_summary import summarize_tree
     from radixrt.runtime.server_info import queue_stats
-    return InfoOut(**queue_stats(sched), flushed=flushed)
+    tree = summarize_tree(sched.tree, top) if top > 0 and sched.tree is not None else None
+    return InfoOut(**queue_stats(sched), flushed=flushed, tree=tree)
 
 
 def _loop(sched, pull, push, enc, parent_pid: int) -> None:
@@ -126,4 +128,4 @@ def _handle(sched, msg, push, enc) -> None:
     elif isinstance(msg, FlushCacheReq):
         push.send(enc.encode(_info(sched, flushed=sched.flush_cache())))
     elif isinstance(msg, GetInfoReq):
-        push.send(enc.encode(_info(sched)))
+        push.send(enc.encode(_info(sched, top=msg.top)))

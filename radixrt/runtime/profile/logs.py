@@ -31,6 +31,10 @@ def read_request_log(path: str, timed: bool = True) -> list[ReplayReq]:
     Raises ValueError naming the line and field of a malformed record."""
     out: list[tuple[float, ReplayReq]] = []
     for n, r in json_lines(path):
+        if r.get("event") == "flush_cache":
+            t = float(r.get("time", 0.0))
+            out.append((t, ReplayReq(0, 0, [], flush=True, start=t if timed else None)))
+            continue
         try:
             plen, olen = int(r["prompt_len"]), int(r["output_len"])
             if "page_hashes" in r:

@@ -41,6 +41,7 @@ class ReplayReq:
     prefill_done: Optional[float] = None
     finish: Optional[float] = None
     chunks: Optional[list[tuple[float, int]]] = None  # (time, prompt tokens computed) after each prefill chunk
+    flush: bool = False  # not a request: the cache was flushed here (every unlocked page freed)
 
     def tokens_key(self, n: int, page_size: int) -> list[int]:
         """Key of the first ``n`` tokens, cut to whole pages, in tree units (tokens, or one hash a page)."""
@@ -159,11 +160,18 @@ class Replayer:
         self.tree.dec_lock_ref(lv.node)
         lv.pages = []
 
+    def flush(self) -> None:
+        if self.tree is not None:
+            self.tree.flush()
+
     def run(self, reqs: list[ReplayReq]) -> ReplayResult:
         """Replay ``reqs`` (timed when every request has ``start``; otherwise one after another)."""
         if reqs and all(r.start is not None for r in reqs):
             events = []
             for i, r in enumerate(reqs):
+                if r.flush:
+                    events.append((r.start, 0, i, 0))
+                    continue
                 done = r.prefill_done if r.prefill_done is not None else r.start
                 fin = max(r.finish if r.finish is not None else done, done, r.start)
                 # at equal times: finishes, then prefills, then admissions (a step's outputs precede the next
@@ -175,7 +183,9 @@ class Replayer:
             live: dict[int, _Live] = {}
             while events:
                 _, kind, i, n = heapq.heappop(events)
-                if kind == 2:
+                if reqs[i].flush:
+                    self.flush()
+                elif kind == 2:
                     live[i] = self.start(reqs[i])
                 elif kind == 1:
                     self.prefill_done(live[i], n)
@@ -183,6 +193,9 @@ class Replayer:
                     self.finish(live.pop(i))
         else:
             for r in reqs:
+                if r.flush:
+                    self.flush()
+                    continue
                 lv = self.start(r)
                 self.prefill_done(lv)
                 self.finish(lv)
@@ -197,5 +210,5 @@ def replay(reqs: list[ReplayReq], num_pages: int, page_size: int, policy: str = 
 
 def pages_needed(reqs: list[ReplayReq], page_size: int) -> int:
     """Pages that hold every request at once: a pool this large never evicts (the infinite cache)."""
-    return sum(-(-(r.prompt_len + r.output_len) // page_size) for r in reqs) + 1
+    return sum(-(-(r.prompt_len + r.output_len) // page_size) for r in reqs if not r.flush) + 1
 

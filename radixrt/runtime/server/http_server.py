@@ -4,7 +4,8 @@ route family.
 OpenAI: ``POST /v1/chat/completions`` (:mod:`.chat`), ``POST /v1/completions`` (:mod:`.completions`),
 ``GET /v1/models`` (:mod:`.model_routes`). Native (:mod:`.native`): ``POST /generate``, ``GET /get_model_info``,
 ``GET /get_server_info``, ``POST /flush_cache``, ``POST /abort_request``, ``GET /health``,
-``GET /health_generate``, ``GET /metrics`` (``--enable-metrics``).
+``GET /health_generate``, ``GET /metrics`` (``--enable-metrics``). Live view (:mod:`.dashboard`):
+``GET /dashboard`` and the JSON it reads, ``GET /cache_tree?top=N``.
 
 Every invalid request is a 400 ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``
 (:mod:`.http_errors`; FastAPI's own validation errors included); a dead or loading runtime is a 503 with a
@@ -20,7 +21,7 @@ import hmac
 
 from fastapi import FastAPI
 
-from radixrt.runtime.server import chat, completions, model_routes, native
+from radixrt.runtime.server import chat, completions, dashboard, model_routes, native
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.http_errors import add_error_handlers
 from radixrt.runtime.server.openai_protocol import error_body
@@ -59,6 +60,7 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
         app.add_middleware(AuthMiddleware, api_key=args.api_key)
     add_error_handlers(app)
     app.include_router(native.router)
+    app.include_router(dashboard.router)
     if metrics is not None:
         app.include_router(native.metrics_router)
     app.include_router(model_routes.router)
