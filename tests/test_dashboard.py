@@ -68,19 +68,22 @@ def test_routes_need_the_key_and_top_is_checked(server):
 
 
 def test_dashboard_numbers_equal_server_info(server, browser, passage_ids, tmp_path):
-    head = passage_ids[:80]
+    heads = [passage_ids[:80], passage_ids[500:548]]
     sp = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
     with server.client() as c:
         c.post("/flush_cache").raise_for_status()
-        for i in range(3):  # the same 80-token head, each with its own tail: hits on the 2nd and 3rd
-            body = {"input_ids": head + passage_ids[300 + 10 * i: 310 + 10 * i], "sampling_params": sp}
-            assert c.post("/generate", json=body).status_code == 200
+        for i in range(5):  # two heads (80 and 48 tokens), each request with its own tail: hits after the first
+            body = {"input_ids": heads[i % 2] + passage_ids[300 + 30 * i: 330 + 30 * i], "sampling_params": sp}
+            out = c.post("/generate", json=body).json()
+        # a second turn of the last conversation: its whole first turn is a cached prefix
+        body["input_ids"] = body["input_ids"] + out["output_ids"] + passage_ids[700:720]
+        assert c.post("/generate", json=body).status_code == 200
         server.wait_idle()
         info = c.get("/get_server_info").json()
         tree = c.get("/cache_tree", params={"top": 5}).json()
     cache = info["cache"]
-    assert cache["hit_tokens"] >= 2 * 64 and tree["cache"] == cache
-    assert tree["latency"]["requests"] >= 3 and tree["num_running"] == 0
+    assert cache["hit_tokens"] >= 2 * 64 + 32 + 96 and tree["cache"] == cache
+    assert tree["latency"]["requests"] >= 6 and tree["num_running"] == 0
 
     browser.execute_cdp_cmd("Network.enable", {})
     browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Bearer {API_KEY}"}})
