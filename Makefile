@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench peers clean
+.PHONY: venv browser test demo bench peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+browser:  # chromium + chromedriver from Debian, for the dashboard's browser test
+	sh tests/install_browser.sh
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)

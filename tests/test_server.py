@@ -654,23 +654,36 @@ def test_metrics(auth_server, server):
                           ).status_code == 200
         text = c.get("/metrics").text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("radixrt_num_running_reqs", "radixrt_num_waiting_reqs", "radixrt_kv_cache_usage_ratio",
-                 "radixrt_prefix_cache_query_tokens", "radixrt_prefix_cache_hit_tokens",
-                 "radixrt_time_to_first_token_seconds", "radixrt_inter_token_latency_seconds",
-                 "radixrt_e2e_request_latency_seconds", "radixrt_generation_tokens"):
+    # the names SGLang's and vLLM's dashboards chart (README: metrics)
+    for name in ("sglang:num_running_reqs", "vllm:num_requests_running", "sglang:num_queue_reqs",
+                 "vllm:num_requests_waiting", "sglang:token_usage", "vllm:kv_cache_usage_perc",
+                 "sglang:cache_hit_rate", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+                 "sglang:cached_tokens", "radixrt:kv_cache_cached_ratio",
+                 "sglang:time_to_first_token_seconds", "vllm:time_to_first_token_seconds",
+                 "sglang:inter_token_latency_seconds", "vllm:inter_token_latency_seconds",
+                 "sglang:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds",
+                 "sglang:generation_tokens", "vllm:generation_tokens", "sglang:prompt_tokens",
+                 "vllm:prompt_tokens", "sglang:num_requests", "vllm:request_success"):
         assert name in fams, sorted(fams)
 
     def value(fam, sample_name, **labels):
         return next(s.value for s in fams[fam].samples
                     if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()))
 
-    assert value("radixrt_num_running_reqs", "radixrt_num_running_reqs") == 0
-    assert value("radixrt_time_to_first_token_seconds", "radixrt_time_to_first_token_seconds_count") >= 2
-    assert value("radixrt_e2e_request_latency_seconds", "radixrt_e2e_request_latency_seconds_count") >= 2
-    assert value("radixrt_inter_token_latency_seconds", "radixrt_inter_token_latency_seconds_count") >= 6
-    assert value("radixrt_generation_tokens", "radixrt_generation_tokens_total") >= 8
-    q = value("radixrt_prefix_cache_query_tokens", "radixrt_prefix_cache_query_tokens_total")
+    for p in ("sglang", "vllm"):
+        assert value(f"{p}:time_to_first_token_seconds", f"{p}:time_to_first_token_seconds_count") >= 2
+        assert value(f"{p}:e2e_request_latency_seconds", f"{p}:e2e_request_latency_seconds_count") >= 2
+        assert value(f"{p}:inter_token_latency_seconds", f"{p}:inter_token_latency_seconds_count") >= 6
+        assert value(f"{p}:generation_tokens", f"{p}:generation_tokens_total") >= 8
+    assert value("sglang:num_running_reqs", "sglang:num_running_reqs") == 0
+    assert value("vllm:num_requests_running", "vllm:num_requests_running") == 0
+    q = value("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total")
     assert q >= 10
+    hits = value("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total")
+    assert value("sglang:cached_tokens", "sglang:cached_tokens_total") == hits
+    assert value("sglang:cache_hit_rate", "sglang:cache_hit_rate") == pytest.approx(hits / q)
+    assert value("sglang:num_requests", "sglang:num_requests_total") >= 2
+    assert value("vllm:request_success", "vllm:request_success_total", finished_reason="length") >= 2
 
 
 def test_scheduler_death_is_503(auth_server):

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from radixrt.runtime.mem.eviction import POLICIES
+
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
@@ -34,6 +36,9 @@ class ServerArgs:
     max_wait_steps: int = field(default=64, metadata={"help": "lpm aging: a request waiting more steps than this is served next"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
     disable_cascade_attention: bool = field(default=False, metadata={"help": "attend shared prefixes per row instead of once per group (ablation)"})
+    eviction_policy: str = field(default="gdsf", metadata={"help": "gdsf|lru|lfu: which cached prefix goes first when pages run short (mem/eviction.py)"})
+    request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
+    request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
     disable_jump_forward: bool = field(default=False, metadata={"help": "decode grammar-forced text token by token instead of appending it in one extend step"})
     max_pinned_tokens: Optional[int] = field(default=None, metadata={"help": "cap on KV tokens that open sessions may pin, summed over sessions; default: no cap"})
@@ -64,6 +69,7 @@ class ServerArgs:
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {options}, got {getattr(self, name)!r}")
         choice("schedule_policy", SCHEDULE_POLICIES)
+        choice("eviction_policy", tuple(POLICIES))
         choice("grammar_backend", GRAMMAR_BACKENDS)
         choice("device", DEVICES)
         choice("dtype", DTYPES)

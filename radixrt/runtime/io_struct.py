@@ -91,7 +91,7 @@ class FlushCacheReq(msgspec.Struct, tag=True):
 
 
 class GetInfoReq(msgspec.Struct, tag=True):
-    pass
+    top: int = 0  # > 0: also summarize the radix tree's ``top`` longest and most-hit prefixes
 
 
 class InfoOut(msgspec.Struct, tag=True):
@@ -102,6 +102,7 @@ class InfoOut(msgspec.Struct, tag=True):
     num_waiting: int
     flushed: Optional[bool] = None
     session_id: Optional[str] = None   # the answer to an OpenSessionReq (None: the id was taken)
+    tree: Optional[dict] = None  # mem/tree_summary.py, when asked with GetInfoReq.top > 0
 
 
 # A logprob entry: (logprob, token_id). Top logprobs: a list of such pairs per position.

@@ -35,6 +35,12 @@ class Req:
     cached_tokens: int = 0              # tokens taken from the tree at first admission (reported)
     wait_steps: int = 0
     finished_reason: Optional[dict] = None
+    # For the request log (request_log.py): Unix times of arrival and first admission, the cacheable
+    # prompt tokens at that admission, and (time, tokens computed) after each prefill chunk.
+    t_arrival: float = 0.0
+    t_admit: Optional[float] = None
+    cacheable_len: Optional[int] = None
+    prefill_marks: list = field(default_factory=list)
 
     # Outputs not yet sent.
     sent_ids: int = 0

@@ -20,6 +20,7 @@ import time
 
 from radixrt.runtime.io_struct import GenerateReq, OpenSessionReq, TokenOut
 from radixrt.runtime.mem.req_pages import ReqPages
+from radixrt.runtime.request_log import RequestLog
 from radixrt.runtime.output_processor import OutputProcessor, eos_ids, make_out
 from radixrt.runtime.request import Req
 from radixrt.runtime.sampling.params import grammar_of
@@ -33,7 +34,8 @@ class Scheduler:
     def __init__(self, args, runner, tokenizer, grammar_cache=None):
         self.args, self.runner, self.tokenizer = args, runner, tokenizer
         self.P = runner.page_size
-        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache)
+        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
+        self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
         self.grammar_cache = grammar_cache
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
@@ -69,6 +71,7 @@ class Scheduler:
         self.arrivals += 1
         req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
         req.input_ids, req.session_id = list(ids), session.id if session else None
+        req.t_arrival = time.time()
         if r.return_logprob and r.logprob_start_len >= 0:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
@@ -111,6 +114,8 @@ class Scheduler:
         if self.running or self.waiting:
             return False
         self.tree.flush()
+        if self.request_log is not None:
+            self.request_log.write_flush(time.time())
         return True
 
     @property
@@ -176,6 +181,8 @@ class Scheduler:
             if not self.mem.grow(req, n):
                 self.mem.release(req)
                 break
+            if req.t_admit is None:
+                req.t_admit, req.cacheable_len = time.time(), req.max_cacheable_prefix()
             if not req.output_ids and req.cached_tokens == 0:
                 req.cached_tokens = matched
                 self.hit_tokens += matched
@@ -215,8 +222,11 @@ class Scheduler:
             logits = self.runner.forward(fb)
             self.req_forward_passes += len(batch)
             t1 = time.perf_counter()
+            now = time.time()
             for req, n in batch:
                 req.num_computed += n
+                if n > 1 or not req.prefill_marks:
+                    req.prefill_marks.append((now, min(req.num_computed, len(req.input_ids))))
             for req, reason in self.outputs.process(fb, logits):
                 self._finish_running(req, reason)
             for req, n in batch:
@@ -252,4 +262,6 @@ class Scheduler:
         if req.session_id is not None:
             self.sessions.done(req.session_id)
         self.by_rid.pop(req.rid, None)
+        if self.request_log is not None:
+            self.request_log.write_req(req, time.time())
         self.finished_outs.append(make_out(req, force=True))

@@ -105,12 +105,14 @@ def _start_tp(args, args_json: bytes):
     return init_tp(0, args.tp, device, init), workers
 
 
-def _info(sched, flushed=None, tp=None) -> InfoOut:
+def _info(sched, flushed=None, tp=None, top: int = 0) -> InfoOut:
+    from radixrt.runtime.mem.tree_summary import summarize_tree
     from radixrt.runtime.server_info import queue_stats
     stats = queue_stats(sched)
     if tp is not None:  # every rank's tree, to check that they agree (the workers gather too)
         stats["cache"]["tp_ranks"] = tp.gather_json(sched.cache_stats())
-    return InfoOut(**stats, flushed=flushed)
+    tree = summarize_tree(sched.tree, top) if top > 0 and sched.tree is not None else None
+    return InfoOut(**stats, flushed=flushed, tree=tree)
 
 
 def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
@@ -168,7 +170,7 @@ def _handle(sched, msg, push, enc, tp=None) -> None:
     elif isinstance(msg, FlushCacheReq):
         push.send(enc.encode(_info(sched, sched.flush_cache(), tp)))
     elif isinstance(msg, GetInfoReq):
-        push.send(enc.encode(_info(sched, None, tp)))
+        push.send(enc.encode(_info(sched, None, tp, top=msg.top)))
     elif isinstance(msg, OpenSessionReq):
         info = _info(sched, None, tp)
         info.session_id = sched.open_session(msg)

@@ -14,8 +14,9 @@ Invariants (``check_invariants`` verifies them):
   4. Locks walk from a node to its root, so a parent's ``lock_ref`` >= the sum of its children's. A node
      with ``lock_ref > 0`` (hence every ancestor of one) is never evicted. Roots are never counted or
      locked. Every ``lock_ref`` returns to 0 once all users have unlocked.
-  5. A parent's ``last_access_time`` >= each child's (touching a node touches its whole path), which
-     makes leaf-first LRU eviction pop leaves in non-decreasing time order.
+  5. A parent's ``last_access_time`` and ``hit_count`` are >= each child's (touching a node touches its
+     whole path), so a parent's eviction score is >= its children's (see ``eviction.py``) and leaf-first
+     eviction pops nodes in non-decreasing score order.
   6. ``cache_salt`` namespaces keys: one root per salt (``None`` is the default root); different salts
      never share nodes or pages.
 """
@@ -29,22 +30,28 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from radixrt.runtime.mem.allocator import PageAllocator
+from radixrt.runtime.mem.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
+from radixrt.runtime.mem.tree_check import check_tree
 
 
 class TreeNode:
     """One edge of the radix tree: ``key`` tokens whose KV lives in the ``value`` pages."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "id")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "hit_count", "score",
+                 "id")
     _ids: ClassVar[Iterator[int]] = itertools.count()
 
     def __init__(self, key: list[int], value: list[int], parent: TreeNode | None,
-                 lock_ref: int = 0, last_access_time: float = 0.0) -> None:
+                 lock_ref: int = 0, last_access_time: float = 0.0, hit_count: int = 0,
+                 score: float = 0.0) -> None:
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.parent: TreeNode | None = parent  # None only for roots
         self.key: list[int] = key  # token ids, a multiple of page_size long
         self.value: list[int] = value  # page ids, len(key) // page_size of them
         self.lock_ref: int = lock_ref  # number of users holding this node (or a descendant)
         self.last_access_time: float = last_access_time  # logical clock ticks, see RadixCache._clock
+        self.hit_count: int = hit_count  # admissions whose match passed through this node
+        self.score: float = score  # policy-owned (gdsf: its priority at the last access)
         self.id: int = next(TreeNode._ids)  # stable, unique: heap tie-break
 
     @property
@@ -53,7 +60,7 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return (f"TreeNode(id={self.id}, tokens={len(self.key)}, pages={self.value}, "
-                f"lock_ref={self.lock_ref}, t={self.last_access_time})")
+                f"lock_ref={self.lock_ref}, t={self.last_access_time}, hits={self.hit_count})")
 
 
 @dataclass
@@ -66,11 +73,16 @@ class MatchResult:
 
 
 class RadixCache:
-    def __init__(self, page_size: int, allocator: PageAllocator) -> None:
+    """``policy``: an eviction policy name (``eviction.POLICIES``) or instance; raises ValueError on an
+    unknown name or a page_size below 1."""
+
+    def __init__(self, page_size: int, allocator: PageAllocator,
+                 policy: str | EvictionPolicy = DEFAULT_POLICY) -> None:
         if page_size < 1:
             raise ValueError(f"page_size ({page_size}) must be >= 1")
         self.page_size = page_size
         self.allocator = allocator
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self._roots: dict[str | None, TreeNode] = {None: TreeNode([], [], None)}
         self._evictable = 0  # pages in nodes with lock_ref == 0
         self._protected = 0  # pages in nodes with lock_ref > 0
@@ -102,10 +114,10 @@ class RadixCache:
         return MappingProxyType(self._roots)
 
     # ----------------------------------------------------------------------------- lookup / insert
-    def match_prefix(self, key: list[int], salt: str | None = None) -> MatchResult:
+    def match_prefix(self, key: list[int], salt: str | None = None, hit: bool = False) -> MatchResult:
         """Longest cached prefix of ``key`` (cut down to whole pages). Splits the last node at the page
-        boundary so ``last_node`` covers exactly the match, and touches every node on the path.
-        Cost: O(matched tokens + nodes on the path)."""
+        boundary so ``last_node`` covers exactly the match, and touches every node on the path; ``hit``
+        (an admission, not a look-up) also counts a hit on each. Cost: O(matched tokens + path nodes)."""
         ps = self.page_size
         n = len(key) // ps * ps
         key = list(key[:n])
@@ -123,7 +135,7 @@ class RadixCache:
             m = self._matched_pages(key, pos, child.key)
             if m < len(child.value):
                 child = self._split(child, m)
-            child.last_access_time = now
+            self.policy.touch(child, now, hit)
             pages.extend(child.value)
             node = child
             pos += m * ps
@@ -153,14 +165,15 @@ class RadixCache:
             first = tuple(key[pos:pos + ps])
             child = node.children.get(first)
             if child is None:
-                leaf = TreeNode(key[pos:], list(pages[pos // ps:]), node, 0, now)
+                leaf = TreeNode(key[pos:], list(pages[pos // ps:]), node)
+                self.policy.touch(leaf, now, False)
                 node.children[first] = leaf
                 self._evictable += len(leaf.value)
                 return pos
             m = self._matched_pages(key, pos, child.key)
             if m < len(child.value):
                 child = self._split(child, m)
-            child.last_access_time = now
+            self.policy.touch(child, now, False)
             node = child
             pos += m * ps
         return n
@@ -177,12 +190,12 @@ class RadixCache:
 
     def _split(self, node: TreeNode, num_pages: int) -> TreeNode:
         """Cut ``node`` after its first ``num_pages`` pages (0 < num_pages < len(value)). Returns the new
-        upper node, which inherits lock_ref and last_access_time, so counters are unchanged."""
+        upper node, which inherits lock_ref and the policy's state, so counters and scores are unchanged."""
         parent = node.parent
         assert parent is not None and 0 < num_pages < len(node.value)
         cut = num_pages * self.page_size
         upper = TreeNode(node.key[:cut], node.value[:num_pages], parent, node.lock_ref,
-                         node.last_access_time)
+                         node.last_access_time, node.hit_count, node.score)
         node.key, node.value, node.parent = node.key[cut:], node.value[num_pages:], upper
         upper.children[tuple(node.key[:self.page_size])] = node
         parent.children[tuple(upper.key[:self.page_size])] = upper
@@ -225,11 +238,12 @@ class RadixCache:
             stack.extend(node.children.values())
 
     def evict(self, num_pages: int) -> int:
-        """Free at least ``num_pages`` pages (whole leaves, least recently used first) or every evictable
+        """Free at least ``num_pages`` pages (whole leaves, lowest ``policy.key`` first) or every evictable
         page if there are fewer. Returns the number of pages given back to the allocator. O(tree)."""
         if num_pages <= 0 or self._evictable == 0:
             return 0
-        heap = [(n.last_access_time, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        key = self.policy.key
+        heap = [(key(n), n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_pages and heap:
@@ -238,10 +252,11 @@ class RadixCache:
             assert parent is not None
             del parent.children[tuple(leaf.key[:self.page_size])]
             self.allocator.free(leaf.value)
+            self.policy.evicted(leaf)
             freed += len(leaf.value)
             self._evictable -= len(leaf.value)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+                heapq.heappush(heap, (key(parent), parent.id, parent))
         for salt in [s for s, r in self._roots.items() if s is not None and not r.children]:
             del self._roots[salt]  # an emptied salted root: drop it so salts don't accumulate
         return freed
@@ -256,39 +271,4 @@ class RadixCache:
 
     def check_invariants(self) -> None:
         """Walk the whole tree and raise AssertionError naming the first broken invariant."""
-        def fail(msg: str) -> None:
-            raise AssertionError(f"RadixCache invariant broken: {msg}")
-
-        ps = self.page_size
-        evictable = protected = 0
-        seen: set[int] = set()
-        for salt, root in self._roots.items():
-            if root.parent is not None or root.key or root.value or root.lock_ref != 0:
-                fail(f"root for salt {salt!r} is not a bare root: {root!r}")
-        for node in self._nodes():
-            parent = node.parent
-            if parent is None:
-                fail(f"{node!r} has no parent")
-                return
-            if not node.value or len(node.key) != len(node.value) * ps:
-                fail(f"{node!r}: {len(node.key)} tokens vs {len(node.value)} pages x {ps}")
-            if parent.children.get(tuple(node.key[:ps])) is not node:
-                fail(f"{node!r} is not its parent's child under its first page")
-            if node.lock_ref < 0:
-                fail(f"{node!r} has negative lock_ref")
-            child_locks = sum(c.lock_ref for c in node.children.values())
-            if node.lock_ref < child_locks:
-                fail(f"{node!r} lock_ref < its children's total {child_locks}")
-            if parent.parent is not None and parent.last_access_time < node.last_access_time:
-                fail(f"{node!r} was accessed after its parent {parent!r}")
-            for page in node.value:
-                if page in seen or not 0 <= page < self.allocator.num_pages:
-                    fail(f"page {page} is duplicated or out of range (in {node!r})")
-                seen.add(page)
-            if node.lock_ref == 0:
-                evictable += len(node.value)
-            else:
-                protected += len(node.value)
-        if (evictable, protected) != (self._evictable, self._protected):
-            fail(f"counters evictable={self._evictable} protected={self._protected}, "
-                 f"tree has evictable={evictable} protected={protected}")
+        check_tree(self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from radixrt.runtime.mem.allocator import PageAllocator
+from radixrt.runtime.mem.eviction import DEFAULT_POLICY
 from radixrt.runtime.mem.radix_cache import RadixCache
 
 if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [tool.importlinter])
@@ -21,15 +22,15 @@ class ReqPages:
             evictable) and returns True, or returns False when nothing is pinned (runtime/session.py).
     """
 
-    def __init__(self, page_size: int, num_pages: int, enable_cache: bool):
+    def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):
         self.P = page_size
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixCache(page_size, self.allocator) if enable_cache else None
+        self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
         self.unpin: Callable[[], bool] | None = None
 
     def allocate(self, n: int) -> list[int] | None:
-        """``n`` free pages, evicting least recently used tree leaves if short, then dropping session pins
-        one by one (oldest first) while still short; None if impossible."""
+        """``n`` free pages, evicting tree leaves (by the eviction policy) if short, then dropping session
+        pins one by one (oldest first) while still short; None if impossible."""
         if n <= 0:
             return []
         while True:
@@ -43,7 +44,7 @@ class ReqPages:
         """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens."""
         pages, node = [], None
         if self.tree is not None and req.max_cacheable_prefix() > 0:
-            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
+            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt, hit=True)
             pages, node = m.pages, m.last_node
             self.tree.inc_lock_ref(node)
         matched = len(pages) * self.P

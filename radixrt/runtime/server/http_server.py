@@ -5,7 +5,8 @@ OpenAI: ``POST /v1/chat/completions`` (:mod:`.chat`), ``POST /v1/completions`` (
 ``GET /v1/models`` (:mod:`.model_routes`). Native (:mod:`.native`): ``POST /generate``, ``GET /get_model_info``,
 ``GET /get_server_info``, ``POST /flush_cache``, ``POST /abort_request``, ``GET /health``,
 ``GET /health_generate``, ``GET /metrics`` (``--enable-metrics``). Sessions (:mod:`.session_routes`):
-``POST /open_session``, ``POST /close_session``.
+``POST /open_session``, ``POST /close_session``. Live view (:mod:`.dashboard`): ``GET /dashboard`` and the
+JSON it reads, ``GET /cache_tree?top=N``.
 
 Every invalid request is a 400 ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``
 (:mod:`.http_errors`; FastAPI's own validation errors included); a dead or loading runtime is a 503 with a
@@ -21,7 +22,7 @@ import hmac
 
 from fastapi import FastAPI
 
-from radixrt.runtime.server import chat, completions, model_routes, native, session_routes
+from radixrt.runtime.server import chat, completions, dashboard, model_routes, native, session_routes
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.http_errors import add_error_handlers
 from radixrt.runtime.server.openai_protocol import error_body
@@ -61,6 +62,7 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     add_error_handlers(app)
     app.include_router(native.router)
     app.include_router(session_routes.router)
+    app.include_router(dashboard.router)
     if metrics is not None:
         app.include_router(native.metrics_router)
     app.include_router(model_routes.router)

@@ -1,6 +1,7 @@
 """``radixrt serve``: start the three processes and the HTTP + DSL front ends.
 
     radixrt serve [--model M] [--host 127.0.0.1] [--port 30000] [--zmq-port PORT+1] [--api-key K] ...
+    radixrt profile LOG ...              (replay a request log through the radix tree: profile_cmd.py)
     python -m radixrt serve ...          python -m radixrt.runtime.server.launch serve ...
 
 - main process: FastAPI on uvicorn (uvloop), the TokenizerManager and the DSL's ZMQ ROUTER;
@@ -39,12 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run the server: OpenAI-compatible and SGLang-native HTTP APIs, "
                                        "plus the DSL's ZMQ socket.")
     ServerArgs.add_cli_args(serve)
+    from radixrt.runtime.server.profile_cmd import add_parser as add_profile_parser
+    add_profile_parser(sub)
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.command == "profile":
+        from radixrt.runtime.server.profile_cmd import run as run_profile
+        return run_profile(ns)
     if ns.command != "serve":
         parser.print_help()
         return 2

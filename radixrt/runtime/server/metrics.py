@@ -1,95 +1,119 @@
 """Prometheus metrics for ``GET /metrics`` (``--enable-metrics``), with ``prometheus-client``.
 
-- Gauges, refreshed from the scheduler at each scrape: ``radixrt_num_running_reqs``,
-  ``radixrt_num_waiting_reqs``, ``radixrt_kv_cache_usage_ratio`` (pages held by requests or pinned,
-  over all pages), ``radixrt_kv_cache_cached_ratio`` (evictable cached pages over all pages).
-- Counters: ``radixrt_prefix_cache_query_tokens_total`` / ``radixrt_prefix_cache_hit_tokens_total``
-  (the scheduler's totals), ``radixrt_prompt_tokens_total``, ``radixrt_generation_tokens_total``,
-  ``radixrt_requests_total{finish_reason}``.
-- Histograms (seconds): ``radixrt_time_to_first_token_seconds``, ``radixrt_inter_token_latency_seconds``,
-  ``radixrt_e2e_request_latency_seconds``, measured in the main process.
+The names are the ones SGLang and vLLM users already chart (their Grafana dashboards work unchanged);
+where both projects name the same quantity, both names are exported. Every family has the label
+``model_name``. Units: seconds, tokens, ratios in [0, 1].
+
+| quantity | SGLang name | vLLM name |
+|---|---|---|
+| running requests (gauge) | ``sglang:num_running_reqs`` | ``vllm:num_requests_running`` |
+| waiting requests (gauge) | ``sglang:num_queue_reqs`` | ``vllm:num_requests_waiting`` |
+| KV pages held by requests or pinned, over all (gauge) | ``sglang:token_usage`` | ``vllm:kv_cache_usage_perc`` |
+| prefix cache hit rate since start (gauge) | ``sglang:cache_hit_rate`` | |
+| prompt tokens looked up / served from the cache (counters) | ``sglang:cached_tokens_total`` (hits) | ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total`` |
+| prompt / generated tokens of finished requests (counters) | ``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total`` | ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` |
+| finished requests (counter) | ``sglang:num_requests_total`` | ``vllm:request_success_total{finished_reason}`` |
+| TTFT (histogram) | ``sglang:time_to_first_token_seconds`` | ``vllm:time_to_first_token_seconds`` |
+| ITL (histogram) | ``sglang:inter_token_latency_seconds`` | ``vllm:inter_token_latency_seconds`` |
+| E2E latency (histogram) | ``sglang:e2e_request_latency_seconds`` | ``vllm:e2e_request_latency_seconds`` |
+
+Also ``radixrt:kv_cache_cached_ratio`` (evictable cached pages over all pages), which neither peer has.
+Gauges and the cache counters are refreshed from the scheduler at each scrape; latencies are measured in
+the main process.
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class _CacheCounters:
-    """Exposes the scheduler's cumulative prefix-cache totals as counters."""
+class _SchedulerState:
+    """Gauges and cache counters from the scheduler's last ``InfoOut`` (read at scrape time)."""
 
     def __init__(self, labels: dict):
         self.labels = labels
-        self.query = 0
-        self.hit = 0
+        self.running = self.waiting = 0
+        self.usage = self.cached_ratio = 0.0
+        self.query = self.hit = 0
 
     def collect(self):
         names = list(self.labels)
-        for name, doc, v in (("radixrt_prefix_cache_query_tokens", "prompt tokens looked up in the prefix cache",
-                              self.query),
-                             ("radixrt_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache",
-                              self.hit)):
+        vals = [self.labels[k] for k in names]
+        rate = self.hit / self.query if self.query else 0.0
+        for name, doc, v in (
+                ("sglang:num_running_reqs", "running requests", self.running),
+                ("vllm:num_requests_running", "running requests", self.running),
+                ("sglang:num_queue_reqs", "requests waiting to be scheduled", self.waiting),
+                ("vllm:num_requests_waiting", "requests waiting to be scheduled", self.waiting),
+                ("sglang:token_usage", "KV pages held by requests or pinned in the tree, over all", self.usage),
+                ("vllm:kv_cache_usage_perc", "KV pages held by requests or pinned in the tree, over all", self.usage),
+                ("radixrt:kv_cache_cached_ratio", "evictable cached KV pages over all pages", self.cached_ratio),
+                ("sglang:cache_hit_rate", "prompt tokens served from the prefix cache over those looked up", rate)):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(vals, v)
+            yield g
+        for name, doc, v in (("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", self.query),
+                             ("vllm:prefix_cache_hits", "prompt tokens served from the prefix cache", self.hit),
+                             ("sglang:cached_tokens", "prompt tokens served from the prefix cache", self.hit)):
             c = CounterMetricFamily(name, doc, labels=names)
-            c.add_metric([self.labels[k] for k in names], v)
+            c.add_metric(vals, v)
             yield c
 
 
 class Metrics:
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry(auto_describe=True)
-        lab = {"model_name": model_name}
-        self.lab = lab
-        r = self.registry
-        self.running = Gauge("radixrt_num_running_reqs", "requests in the running batch", list(lab), registry=r)
-        self.waiting = Gauge("radixrt_num_waiting_reqs", "requests waiting to be scheduled", list(lab), registry=r)
-        self.kv_usage = Gauge("radixrt_kv_cache_usage_ratio",
-                              "KV pages held by running requests or pinned in the tree, over all pages",
-                              list(lab), registry=r)
-        self.kv_cached = Gauge("radixrt_kv_cache_cached_ratio", "evictable cached KV pages over all pages",
-                               list(lab), registry=r)
-        self.prompt_tokens = Counter("radixrt_prompt_tokens", "prompt tokens of finished requests", list(lab),
-                                     registry=r)
-        self.gen_tokens = Counter("radixrt_generation_tokens", "generated tokens of finished requests", list(lab),
-                                  registry=r)
-        self.requests = Counter("radixrt_requests", "finished requests", list(lab) + ["finish_reason"], registry=r)
-        self.ttft = Histogram("radixrt_time_to_first_token_seconds", "time to first token", list(lab),
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("radixrt_inter_token_latency_seconds", "time between output tokens", list(lab),
-                             buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("radixrt_e2e_request_latency_seconds", "request latency, arrival to finish",
-                             list(lab), buckets=_LATENCY_BUCKETS, registry=r)
-        self.cache = _CacheCounters(lab)
-        r.register(self.cache)
+        self.lab = {"model_name": model_name}
+        r, names = self.registry, list(self.lab)
+
+        def both(kind, suffix, doc, **kw):
+            return [kind(f"{p}:{suffix}", doc, names + kw.pop("extra", []), registry=r, **kw)
+                    for p in ("sglang", "vllm")]
+
+        self.prompt_tokens = both(Counter, "prompt_tokens", "prompt tokens of finished requests")
+        self.gen_tokens = both(Counter, "generation_tokens", "generated tokens of finished requests")
+        self.requests = Counter("sglang:num_requests", "finished requests", names, registry=r)
+        self.success = Counter("vllm:request_success", "finished requests", names + ["finished_reason"], registry=r)
+        self.ttft = both(Histogram, "time_to_first_token_seconds", "time to first token", buckets=_LATENCY_BUCKETS)
+        self.itl = both(Histogram, "inter_token_latency_seconds", "time between output tokens", buckets=_ITL_BUCKETS)
+        self.e2e = both(Histogram, "e2e_request_latency_seconds", "request latency, arrival to finish",
+                        buckets=_LATENCY_BUCKETS)
+        self.state = _SchedulerState(self.lab)
+        r.register(self.state)
 
     def observe_ttft(self, dt: float) -> None:
-        self.ttft.labels(**self.lab).observe(dt)
+        for h in self.ttft:
+            h.labels(**self.lab).observe(dt)
 
     def observe_itl(self, dt: float, n: int = 1) -> None:
-        h = self.itl.labels(**self.lab)
-        for _ in range(n):
-            h.observe(dt)
+        for fam in self.itl:
+            h = fam.labels(**self.lab)
+            for _ in range(n):
+                h.observe(dt)
 
     def observe_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
                        reason: str) -> None:
-        self.e2e.labels(**self.lab).observe(e2e)
-        self.prompt_tokens.labels(**self.lab).inc(prompt_tokens)
-        self.gen_tokens.labels(**self.lab).inc(completion_tokens)
-        self.requests.labels(**self.lab, finish_reason=reason).inc()
+        for h in self.e2e:
+            h.labels(**self.lab).observe(e2e)
+        for c in self.prompt_tokens:
+            c.labels(**self.lab).inc(prompt_tokens)
+        for c in self.gen_tokens:
+            c.labels(**self.lab).inc(completion_tokens)
+        self.requests.labels(**self.lab).inc()
+        self.success.labels(**self.lab, finished_reason=reason).inc()
 
     def update(self, info) -> None:
         """Refresh the gauges and cache counters from an ``InfoOut``."""
-        c = info.cache
+        c, s = info.cache, self.state
         total = max(c.get("total_pages", 0), 1)
-        self.running.labels(**self.lab).set(info.num_running)
-        self.waiting.labels(**self.lab).set(info.num_waiting)
-        self.kv_usage.labels(**self.lab).set((total - c.get("free_pages", 0) - c.get("evictable_pages", 0)) / total)
-        self.kv_cached.labels(**self.lab).set(c.get("evictable_pages", 0) / total)
-        self.cache.query = c.get("query_tokens", 0)
-        self.cache.hit = c.get("hit_tokens", 0)
+        s.running, s.waiting = info.num_running, info.num_waiting
+        s.usage = (total - c.get("free_pages", 0) - c.get("evictable_pages", 0)) / total
+        s.cached_ratio = c.get("evictable_pages", 0) / total
+        s.query, s.hit = c.get("query_tokens", 0), c.get("hit_tokens", 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

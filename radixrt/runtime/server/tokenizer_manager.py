@@ -25,6 +25,7 @@ from radixrt.runtime.server.ipc import Ipc
 from radixrt.runtime.server.native_body import NativeCall, parse_generate_body
 from radixrt.runtime.server.openai_protocol import ApiError
 from radixrt.runtime.server.req_batch import ReqBatch
+from radixrt.runtime.server.latency import LatencyWindow
 from radixrt.runtime.server_info import server_info
 from radixrt.runtime.validation import GrammarCheck, Limits, build_requests
 
@@ -36,6 +37,7 @@ class TokenizerManager:
         self.args = args
         self.model_name = args.served_model_name or model_name
         self.metrics = metrics
+        self.latency = LatencyWindow()  # recent TTFT / ITL samples for /cache_tree and the dashboard
         self.tokenizer = None
         self.limits: Optional[Limits] = None
         self.grammar_cache = None
@@ -143,20 +145,24 @@ class TokenizerManager:
     def _dispatch(self, outs: list[StrOut]) -> None:
         """Route each StrOut to its call's queue; record TTFT / ITL / finish metrics (seconds)."""
         now = time.perf_counter()
-        m = self.metrics
+        m, lat = self.metrics, self.latency
         for s in outs:
             batch = self.states.get(s.rid)
             if batch is None:
                 continue  # an aborted call whose client is gone
             t = s.token
-            if m is not None and t.new_token_ids:
+            if t.new_token_ids:
                 last = batch.t_last[s.rid]
                 if last is None:
-                    m.observe_ttft(now - batch.t_submit)
-                    if len(t.new_token_ids) > 1:
-                        m.observe_itl(0.0, len(t.new_token_ids) - 1)
+                    lat.ttft(now - batch.t_submit)
+                    if m is not None:
+                        m.observe_ttft(now - batch.t_submit)
+                        if len(t.new_token_ids) > 1:
+                            m.observe_itl(0.0, len(t.new_token_ids) - 1)
                 else:
-                    m.observe_itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
+                    lat.itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
+                    if m is not None:
+                        m.observe_itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
                 batch.t_last[s.rid] = now
             if t.finished_reason is not None:
                 del self.states[s.rid]
@@ -230,9 +236,10 @@ class TokenizerManager:
             raise ApiError(f"the scheduler did not answer within {timeout:.0f} s", status=503,
                            type="service_unavailable") from None
 
-    async def get_info(self) -> InfoOut:
+    async def get_info(self, top: int = 0) -> InfoOut:
+        """The scheduler's state; ``top`` > 0 adds the tree summary (``InfoOut.tree``)."""
         self.check_ready()
-        return await self._ask(GetInfoReq())
+        return await self._ask(GetInfoReq(top=top))
 
     async def flush_cache(self) -> bool:
         self.check_ready()

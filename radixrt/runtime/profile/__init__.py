@@ -1,0 +1,1 @@
+"""Replay traffic through the radix tree without the model: the engine of ``radixrt profile``."""
