@@ -63,11 +63,12 @@ def test_q4_block_conversions():
     span = w.reshape(8, 2, 32)
     assert (err <= (span.amax(-1) - span.amin(-1))[..., None] / 30 * 1.01 + 1e-3).all()  # half a step
     q40 = torch.randint(0, 256, (4, 2 * 18), dtype=torch.uint8, generator=g)
-    q40.view(4, 2, 18)[..., :2] = torch.tensor([0.5, 1.25], dtype=torch.float16).view(torch.uint8)
+    d = torch.tensor([[0.5], [1.25]], dtype=torch.float16)  # one scale per block
+    q40.view(4, 2, 18)[..., :2] = d.view(torch.uint8)
     v = q4_0_to_q4_1(q40.numpy())
     qs = q40.view(4, 2, 18)[..., 2:]
     q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
-    assert torch.equal(dequantize("Q4_1", torch.from_numpy(v)), ((q - 8) * 0.5).reshape(4, 64))
+    assert torch.equal(dequantize("Q4_1", torch.from_numpy(v)), ((q - 8) * d.float()).reshape(4, 64))
 
 
 def test_cpp_gemv_matches_torch_int4_kernel(blocks):
