@@ -5,8 +5,8 @@
 cached ``.so`` in well under a second. It returns ``None``, after one logged warning, where the CPU lacks
 AVX2/FMA/F16C or the build fails (no compiler, no ninja); callers then use torch's int4 kernel.
 
-Ops of the loaded library, ``torch.ops.radixrt_ggml`` (fp32 activations are quantized per 32-block to int8 inside, as llama.cpp
-does):
+Ops of the loaded library, ``torch.ops.radixrt_ggml`` (fp32 activations are quantized per 32-block to
+int8 inside, as llama.cpp does):
 
 - ``q4_1_mm(x [M, K] fp32, w [N, K / 32 * 20] uint8) -> [M, N] fp32``
 - ``q8_0_mm(x [M, K] fp32, w [N, K / 32 * 34] uint8) -> [M, N] fp32``
@@ -42,7 +42,8 @@ def _cpu_ok() -> bool:
 
 
 def ggml_gemv():
-    """``torch.ops.radixrt_ggml`` once the library is built and loaded, or ``None`` where it cannot be built here (a warning says why)."""
+    """``torch.ops.radixrt_ggml`` once the library is built and loaded, or ``None`` where it cannot be
+    built here (a warning says why)."""
     with _lock:
         if "mod" not in _state:
             _state["mod"] = _build()
