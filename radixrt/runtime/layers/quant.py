@@ -19,9 +19,10 @@ activations, and Q8_0 to int8 per channel.
 
 **Fallback to fp32 by batch rows.** A quantized module also keeps the fp32 copy of the *same* values it holds
 (the dequantized blocks), and a product with more than :data:`MAX_ROWS` ``[fmt]`` rows (tokens in the
-step) runs on that copy, so prefill and large decode batches never run slower than ``none``. The limits
-come from ``benchmarks/bench_quant.py`` (whole-model projections, 2-core AVX2 box, 2026-12-01): see the
-table in the README; a format is used up to the largest row count at which it still beats fp32.
+step) runs on that copy, so prefill and large decode batches never run slower than ``none``. A format is
+meant to run up to the largest row count at which it still beats fp32; the present limits are provisional
+(see the README: q4 from a prototype kernel run, 2.6x fp32 at 1 row and 1.6x at 16 rows in 1-thread CPU
+time; fp16 and int8 from issue 12's figures). ``benchmarks/bench_quant.py`` measures the crossover.
 """
 from __future__ import annotations
 
