@@ -6,6 +6,10 @@ tg128 next to batch 1 (built by ``make peers``; a notice when absent); batch 32 
 output lengths against HF. Each figure also appears as a share of the roofline:
 batch-1 decode against weight bytes / bandwidth, larger batches and prefill against
 2 x params x tokens / FLOP/s.
+
+Then, per weight format (``--formats``, issue 12): batch-1 decode tok/s, its ratio to fp32 and to HF, and
+the share of the step inside the weight matmuls from the torch profiler (``step_profile.py``).
+The lines above run fp32 (``--quantization none``), the format HF runs.
 """
 from __future__ import annotations
 
@@ -20,9 +24,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from peers import llama_bench_tg  # noqa: E402
 from roofline import matmul_gflops, read_gbps  # noqa: E402
+from step_profile import matmul_share  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model_loader import default_gguf_path, load_hf_model, load_tokenizer  # noqa: E402
+from radixrt.runtime.model_loader import default_gguf_path, load_hf_model, load_state_dict, load_tokenizer  # noqa: E402
 
 
 def decode_tps(engine, prompts, new_tokens) -> float:
@@ -50,13 +55,15 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8,32,64")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--formats", default="none,q4,int8,fp16", help="weight formats for the batch-1 lines")
     ap.add_argument("--out", default="benchmarks/results/bench_engine.json")
     args = ap.parse_args()
     gflops, gbps = matmul_gflops(), read_gbps()
     print(f"roofline: fp32 matmul {gflops:.1f} GFLOP/s, memory read {gbps:.1f} GB/s")
-    engine = Engine(max_total_tokens=16384, max_running_requests=64, chunked_prefill_size=1024)
+    engine = Engine(max_total_tokens=16384, max_running_requests=64, chunked_prefill_size=1024,
+                    quantization="none")
     tok = load_tokenizer()
-    params = sum(p.numel() for p in engine.runner.model.parameters())
+    params = sum(v.numel() for v in load_state_dict().values())  # the head is tied: counted once
     weight_bytes = params * 4
     compute_tps = gflops * 1e9 / (2 * params)
     mem_tps = gbps * 1e9 / weight_bytes
@@ -108,10 +115,25 @@ def main() -> None:
     print(f"batch 32 mixed lengths (8..64 new tokens): radixrt {ours:.1f} tok/s | HF {theirs:.1f} tok/s | "
           f"ratio {ours / theirs:.1f}x")
     results["mixed_bs32"] = {"radixrt": ours, "hf": theirs}
+    engine.shutdown()
+    prompt1 = [ids[:args.prompt_len]]
+    hf1 = hf_tps(hf, prompt1, args.new_tokens)
+    fp32_tps = None
+    for fmt in args.formats.split(","):
+        e = Engine(max_total_tokens=4096, quantization=fmt)
+        decode_tps(e, prompt1, [4])  # warm-up
+        tps = decode_tps(e, prompt1, [args.new_tokens])
+        fp32_tps = fp32_tps or tps
+        prof = matmul_share(e, prompt1[0], args.new_tokens)
+        extra = f" = {tps / mem_tps:.0%} of memory roofline" if fmt == "none" else ""
+        print(f"weights {fmt:5}: batch-1 decode {tps:6.1f} tok/s{extra} | {tps / fp32_tps:4.2f}x fp32 | "
+              f"{tps / hf1:4.2f}x HF | weight matmuls {prof['share']:.0%} of the step "
+              f"({prof['matmul_ms']:.1f} of {prof['wall_ms']:.1f} ms)")
+        results[f"weights_{fmt}"] = {"tps": tps, "hf": hf1, **prof}
+        e.shutdown()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    engine.shutdown()
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 cached ``.so`` in well under a second. It returns ``None``, after one logged warning, where the CPU lacks
 AVX2/FMA/F16C or the build fails (no compiler, no ninja); callers then use torch's int4 kernel.
 
-Functions of the loaded module (fp32 activations are quantized per 32-block to int8 inside, as llama.cpp
-does):
+Ops of the loaded library, ``torch.ops.radixrt_ggml`` (fp32 activations are quantized per 32-block to
+int8 inside, as llama.cpp does):
 
 - ``q4_1_mm(x [M, K] fp32, w [N, K / 32 * 20] uint8) -> [M, N] fp32``
 - ``q8_0_mm(x [M, K] fp32, w [N, K / 32 * 34] uint8) -> [M, N] fp32``
@@ -42,7 +42,8 @@ def _cpu_ok() -> bool:
 
 
 def ggml_gemv():
-    """The compiled extension module, or ``None`` where it cannot be built here (a warning says why)."""
+    """``torch.ops.radixrt_ggml`` once the library is built and loaded, or ``None`` where it cannot be
+    built here (a warning says why)."""
     with _lock:
         if "mod" not in _state:
             _state["mod"] = _build()
@@ -67,8 +68,9 @@ def _build():
             fcntl.flock(fh, fcntl.LOCK_EX)
             if os.path.exists(os.path.join(d, "lock")):
                 os.remove(os.path.join(d, "lock"))
-            return load("radixrt_ggml_gemv", [_SOURCE], build_directory=d, verbose=False,
-                        extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"])
+            load("radixrt_ggml_gemv", [_SOURCE], build_directory=d, verbose=False, is_python_module=False,
+                 extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"])
+        return torch.ops.radixrt_ggml
     except Exception as e:  # noqa: BLE001 - any build failure means: use torch's kernel
         logger.warning("ggml_gemv: C++ build failed (%s); using torch's int4 kernel", str(e).splitlines()[0][:300])
         return None

@@ -5,8 +5,9 @@
 // The activations are quantized per 32-block to int8 (llama.cpp's Q8_1/Q8_0 trick) so the inner product is
 // an integer dot product (maddubs), as in llama.cpp's ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0.
 // Rows of the weight are split over torch's intra-op threads with at::parallel_for.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 #include <immintrin.h>
 #include <cstdint>
 #include <cmath>
@@ -132,16 +133,16 @@ void q8_0_adapter(const uint8_t* W, int64_t n0, int64_t n1, int64_t nb, const in
   q8_0_rows<MB>(W, n0, n1, nb, qx, dx, out, N);
 }
 
-torch::Tensor run(const torch::Tensor& x, const torch::Tensor& w, int64_t block_bytes, RowFn const* fns) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K] contiguous");
-  TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w must be uint8 [N, K/32*bytes]");
+at::Tensor run(const at::Tensor& x, const at::Tensor& w, int64_t block_bytes, RowFn const* fns) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x must be fp32 [M, K] contiguous");
+  TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous(), "w must be uint8 [N, K/32*bytes]");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % QK == 0 && w.size(1) == K / QK * block_bytes, "w does not match K = ", K);
   const int64_t nb = K / QK;
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * nb), sx(M * nb);
   quantize_rows(x.data_ptr<float>(), M, K, qx.data(), dx.data(), sx.data());
-  auto out = torch::empty({M, N}, x.options());
+  auto out = at::empty({M, N}, x.options());
   const uint8_t* W = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   // Rows in chunks of up to 4 activations: the unpacked weight block is reused from registers.
@@ -159,10 +160,17 @@ const RowFn Q8_0_FNS[4] = {q8_0_adapter<1>, q8_0_adapter<2>, q8_0_adapter<3>, q8
 
 }  // namespace
 
-torch::Tensor q4_1_mm(const torch::Tensor& x, const torch::Tensor& w) { return run(x, w, Q4_1_BYTES, Q4_1_FNS); }
-torch::Tensor q8_0_mm(const torch::Tensor& x, const torch::Tensor& w) { return run(x, w, Q8_0_BYTES, Q8_0_FNS); }
+at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& w) { return run(x, w, Q4_1_BYTES, Q4_1_FNS); }
+at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& w) { return run(x, w, Q8_0_BYTES, Q8_0_FNS); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_1_mm", &q4_1_mm, "x [M, K] fp32 @ Q4_1 blocks [N, K/32*20] uint8 -> [M, N] fp32");
-  m.def("q8_0_mm", &q8_0_mm, "x [M, K] fp32 @ Q8_0 blocks [N, K/32*34] uint8 -> [M, N] fp32");
+// Registered as dispatcher ops (torch.ops.radixrt_ggml.*): they show up in the torch profiler by name, and
+// the library needs only ATen headers, which keeps the one-time build short.
+TORCH_LIBRARY(radixrt_ggml, m) {
+  m.def("q4_1_mm(Tensor x, Tensor w) -> Tensor");  // x [M, K] fp32 @ Q4_1 blocks [N, K/32*20] uint8 -> [M, N]
+  m.def("q8_0_mm(Tensor x, Tensor w) -> Tensor");  // x [M, K] fp32 @ Q8_0 blocks [N, K/32*34] uint8 -> [M, N]
+}
+
+TORCH_LIBRARY_IMPL(radixrt_ggml, CPU, m) {
+  m.impl("q4_1_mm", &q4_1_mm);
+  m.impl("q8_0_mm", &q8_0_mm);
 }

@@ -14,6 +14,8 @@ Blocks run along the input dimension, so a row permutation moves whole rows of b
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
@@ -81,6 +83,21 @@ def dequantize(kind: str, raw: torch.Tensor) -> torch.Tensor:
     return (q * d + m).reshape(n, nb * QK)
 
 
+@lru_cache(maxsize=2)
+def gguf_reader(path: str):
+    """A ``gguf.GGUFReader`` (memory-mapped); parsing the metadata of a 49k-token vocabulary takes seconds,
+    so one reader per file serves every engine of the process."""
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def tensor_kinds(path: str) -> dict[str, str]:
+    """``{tensor name: ggml type name}`` of the 2-D tensors (weights) of a GGUF file."""
+    return {t.name: t.tensor_type.name for t in gguf_reader(path).tensors if len(t.shape) == 2}
+
+
+@lru_cache(maxsize=2)
 def read_gguf_blocks(path: str, num_layers: int, num_heads: int, num_kv_heads: int,
                      tie_word_embeddings: bool) -> dict[str, tuple[str, torch.Tensor]]:
     """The file's Q4_0/Q4_1/Q8_0 matrices, as ``{module name: (kind, blocks [N, nb * bytes] uint8)}``.
@@ -88,11 +105,9 @@ def read_gguf_blocks(path: str, num_layers: int, num_heads: int, num_kv_heads: i
     Module names are those of :class:`~radixrt.runtime.models.llama.LlamaForCausalLM`
     (``layers.3.self_attn.qkv_proj``, ``lm_head``). Q4_0 comes back as Q4_1. A fused module appears only
     when all its parts share one kind; other tensors (F32, F16, K-quants) are left out, and the caller
-    quantizes those from fp32.
+    quantizes those from fp32. Cached per file: the tensors are shared, read-only, by every engine.
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    reader = gguf_reader(path)
     arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else "llama"
     permuted = arch == "llama"  # llama.cpp permutes q/k only for the llama architecture (Mistral too), not Qwen
     raw: dict[str, tuple[str, np.ndarray]] = {}

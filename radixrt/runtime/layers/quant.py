@@ -19,20 +19,23 @@ activations, and Q8_0 to int8 per channel.
 
 **Fallback to fp32 by batch rows.** A quantized module also keeps the fp32 copy of the *same* values it holds
 (the dequantized blocks), and a product with more than :data:`MAX_ROWS` ``[fmt]`` rows (tokens in the
-step) runs on that copy, so prefill and large decode batches never run slower than ``none``. The limits
-come from ``benchmarks/bench_quant.py`` (whole-model projections, 2-core AVX2 box, 2026-12-01): see the
-table in the README; a format is used up to the largest row count at which it still beats fp32.
+step) runs on that copy, so prefill and large decode batches never run slower than ``none``. A format is
+meant to run up to the largest row count at which it still beats fp32; the present limits are provisional
+(see the README: q4 from a prototype kernel run, 2.6x fp32 at 1 row and 1.6x at 16 rows in 1-thread CPU
+time; fp16 and int8 from issue 12's figures). ``benchmarks/bench_quant.py`` measures the crossover.
 """
 from __future__ import annotations
 
 import logging
+import os
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixrt.kernels.quant import ggml_gemv
-from radixrt.runtime.layers.gguf_blocks import dequantize, quantize_q4_1
+from radixrt.runtime.layers.gguf_blocks import dequantize, quantize_q4_1, read_gguf_blocks, tensor_kinds
 
 logger = logging.getLogger(__name__)
 FORMATS = ("none", "fp16", "int8", "q4")
@@ -196,11 +199,7 @@ def default_format(gguf_path: str | None) -> str:
     Q8_0, by the most common kind among its 2-D weights), else ``none``; ``none`` for safetensors."""
     if gguf_path is None:
         return "none"
-    from collections import Counter
-
-    from gguf import GGUFReader
-
-    kinds = Counter(t.tensor_type.name for t in GGUFReader(gguf_path).tensors if len(t.shape) == 2)
+    kinds = Counter(tensor_kinds(gguf_path).values())
     top = kinds.most_common(1)[0][0] if kinds else "F32"
     return {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "int8"}.get(top, "none")
 
@@ -212,19 +211,18 @@ def quantize_for_source(model: nn.Module, fmt: str, source, device: torch.device
     Raises:
         ValueError: a format other than ``auto``/``none`` on cuda, or an unknown format.
     """
-    import os
-
     gguf = os.path.join(source.directory, source.gguf_file) if source.gguf_file else None
     if device.type != "cpu":
         if fmt not in ("auto", "none"):
             raise ValueError(f"quantization {fmt!r} runs on the cpu only; use 'none' on {device.type}")
         return "none"
+    fp32 = next(model.parameters()).dtype == torch.float32
     if fmt == "auto":
-        fmt = default_format(gguf) if next(model.parameters()).dtype == torch.float32 else "none"
+        fmt = default_format(gguf) if fp32 else "none"
+    if fmt == "none" and not fp32:
+        return fmt  # a bf16/fp16 model keeps its nn.Linear layers
     blocks = None
     if gguf is not None and fmt in ("int8", "q4"):
-        from radixrt.runtime.layers.gguf_blocks import read_gguf_blocks
-
         a = model.args
         blocks = read_gguf_blocks(gguf, a.num_layers, a.num_heads, a.num_kv_heads, a.tie_word_embeddings)
     quantize_model(model, fmt, blocks)
