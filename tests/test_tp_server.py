@@ -25,7 +25,7 @@ NEW = 24
 GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
           "required": ["city", "population"]}
-SAMPLED = {"json_schema": json.dumps(SCHEMA), "temperature": 1.0, "seed": 7, "max_new_tokens": 48}
+SAMPLED = {"json_schema": json.dumps(SCHEMA), "temperature": 1.0, "seed": 7, "max_new_tokens": 160}
 SMALL_POOL = 224  # tokens: 14 pages of 16; the five prompts + outputs need 19, so decode preempts
 
 
