@@ -56,7 +56,9 @@ def test_family_layout(family_model):
     attn = m.layers[0].self_attn
     assert (attn.qkv_proj.bias is not None) == (fam == "qwen2")
     assert (attn.q_norm is not None) == (fam == "qwen3")
-    assert type(attn.qkv_proj) is torch.nn.Linear and type(m.layers[0].mlp.gate_up_proj) is torch.nn.Linear
+    # the fused projections keep the names the weight-format swap (layers/quant.py) looks for
+    assert {"qkv_proj", "o_proj"} <= dict(attn.named_children()).keys()
+    assert {"gate_up_proj", "down_proj"} <= dict(m.layers[0].mlp.named_children()).keys()
     default = 1.0 / (m.args.inv_freq.new_tensor(
         e.runner.config.rope_parameters["rope_theta"]) ** (torch.arange(0, 16, 2).float() / 16))
     scaled = fam in ("llama3", "llama-linear", "llama-yarn")
