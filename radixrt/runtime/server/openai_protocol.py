@@ -59,6 +59,23 @@ class ChatMessage(_Req):
     tool_call_id: Optional[str] = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one of json, regex, choice, grammar, json_object,
+    structural_tag. An unknown key is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_: Optional[Union[dict[str, Any], str, bool]] = Field(None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    structural_tag: Optional[Union[dict[str, Any], str]] = None
+    disable_any_whitespace: bool = False          # True: no whitespace between JSON tokens (our default)
+    disable_additional_properties: bool = False   # guidance-only in vLLM: accepted, no effect
+    disable_fallback: bool = False                # one grammar backend here: nothing to fall back to
+    whitespace_pattern: Optional[str] = None      # refused (400): xgrammar takes no whitespace regex
+
+
 class _Common(_Req):
     """Fields shared by chat and completions (OpenAI's plus SGLang's extras)."""
 
@@ -89,6 +106,16 @@ class _Common(_Req):
     response_format: Optional[dict[str, Any]] = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    spaces_between_special_tokens: bool = True
+    # vLLM extras
+    include_stop_str_in_output: bool = False
+    guided_json: Optional[Union[dict[str, Any], str, bool]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None    # accepted, no effect: --grammar-backend decides
+    guided_whitespace_pattern: Optional[str] = None  # refused (400)
+    structured_outputs: Optional[StructuredOutputs] = None
 
 
 class ChatCompletionRequest(_Common):
