@@ -43,6 +43,33 @@ def error_body(message: str, param: Optional[str] = None, type: str = "invalid_r
 
 
 # ---- requests ----------------------------------------------------------------------------------------
+# OpenAI fields that are accepted and have no effect here, with the reason (docs/compatibility.md) ...
+IGNORED_FIELDS = {
+    "user": "no per-user accounting", "metadata": "nothing is stored", "store": "nothing is stored",
+    "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
+    "reasoning_effort": "not a reasoning model", "verbosity": "no verbosity control; use max_tokens",
+    "prediction": "a speed hint (predicted outputs); the output is the same without it",
+    "prompt_cache_key": "the radix cache matches prefixes by content (use cache_salt to keep tenants apart)",
+    "prompt_cache_options": "the radix cache matches prefixes by content",
+    "prompt_cache_retention": "cached pages live until evicted (LRU)",
+    "guided_decoding_backend": "--grammar-backend chooses the backend",
+}
+# ... and fields refused with a 400 naming them when set (null, false and [] count as unset).
+REFUSED_FIELDS = {
+    "audio": "the model is text-only", "web_search_options": "there is no web search",
+    "functions": "deprecated by OpenAI; use tools", "function_call": "deprecated by OpenAI; use tool_choice",
+    "modalities": "the output is text only (only [\"text\"] is accepted)",
+}
+
+
+def check_refused(body: dict) -> None:
+    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
+    for k, why in REFUSED_FIELDS.items():
+        v = body.get(k)
+        if v not in (None, False, [], {}) and not (k == "modalities" and v == ["text"]):
+            raise ApiError(f"{k} is not supported: {why}", param=k)
+
+
 class _Req(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
