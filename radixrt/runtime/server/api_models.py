@@ -145,6 +145,8 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     rid: Optional[Union[str, list[str]]] = None
     cache_salt: Optional[str] = None
+    session_params: Optional[dict[str, Any]] = None
+    session_id: Optional[str] = None
 
 
 class GenerateOutput(_Out):
@@ -155,6 +157,16 @@ class GenerateOutput(_Out):
 
 class AbortRequest(BaseModel):
     rid: str
+
+
+class OpenSessionRequest(BaseModel):
+    capacity_of_str_len: int
+    session_id: Optional[str] = None
+    timeout: Optional[float] = None   # seconds idle before the session closes itself
+
+
+class CloseSessionRequest(BaseModel):
+    session_id: str
 
 
 class Status(_Out):
@@ -186,7 +198,8 @@ class ServerInfo(_Out):
 
 
 # Models that describe request bodies (routes read them by hand, so FastAPI does not list them itself).
-REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, GenerateRequest, AbortRequest)
+REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, GenerateRequest, AbortRequest, OpenSessionRequest,
+                  CloseSessionRequest)
 _ERRORS = {400: "bad input", 503: "the model is loading, or a child process died"}
 
 
