@@ -96,3 +96,18 @@ def hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
         out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                 max_new_tokens=n, do_sample=False, pad_token_id=2, eos_token_id=None)
     return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="session")
+def api_server():
+    """One plain ``radixrt serve`` shared by the API-compatibility modules (SGLang frontend, compatibility
+    table, OpenAPI fuzz); each of them checks the pool after every test with ``api_server.wait_idle()``."""
+    from server_util import ServerProc
+    s = ServerProc()
+    try:
+        s.wait_ready()
+    except BaseException:
+        s.kill()
+        raise
+    yield s
+    assert s.stop() == 0, s.logs()

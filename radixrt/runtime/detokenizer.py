@@ -4,6 +4,8 @@
 - A streamed delta never shows a prefix of a stop string that may still match: the longest suffix of
   the text that begins some stop string is held back until the match fails or the request ends.
 - On a stop-string finish the text is cut before the stop string (unless ``no_stop_trim``).
+- With ``skip_special_tokens=False``, ``spaces_between_special_tokens`` (default, as SGLang and
+  transformers' slow tokenizers) puts one space between a special token and its neighbours.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class _State:
     text: str = ""
     sent: int = 0
     stops: list[str] = field(default_factory=list)
+    spaced: bool = False       # special tokens shown and spaces_between_special_tokens: HF slow-decode spacing
+    last_special: bool = False  # the last token that produced text was a special token
 
 
 def _held_back(text: str, stops: list[str]) -> int:
@@ -39,6 +43,8 @@ class Detokenizer:
     def __init__(self, tokenizer):
         self.tok = tokenizer._tokenizer if hasattr(tokenizer, "_tokenizer") else tokenizer
         self.states: dict[str, _State] = {}
+        # the tokenizer's special added tokens (the ones skip_special_tokens drops)
+        self.special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
 
     def handle(self, batch: BatchTokenOut) -> BatchStrOut:
         return BatchStrOut([self.handle_one(o) for o in batch.outs])
@@ -47,10 +53,18 @@ class Detokenizer:
         st = self.states.get(o.rid)
         if st is None:
             st = self.states[o.rid] = _State(DecodeStream(skip_special_tokens=o.skip_special_tokens),
-                                             stops=list(o.stop_strings))
+                                             stops=list(o.stop_strings),
+                                             spaced=not o.skip_special_tokens and o.spaces_between_special_tokens)
         for t in o.new_token_ids:
             chunk = st.stream.step(self.tok, t)
             if chunk:
+                if st.spaced:
+                    # as transformers' slow decode: special tokens and the text runs between them are
+                    # joined with single spaces
+                    special = t in self.special
+                    if st.text and (special or st.last_special):
+                        chunk = " " + chunk
+                    st.last_special = special
                 st.text += chunk
         end = len(st.text)
         if o.finished_reason is not None:

@@ -40,6 +40,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     any_whitespace: bool = False
     # the grammar applies only after the output contains these ids (a reasoning parser's end marker)
     reasoning_end_ids: list[int] = []
+    # SGLang's keys added for the frontend's wire contract (issue 13)
+    n: int = 1                                  # samples per prompt; expanded into n requests by validation
+    spaces_between_special_tokens: bool = True  # detokenizer: a space around special tokens (with skip off)
+    logit_bias: dict[int, float] = {}           # token id -> added to its logit before sampling
+    stream_interval: int = 1                    # streamed /generate: a chunk every this many tokens
 
 
 class SessionParams(msgspec.Struct, kw_only=True):
@@ -126,6 +131,7 @@ class TokenOut(msgspec.Struct, kw_only=True):
     stop_strings: list[str] = []
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

@@ -149,7 +149,8 @@ def make_out(req: Req, force: bool = False) -> TokenOut | None:
                    prompt_tokens=len(req.input_ids), completion_tokens=len(req.output_ids),
                    cached_tokens=req.cached_tokens, output_token_logprobs=req.out_logprobs,
                    output_top_logprobs=req.out_top_logprobs, stop_strings=list(req.params.stop),
-                   no_stop_trim=req.params.no_stop_trim, skip_special_tokens=req.params.skip_special_tokens)
+                   no_stop_trim=req.params.no_stop_trim, skip_special_tokens=req.params.skip_special_tokens,
+                   spaces_between_special_tokens=req.params.spaces_between_special_tokens)
     req.out_logprobs, req.out_top_logprobs = [], []
     if req.input_logprobs is not None and (send_in or force) and not req.input_logprobs_sent:
         out.input_token_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs

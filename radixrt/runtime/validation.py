@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import msgspec
+
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut
 from radixrt.runtime.session_args import check_session_params
@@ -75,6 +77,8 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
     sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
     if len(sps) != n:
         raise ValidationError(f"sampling_params has {len(sps)} entries for {n} prompts", "sampling_params")
+    if isinstance(rid, list) and len(rid) != n:
+        raise ValidationError(f"rid: {len(rid)} ids for {n} prompts", "rid")
     rids = rid if isinstance(rid, list) else [rid] * n
     if not isinstance(return_logprob, bool):
         raise ValidationError(f"return_logprob must be a boolean, got {return_logprob!r}", "return_logprob")
@@ -102,12 +106,23 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
             elif not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(ids):
                 raise ValidationError(f"logprob_start_len must be in [0, {len(ids)}] (the prompt length) or -1, "
                                       f"got {start!r}", "logprob_start_len")
-        reqs.append(GenerateReq(rid=r or uuid.uuid4().hex, input_ids=list(ids), sampling_params=sp,
-                                return_logprob=return_logprob, logprob_start_len=start,
-                                top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                                stream=stream, cache_salt=cache_salt, session_params=sess,
-                                session_id=session_id))
-    return reqs, single
+        bad = [t for t in sp.logit_bias if t >= limits.vocab_size]
+        if bad:
+            raise ValidationError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
+                                  "logit_bias")
+        if sp.n > 1 and (sess is not None or session_id is not None):
+            raise ValidationError("n: a session continues one conversation; n > 1 is not allowed with a session", "n")
+        # n samples: n requests of the same prompt (the scheduler shares its KV); seeds seed + i
+        for k in range(sp.n):
+            spk = sp if sp.n == 1 else msgspec.structs.replace(sp, n=1, seed=None if sp.seed is None else sp.seed + k)
+            rk = r if sp.n == 1 or not r else f"{r}-{k}"
+            reqs.append(GenerateReq(rid=rk or uuid.uuid4().hex, input_ids=list(ids), sampling_params=spk,
+                                    return_logprob=return_logprob, logprob_start_len=start,
+                                    top_logprobs_num=top_logprobs_num if return_logprob else 0,
+                                    stream=stream, cache_salt=cache_salt, session_params=sess,
+                                    session_id=session_id))
+    # SGLang answers a list as soon as one prompt asks for n > 1 samples
+    return reqs, single and len(reqs) == 1
 
 
 class GrammarCheck:

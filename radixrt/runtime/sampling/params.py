@@ -17,6 +17,8 @@ from radixrt.runtime.io_struct import SamplingParams
 
 _FIELDS = set(SamplingParams.__struct_fields__)
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+MAX_N = 128  # samples per prompt (n)
+KNOWN_KEYS = _FIELDS | {"choices", "sampling_seed", "custom_params"}  # every key normalize() accepts
 
 
 def _num(name: str, v: Any, lo: float | None = None, hi: float | None = None, integer: bool = False,
@@ -47,11 +49,14 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         params = msgspec.structs.asdict(params)
     if not isinstance(params, dict):
         raise ValidationError(f"sampling_params must be an object, got {type(params).__name__}", "sampling_params")
-    p = dict(params)
+    # SGLang's clients send None for "not set" (its frontend sends regex=None, stop_token_ids=None ...);
+    # only max_new_tokens gives None a meaning ("the room left in the context").
+    p = {k: v for k, v in params.items() if v is not None or k == "max_new_tokens"}
     choices = p.pop("choices", None)
+    _aliases(p)
     unknown = sorted(set(p) - _FIELDS)
     if unknown:
-        raise ValidationError(f"unknown sampling parameter(s) {unknown}; known: {sorted(_FIELDS | {'choices'})}",
+        raise ValidationError(f"unknown sampling parameter(s) {unknown}; known: {sorted(KNOWN_KEYS)}",
                               "sampling_params")
     if isinstance(p.get("json_schema"), (dict, bool)):
         p["json_schema"] = json.dumps(p["json_schema"])
@@ -85,6 +90,8 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
     _num("repetition_penalty", sp.repetition_penalty, lo=0, hi=2, lo_open=True)
     if sp.seed is not None:
         _num("seed", sp.seed, lo=0, integer=True)
+    _num("n", sp.n, lo=1, hi=MAX_N, integer=True)
+    _num("stream_interval", sp.stream_interval, lo=1, integer=True)
     for s in sp.stop:
         if not s:
             raise ValidationError("stop strings must be non-empty", "stop")
@@ -97,6 +104,42 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         raise ValidationError(f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}",
                               "sampling_params")
     return sp
+
+
+def _aliases(p: dict) -> None:
+    """SGLang keys that map onto ours: ``sampling_seed`` (newer SGLang) is ``seed``; ``custom_params`` is
+    only read by a custom logit processor (refused at the top level), so it is checked and dropped;
+    ``logit_bias`` keys become token ids."""
+    if "sampling_seed" in p:
+        seed = p.pop("sampling_seed")
+        if "seed" in p and p["seed"] != seed:
+            raise ValidationError(f"sampling_seed ({seed!r}) and seed ({p['seed']!r}) differ; give one",
+                                  "sampling_seed")
+        p["seed"] = seed
+    custom = p.pop("custom_params", None)
+    if custom is not None and not isinstance(custom, dict):
+        raise ValidationError(f"custom_params must be an object, got {type(custom).__name__}", "custom_params")
+    if "logit_bias" in p:
+        p["logit_bias"] = logit_bias(p["logit_bias"])
+
+
+def logit_bias(bias: Any) -> dict[int, float]:
+    """``{token id (int or decimal string): bias}`` -> ``{int: float}``; biases in [-100, 100] (OpenAI's
+    range), added to the logits before sampling. Raises ValidationError naming ``logit_bias``."""
+    if not isinstance(bias, dict):
+        raise ValidationError(f"logit_bias must be an object of token id -> bias, got {type(bias).__name__}",
+                              "logit_bias")
+    out: dict[int, float] = {}
+    for k, v in bias.items():
+        tid = k if isinstance(k, int) and not isinstance(k, bool) else None
+        if isinstance(k, str) and k.strip().isdigit():
+            tid = int(k)
+        if tid is None or tid < 0:
+            raise ValidationError(f"logit_bias: key {k!r} is not a token id (a non-negative integer)", "logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not -100 <= v <= 100:
+            raise ValidationError(f"logit_bias[{k!r}] must be a number in [-100, 100], got {v!r}", "logit_bias")
+        out[tid] = float(v)
+    return out
 
 
 def grammar_of(sp: SamplingParams) -> tuple[str, str] | None:

@@ -1,4 +1,5 @@
-"""Batched sampling. Order per row: penalties -> grammar mask -> temperature -> top-k/top-p/min-p -> sample.
+"""Batched sampling. Order per row: penalties -> logit bias -> grammar mask -> temperature -> top-k/top-p/min-p
+-> sample.
 
 Logprobs are those of the model's own distribution (log-softmax of the raw logits). Each request owns a
 ``torch.Generator``, so a seeded request draws the same tokens whatever else shares its batch.
@@ -47,6 +48,15 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> None:
             logits[i, ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
 
 
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    """OpenAI/SGLang ``logit_bias``: add each request's ``{token id: bias}`` to its row of logits."""
+    for i, r in enumerate(rows):
+        bias = r.params.logit_bias
+        if bias:
+            ids = torch.tensor(list(bias), device=logits.device)
+            logits[i, ids] += torch.tensor(list(bias.values()), device=logits.device, dtype=logits.dtype)
+
+
 def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
     """Top-k, top-p (nucleus, Holtzman et al. 2019) and min-p on one row of temperature-scaled logits."""
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -77,6 +87,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], grammar_mask=None) -> Sa
     need_lp = any(r.want_logprob or r.top_logprobs_num for r in rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if need_lp else None
     _apply_penalties(logits, rows)
+    _apply_logit_bias(logits, rows)
     for i, r in enumerate(rows):
         if r.block_ids:
             logits[i, r.block_ids] = float("-inf")

@@ -5,6 +5,7 @@ from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 
+from radixrt.runtime.server.api_models import ChatCompletionResponse, doc
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.openai_protocol import (CHAT_ROLES, MAX_CHAT_TOP_LOGPROBS, ApiError,
                                                     ChatCompletionRequest, chat_logprobs, finish_reason, new_id, now)
@@ -22,7 +23,8 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
     the plan (prompt, grammar, parsing), or None when no tool may be called. Raises ApiError 400."""
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     if plan is not None:
-        for field in ("response_format", "regex", "ebnf"):
+        for field in ("response_format", "regex", "ebnf", "guided_json", "guided_regex", "guided_choice",
+                      "guided_grammar", "structured_outputs"):
             v = getattr(req, field)
             if v is not None and not (field == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
                 raise ApiError(f"{field} cannot be combined with tools (tool_choice {plan.mode!r} constrains the "
@@ -83,7 +85,7 @@ def _check_top_logprobs(req: ChatCompletionRequest) -> None:
             raise ApiError("top_logprobs needs logprobs=true", param="top_logprobs")
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", **doc(ChatCompletionResponse, ChatCompletionRequest, stream=True))
 async def chat_completions(request: Request):
     """OpenAI chat completions over the model's chat template.
 
@@ -104,7 +106,7 @@ async def chat_completions(request: Request):
     _check_top_logprobs(req)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp = sampling_params(req, max_new, max_param)
+    sp, grammar_src = sampling_params(req, max_new, max_param)
     turn = prepare_turn(chat_format(c), tm.tokenizer, chat_messages(req.messages), plan, sp,
                         req.chat_template_kwargs, req.separate_reasoning)
     sp.update(turn.sampling)
@@ -113,7 +115,7 @@ async def chat_completions(request: Request):
     sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
     top_n = req.top_logprobs or 0
     batch = await submit(c, "messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
-                         top_n=top_n, cache_salt=req.cache_salt, grammar_param="tools" if plan else None,
+                         top_n=top_n, cache_salt=req.cache_salt, grammar_param="tools" if plan else grammar_src,
                          session_id=session_of(request, req.session_id))
     env = Envelope(new_id("chatcmpl"), "chat.completion", "chat.completion.chunk", now(), tm.model_name,
                    bool(req.stream_options and req.stream_options.include_usage))

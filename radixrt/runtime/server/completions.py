@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from radixrt.runtime.server.api_models import CompletionResponse, doc
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.openai_protocol import (MAX_COMPLETION_LOGPROBS, ApiError, CompletionRequest,
                                                     completion_logprobs, finish_reason, new_id, now)
@@ -37,7 +38,7 @@ def _prompts(p) -> tuple[list | None, list | None]:
     return None, [list(x) for x in p]
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", **doc(CompletionResponse, CompletionRequest, stream=True))
 async def completions(request: Request):
     """OpenAI completions: ``prompt`` is a string, a list of strings, token ids or a list of token-id lists.
 
@@ -50,7 +51,7 @@ async def completions(request: Request):
     tm.check_ready()
     check_model(c, req.model)
     _check(req)
-    sp = sampling_params(req, req.max_tokens, "max_tokens")
+    sp, grammar_src = sampling_params(req, req.max_tokens, "max_tokens")
     texts, ids = _prompts(req.prompt)
     n = req.n
     prompts = texts if texts is not None else ids
@@ -61,7 +62,8 @@ async def completions(request: Request):
     top_n = req.logprobs or 0
     batch = await submit(c, "prompt", "max_tokens", sps, texts=rep(texts) if texts is not None else None,
                          ids=rep(ids) if ids is not None else None, return_logprob=return_lp, top_n=top_n,
-                         cache_salt=req.cache_salt, session_id=session_of(request, req.session_id))
+                         cache_salt=req.cache_salt, grammar_param=grammar_src,
+                         session_id=session_of(request, req.session_id))
     env = Envelope(new_id("cmpl"), "text_completion", "text_completion", now(), tm.model_name,
                    bool(req.stream_options and req.stream_options.include_usage))
     echo = [x if texts is not None else tm.tokenizer.decode(x) for x in prompts] if req.echo else None

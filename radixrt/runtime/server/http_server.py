@@ -11,6 +11,8 @@ JSON it reads, ``GET /cache_tree?top=N``.
 Every invalid request is a 400 ``{"error": {"message", "type": "invalid_request_error", "param", "code"}}``
 (:mod:`.http_errors`; FastAPI's own validation errors included); a dead or loading runtime is a 503 with a
 message; a missing or wrong API key (``--api-key``) is a 401 on every route but ``/health``.
+``GET /openapi.json`` describes every route's request and response models (:mod:`.api_models`);
+``GET /docs`` is its Swagger UI.
 
 Default ``max_tokens`` on the OpenAI routes: when neither ``max_tokens`` nor ``max_completion_tokens`` is
 given, generation may run up to the room left in the context (context length - prompt tokens); a prompt
@@ -21,8 +23,10 @@ from __future__ import annotations
 import hmac
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
 from radixrt.runtime.server import chat, completions, dashboard, model_routes, native, session_routes
+from radixrt.runtime.server.api_models import add_request_schemas
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.http_errors import add_error_handlers
 from radixrt.runtime.server.openai_protocol import error_body
@@ -55,7 +59,9 @@ class AuthMiddleware:
 
 def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     """The app over a TokenizerManager ``tm`` (``metrics``: a Metrics, or None without /metrics)."""
-    app = FastAPI(title="radixrt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    import radixrt
+    app = FastAPI(title="radixrt", version=radixrt.__version__, lifespan=lifespan, docs_url="/docs",
+                  redoc_url=None, openapi_url="/openapi.json")
     app.state.ctx = ServerContext(args, tm, metrics)
     if args.api_key:
         app.add_middleware(AuthMiddleware, api_key=args.api_key)
@@ -68,4 +74,11 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     app.include_router(model_routes.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_request_schemas(get_openapi(title=app.title, version=app.version,
+                                                                 routes=app.routes))
+        return app.openapi_schema
+    app.openapi = openapi
     return app

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from radixrt.runtime.server.api_models import ModelCard, ModelList, doc
 from radixrt.runtime.server.context import START_TIME, ServerContext, ctx
 from radixrt.runtime.server.native import model_info
 from radixrt.runtime.server.responses import JSONResp
@@ -16,12 +17,12 @@ def model_card(c: ServerContext) -> dict:
             "root": model_info(c.args)["model_path"], "max_model_len": r.context_length if r else None}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", **doc(ModelList, errors=()))
 async def models(request: Request):
     return JSONResp({"object": "list", "data": [model_card(ctx(request))]})
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", **doc(ModelCard, errors=(404,)))
 async def retrieve_model(request: Request, model_id: str):
     c = ctx(request)
     if model_id != c.tm.model_name:

@@ -4,10 +4,13 @@ with ``--enable-metrics``, ``GET /metrics`` (Prometheus text)."""
 from __future__ import annotations
 
 import os
+from typing import Union
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from radixrt.runtime.server.api_models import (AbortRequest, GenerateOutput, GenerateRequest, ModelInfo, ServerInfo,
+                                               Status, Success, doc)
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.openai_protocol import ApiError, error_body
 from radixrt.runtime.server.request_body import body_json
@@ -32,7 +35,7 @@ async def flush(tm) -> dict:
     return {"success": True, "message": "Cache flushed."}
 
 
-@router.get("/health")
+@router.get("/health", **doc(Status, errors=(503,)))
 async def health(request: Request):
     """200 ``{"status": "ok"}`` once the model is loaded; 503 while loading or after a child died."""
     tm = ctx(request).tm
@@ -43,29 +46,34 @@ async def health(request: Request):
     return JSONResp({"status": "ok"})
 
 
-@router.get("/health_generate")
+@router.get("/health_generate", **doc(Status, errors=(503,)))
 async def health_generate(request: Request):
     """Runs a 1-token generation through every process."""
     await ctx(request).tm.health_generate()
     return JSONResp({"status": "ok"})
 
 
-@router.get("/get_model_info")
+@router.get("/get_model_info", **doc(ModelInfo, errors=()))
 async def get_model_info(request: Request):
     return JSONResp(model_info(ctx(request).args))
 
 
-@router.get("/get_server_info")
+@router.get("/get_server_info", **doc(ServerInfo, errors=(503,)))
 async def get_server_info(request: Request):
     return JSONResp(await ctx(request).tm.server_info())
 
 
-@router.api_route("/flush_cache", methods=["POST", "GET"])
 async def flush_cache(request: Request):
+    """Free every cached page no request uses; a 400 while requests run."""
     return JSONResp(await flush(ctx(request).tm))
 
 
-@router.post("/abort_request")
+for _method in ("POST", "GET"):
+    router.add_api_route("/flush_cache", flush_cache, methods=[_method], operation_id=f"flush_cache_{_method.lower()}",
+                         **doc(Success))
+
+
+@router.post("/abort_request", **doc(Success, AbortRequest, errors=(400,)))
 async def abort_request(request: Request):
     """Abort the request ``{"rid": ...}``; its pages are freed. Unknown rids succeed (already finished)."""
     body = await body_json(request)
@@ -76,7 +84,7 @@ async def abort_request(request: Request):
     return JSONResp({"success": True})
 
 
-@router.post("/generate")
+@router.post("/generate", **doc(Union[GenerateOutput, list[GenerateOutput]], GenerateRequest, stream=True))
 async def generate(request: Request):
     """SGLang's generate (body: see :mod:`.native_body`): one dict for one prompt, a list for a batch, or
     with ``stream`` SSE events of the cumulative dict then ``[DONE]``; 499 if the client leaves first."""
@@ -98,7 +106,7 @@ async def generate(request: Request):
     return JSONResp(await call.result())
 
 
-@metrics_router.get("/metrics")
+@metrics_router.get("/metrics", **doc(text=True, errors=()))
 async def get_metrics(request: Request):
     from radixrt.runtime.server.metrics import CONTENT_TYPE
     c = ctx(request)

@@ -13,6 +13,22 @@ from radixrt.runtime.errors import ValidationError
 GENERATE_KEYS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
                  "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "cache_salt", "session_params",
                  "session_id")
+# SGLang's other GenerateReqInput keys: accepted and ignored (no effect here) ...
+IGNORED_KEYS = {"log_metrics": "every request is counted in /metrics",
+                "data_parallel_rank": "one scheduler: there is no data parallelism to pick a rank of"}
+# ... or refused with the reason (a set value is a 400 naming the key; null/false/empty is accepted).
+REFUSED_KEYS = {
+    "input_embeds": "the model takes token ids only (text or input_ids)",
+    "image_data": "the model is text-only", "video_data": "the model is text-only",
+    "audio_data": "the model is text-only", "modalities": "the model is text-only",
+    "token_ids_logprob": "logprobs of chosen token ids are not computed; use top_logprobs_num",
+    "lora_path": "no LoRA adapter is loaded",
+    "custom_logit_processor": "custom logit processors are not supported (they would run user code)",
+    "return_hidden_states": "hidden states are not returned",
+    "bootstrap_host": "prefill/decode disaggregation is not supported",
+    "bootstrap_port": "prefill/decode disaggregation is not supported",
+    "bootstrap_room": "prefill/decode disaggregation is not supported",
+}
 
 
 @dataclass
@@ -42,7 +58,12 @@ def parse_generate_body(body: Any) -> GenerateBody:
     """
     if not isinstance(body, dict):
         raise ValidationError("the request body must be a JSON object", None)
-    unknown = [k for k, v in body.items() if k not in GENERATE_KEYS and v not in (None, False, [], {}, "")]
+    unset = (None, False, [], {}, "")
+    for k, why in REFUSED_KEYS.items():
+        if body.get(k) not in unset:
+            raise ValidationError(f"{k} is not supported: {why}", k)
+    unknown = [k for k, v in body.items() if k not in GENERATE_KEYS and k not in IGNORED_KEYS and k not in REFUSED_KEYS
+               and v not in unset]
     if unknown:
         raise ValidationError(f"unknown field(s) {sorted(unknown)}; known: {list(GENERATE_KEYS)}", unknown[0])
     b = GenerateBody(**{k: body[k] for k in GENERATE_KEYS if k in body})
@@ -69,8 +90,13 @@ class NativeCall:
         return ds[0] if self.single else ds
 
     async def chunks(self) -> AsyncIterator[dict]:
-        """Streaming (one prompt): one cumulative dict per update, the last one finished."""
+        """Streaming (one prompt): one cumulative dict per ``stream_interval`` new tokens (sampling param,
+        default 1: every update), the last one finished."""
         o = self.batch.outs[0]
+        every = self.batch.reqs[0].sampling_params.stream_interval
+        sent = 0
         while not self.batch.finished:
             await self.batch.next()
-            yield o.to_dict(self.return_logprob)
+            if self.batch.finished or len(o.output_ids) - sent >= every:
+                sent = len(o.output_ids)
+                yield o.to_dict(self.return_logprob)

@@ -43,6 +43,33 @@ def error_body(message: str, param: Optional[str] = None, type: str = "invalid_r
 
 
 # ---- requests ----------------------------------------------------------------------------------------
+# OpenAI fields that are accepted and have no effect here, with the reason (docs/compatibility.md) ...
+IGNORED_FIELDS = {
+    "user": "no per-user accounting", "metadata": "nothing is stored", "store": "nothing is stored",
+    "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
+    "reasoning_effort": "not a reasoning model", "verbosity": "no verbosity control; use max_tokens",
+    "prediction": "a speed hint (predicted outputs); the output is the same without it",
+    "prompt_cache_key": "the radix cache matches prefixes by content (use cache_salt to keep tenants apart)",
+    "prompt_cache_options": "the radix cache matches prefixes by content",
+    "prompt_cache_retention": "cached pages live until evicted (LRU)",
+    "guided_decoding_backend": "--grammar-backend chooses the backend",
+}
+# ... and fields refused with a 400 naming them when set (null, false and [] count as unset).
+REFUSED_FIELDS = {
+    "audio": "the model is text-only", "web_search_options": "there is no web search",
+    "functions": "deprecated by OpenAI; use tools", "function_call": "deprecated by OpenAI; use tool_choice",
+    "modalities": "the output is text only (only [\"text\"] is accepted)",
+}
+
+
+def check_refused(body: dict) -> None:
+    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
+    for k, why in REFUSED_FIELDS.items():
+        v = body.get(k)
+        if v not in (None, False, [], {}) and not (k == "modalities" and v == ["text"]):
+            raise ApiError(f"{k} is not supported: {why}", param=k)
+
+
 class _Req(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -57,6 +84,23 @@ class ChatMessage(_Req):
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one of json, regex, choice, grammar, json_object,
+    structural_tag. An unknown key is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_: Optional[Union[dict[str, Any], str, bool]] = Field(None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    structural_tag: Optional[Union[dict[str, Any], str]] = None
+    disable_any_whitespace: bool = False          # True: no whitespace between JSON tokens (our default)
+    disable_additional_properties: bool = False   # guidance-only in vLLM: accepted, no effect
+    disable_fallback: bool = False                # one grammar backend here: nothing to fall back to
+    whitespace_pattern: Optional[str] = None      # refused (400): xgrammar takes no whitespace regex
 
 
 class _Common(_Req):
@@ -89,6 +133,16 @@ class _Common(_Req):
     response_format: Optional[dict[str, Any]] = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    spaces_between_special_tokens: bool = True
+    # vLLM extras
+    include_stop_str_in_output: bool = False
+    guided_json: Optional[Union[dict[str, Any], str, bool]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    guided_decoding_backend: Optional[str] = None    # accepted, no effect: --grammar-backend decides
+    guided_whitespace_pattern: Optional[str] = None  # refused (400)
+    structured_outputs: Optional[StructuredOutputs] = None
 
 
 class ChatCompletionRequest(_Common):

@@ -43,7 +43,7 @@ async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[
 
     Raises:
         ApiError: 400 whose ``param`` is the OpenAI field (``prompt_param`` for the prompt, ``max_param``
-            for the length; ``grammar_param`` when the tools' own grammar failed), 503 when not ready.
+            for the length; ``grammar_param``, the grammar's source field, when it is bad), 503 when not ready.
     """
     try:
         reqs, _ = await c.tm.build(prompt=texts, input_ids=ids, sampling_params=sps, return_logprob=return_logprob,
@@ -51,10 +51,8 @@ async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[
                                    session_id=session_id)
         return await c.tm.submit(reqs)
     except ValueError as e:
-        param = openai_param(getattr(e, "param", None), prompt_param, max_param)
-        if grammar_param is not None and param in ("response_format.json_schema.schema", "structural_tag"):
-            param = grammar_param  # the tools' grammar failed to compile
-        raise ApiError(str(e), param=param) from None
+        raise ApiError(str(e), param=openai_param(getattr(e, "param", None), prompt_param, max_param,
+                                                  grammar_param)) from None
 
 
 @dataclass

@@ -8,7 +8,7 @@ from fastapi import Request
 from pydantic import ValidationError as PydanticValidationError
 
 from radixrt.runtime.server.http_errors import validation_error
-from radixrt.runtime.server.openai_protocol import ApiError
+from radixrt.runtime.server.openai_protocol import ApiError, check_refused
 
 
 async def body_json(request: Request) -> Any:
@@ -21,11 +21,12 @@ async def body_json(request: Request) -> Any:
 
 
 async def parse_body(request: Request, model_cls):
-    """The JSON body as ``model_cls``. Raises ApiError 400: not JSON, not an object, or a pydantic error
-    (``param`` names the first bad field)."""
+    """The JSON body of an OpenAI route as ``model_cls``. Raises ApiError 400: not JSON, not an object, a
+    refused field (:data:`REFUSED_FIELDS`), or a pydantic error (``param`` names the first bad field)."""
     body = await body_json(request)
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
+    check_refused(body)
     try:
         return model_cls.model_validate(body)
     except PydanticValidationError as e:

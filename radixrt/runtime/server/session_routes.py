@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from radixrt.runtime.server.api_models import CloseSessionRequest, OpenSessionRequest, Success, doc
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.request_body import body_json
 from radixrt.runtime.server.responses import JSONResp
@@ -17,12 +18,12 @@ from radixrt.runtime.server.responses import JSONResp
 router = APIRouter()
 
 
-@router.post("/open_session")
+@router.post("/open_session", **doc(str, OpenSessionRequest))
 async def open_session(request: Request):
     return JSONResp(await ctx(request).tm.open_session(await body_json(request)))
 
 
-@router.post("/close_session")
+@router.post("/close_session", **doc(Success, CloseSessionRequest))
 async def close_session(request: Request):
     body = await body_json(request)
     sid = body.get("session_id") if isinstance(body, dict) else None

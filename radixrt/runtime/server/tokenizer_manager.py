@@ -293,10 +293,12 @@ class TokenizerManager:
             prompt=b.text, input_ids=b.input_ids, sampling_params=b.sampling_params, return_logprob=b.return_logprob,
             logprob_start_len=b.logprob_start_len, top_logprobs_num=b.top_logprobs_num, stream=b.stream,
             rid=b.rid, cache_salt=b.cache_salt, session_params=b.session_params, session_id=b.session_id)
-        if isinstance(b.rid, list) and len(b.rid) != len(reqs):
-            raise ValidationError(f"rid: {len(b.rid)} ids for {len(reqs)} prompts", "rid")
         if b.stream and not single:
-            raise ValidationError("stream: stream=true takes one prompt", "stream")
+            many = isinstance(b.text, list) or (isinstance(b.input_ids, list) and b.input_ids
+                                                and isinstance(b.input_ids[0], list))
+            if many:
+                raise ValidationError("stream: stream=true takes one prompt", "stream")
+            raise ValidationError("n: stream=true takes one sample; n > 1 is answered without streaming", "n")
         batch = await self.submit(reqs, b.return_text_in_logprobs)
         return NativeCall(batch, single, b.stream, b.return_logprob)
 
