@@ -199,14 +199,14 @@ class Engine:
         from radixrt.runtime.errors import ValidationError
         from radixrt.runtime.session_args import check_open_session
         r = check_open_session(capacity_of_str_len, session_id, timeout)
-        sid = self._call(lambda: self.scheduler.open_session(r))
+        sid = self._call(lambda: self.scheduler.sessions.open_req(r))
         if sid is None:
             raise ValidationError(f"session {session_id!r} is already open", "session_id")
         return sid
 
     def close_session(self, session_id: str) -> bool:
         """Close a session; its pinned pages become evictable. False when it was not open."""
-        return self._call(lambda: self.scheduler.close_session(session_id))
+        return self._call(lambda: self.scheduler.sessions.close(session_id))
 
     def abort(self, rid: str) -> None:
         self._inbox.put(AbortReq(rid))

@@ -58,6 +58,13 @@ class Req:
         return cls(r.rid, list(r.input_ids), r.sampling_params, max_new_tokens, r.return_logprob,
                    r.logprob_start_len, r.top_logprobs_num, r.cache_salt, arrival, g)
 
+    def advance(self, n: int, now: float) -> None:
+        """``n`` more tokens of ``fill_ids`` have their KV written (at ``now``, Unix seconds); a prefill
+        chunk's end is marked for the request log."""
+        self.num_computed += n
+        if n > 1 or not self.prefill_marks:
+            self.prefill_marks.append((now, min(self.num_computed, len(self.input_ids))))
+
     @property
     def fill_ids(self) -> list[int]:
         return self.input_ids + self.output_ids

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import time
 
-from radixrt.runtime.io_struct import GenerateReq, OpenSessionReq, TokenOut
+from radixrt.runtime.io_struct import GenerateReq, TokenOut
+from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.mem.req_pages import ReqPages
 from radixrt.runtime.request_log import RequestLog
 from radixrt.runtime.output_processor import OutputProcessor, eos_ids, make_out
@@ -98,15 +99,6 @@ class Scheduler:
                 q.remove(req)
         self._finish(req, {"type": "abort", "message": "aborted"})
 
-    def open_session(self, r: OpenSessionReq) -> str | None:
-        """Start a session (see runtime/session.py). Returns its id; None when ``r.session_id`` is taken."""
-        self.sessions.expire()
-        return self.sessions.open(r.capacity_of_str_len, r.session_id, r.timeout)
-
-    def close_session(self, session_id: str) -> bool:
-        """End a session; its pinned pages become evictable. False when it is not open."""
-        return self.sessions.close(session_id)
-
     def flush_cache(self) -> bool:
         """Drop every unlocked cached page. Returns False (nothing done) while requests are running."""
         if self.tree is None:
@@ -144,10 +136,7 @@ class Scheduler:
                     if (r.rid in gate if gate is not None else r.grammar_future.done())]:
             self.grammar_queue.remove(req)
             try:
-                req.grammar = req.grammar_future.result().matcher()
-                if req.params.reasoning_end_ids:  # constrain only the answer, not the thinking
-                    from radixrt.runtime.constrained.reasoning_gate import ReasoningGate
-                    req.grammar = ReasoningGate(req.grammar, req.params.reasoning_end_ids)
+                req.grammar = make_matcher(req.grammar_future.result(), req.params.reasoning_end_ids)
             except Exception as e:  # validated before queueing; a backend failure still ends cleanly
                 self._finish(req, {"type": "abort", "message": f"grammar: {e}"})
                 continue
@@ -224,9 +213,7 @@ class Scheduler:
             t1 = time.perf_counter()
             now = time.time()
             for req, n in batch:
-                req.num_computed += n
-                if n > 1 or not req.prefill_marks:
-                    req.prefill_marks.append((now, min(req.num_computed, len(req.input_ids))))
+                req.advance(n, now)
             for req, reason in self.outputs.process(fb, logits):
                 self._finish_running(req, reason)
             for req, n in batch:
@@ -240,11 +227,7 @@ class Scheduler:
                         len(self.running), len(self.waiting), self.hit_tokens / self.query_tokens,
                         self.allocator.num_free)
         outs, self.finished_outs = self.finished_outs, []
-        for req in self.running:
-            o = make_out(req)
-            if o is not None:
-                outs.append(o)
-        return outs
+        return outs + [o for o in map(make_out, self.running) if o is not None]
 
     # ---- results -------------------------------------------------------------------------------------
     def _finish_running(self, req: Req, reason: dict) -> None:
@@ -252,9 +235,7 @@ class Scheduler:
         if req.session_id is None:
             self.mem.release(req)
         else:  # the request's lock on its deepest cached node passes to its session
-            node, tokens = self.mem.release(req, keep_lock=True)
-            self.sessions.record(req.session_id, req.rid, len(req.input_ids), req.fill_ids)
-            self.sessions.pin(req.session_id, node, tokens)
+            self.sessions.take_over(req, self.mem)
         self._finish(req, reason)
 
     def _finish(self, req: Req, reason: dict) -> None:

@@ -173,7 +173,7 @@ def _handle(sched, msg, push, enc, tp=None) -> None:
         push.send(enc.encode(_info(sched, None, tp, top=msg.top)))
     elif isinstance(msg, OpenSessionReq):
         info = _info(sched, None, tp)
-        info.session_id = sched.open_session(msg)
+        info.session_id = sched.sessions.open_req(msg)
         push.send(enc.encode(info))
     elif isinstance(msg, CloseSessionReq):
-        push.send(enc.encode(_info(sched, sched.close_session(msg.session_id), tp)))
+        push.send(enc.encode(_info(sched, sched.sessions.close(msg.session_id), tp)))

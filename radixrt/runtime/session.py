@@ -124,6 +124,19 @@ class SessionManager:
         if s is not None:
             s.history[rid] = (list(seq), prompt_len)
 
+    def open_req(self, r: Any) -> Optional[str]:
+        """Start a session for an ``OpenSessionReq`` (expired ones end first). Returns its id; None when
+        ``r.session_id`` is taken."""
+        self.expire()
+        return self.open(r.capacity_of_str_len, r.session_id, r.timeout)
+
+    def take_over(self, req: Any, mem: Any) -> None:
+        """A finished session request's lock on its deepest cached node passes to its session (``mem``:
+        the scheduler's ReqPages); the request's own pages go to the tree as usual."""
+        node, tokens = mem.release(req, keep_lock=True)
+        self.record(req.session_id, req.rid, len(req.input_ids), req.fill_ids)
+        self.pin(req.session_id, node, tokens)
+
     def pin(self, sid: str, node: Any, tokens: int) -> bool:
         """Hand ``node``'s lock (held by the caller) to session ``sid``; it replaces the session's pin.
 

@@ -106,9 +106,9 @@ def apply_step(sched, tp: TPGroup, step: TpStep) -> None:
             tp.gather_json(sched.cache_stats())
         elif isinstance(msg, OpenSessionReq):  # rank 0 gathers its reply's stats first, then opens
             tp.gather_json(sched.cache_stats())
-            sched.open_session(msg)
+            sched.sessions.open_req(msg)
         elif isinstance(msg, CloseSessionReq):
-            sched.close_session(msg.session_id)
+            sched.sessions.close(msg.session_id)
             tp.gather_json(sched.cache_stats())
         else:
             tp.gather_json(sched.cache_stats())

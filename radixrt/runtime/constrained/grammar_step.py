@@ -70,3 +70,13 @@ def advance_matchers(reqs: Sequence[Any], tokens: Sequence[int]) -> None:
     for req, tok in zip(reqs, tokens):
         if req.grammar is not None:
             req.grammar.accept_token(tok)
+
+
+def make_matcher(compiled: Any, reasoning_end_ids: Sequence[int] = ()) -> Any:
+    """A fresh matcher of a compiled grammar. With ``reasoning_end_ids`` (a reasoning parser's end marker) the
+    grammar constrains only the answer: it applies once the output holds those ids."""
+    matcher = compiled.matcher()
+    if reasoning_end_ids:
+        from radixrt.runtime.constrained.reasoning_gate import ReasoningGate
+        matcher = ReasoningGate(matcher, list(reasoning_end_ids))
+    return matcher
