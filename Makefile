@@ -22,7 +22,7 @@ browser:  # chromium + chromedriver from Debian, for the dashboard's browser tes
 	sh tests/install_browser.sh
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 demo: $(STAMP)
 	$(BIN)/python examples/run_demo.py
