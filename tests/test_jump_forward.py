@@ -89,7 +89,7 @@ def _run(e, tokenizer):
 
 
 def test_fewer_forward_passes_than_output_tokens(tokenizer):
-    on = make_engine(max_total_tokens=2048)
+    on = make_engine(max_total_tokens=2048, disable_jump_forward=False)
     off = make_engine(max_total_tokens=2048, disable_jump_forward=True)
     try:
         out_on, passes_on, jumped_on = _run(on, tokenizer)

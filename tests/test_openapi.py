@@ -11,7 +11,7 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 ROUTES = {"/health", "/health_generate", "/get_model_info", "/get_server_info", "/flush_cache", "/abort_request",
           "/generate", "/v1/models", "/v1/models/{model_id}", "/v1/chat/completions", "/v1/completions",
-          "/open_session", "/close_session"}
+          "/open_session", "/close_session", "/dashboard", "/cache_tree"}
 WITH_INPUT = {"/abort_request", "/generate", "/v1/chat/completions", "/v1/completions", "/open_session",
               "/close_session"}  # invalid inputs exist
 EXAMPLES_PER_ROUTE = 12

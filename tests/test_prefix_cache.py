@@ -84,7 +84,8 @@ def test_input_logprobs_with_cache_hit(engine, passage_ids):
     # From the middle: the cache may serve what comes before logprob_start_len - 1.
     c = engine.generate(input_ids=ids, sampling_params=G4, return_logprob=True, logprob_start_len=P)
     assert len(c["meta_info"]["input_token_logprobs"]) == 1
-    assert abs(c["meta_info"]["input_token_logprobs"][0][0] - a[P][0]) < 1e-5
+    # 3e-5: the cascade path sums the cached prefix in another order than the uncached run (fp32)
+    assert abs(c["meta_info"]["input_token_logprobs"][0][0] - a[P][0]) < 3e-5
 
 
 def test_abort_then_reuse(passage_ids):

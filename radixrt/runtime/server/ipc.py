@@ -15,6 +15,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import BatchStrOut, DetokenizerOutput, InfoOut, ReadyOut
 
 logger = logging.getLogger("radixrt.server")
@@ -33,19 +34,29 @@ class Ipc:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(DetokenizerOutput)
 
+    def _encode(self, msg) -> bytes:
+        """msgpack bytes of ``msg``. Raises ValidationError (a 400) for an integer outside 64 bits, which
+        validation lets through where a field has no upper bound (seeds, top_k, token ids, capacities)."""
+        try:
+            return self._enc.encode(msg)
+        except OverflowError:
+            raise ValidationError("an integer in the request is outside the 64-bit range "
+                                  "(seed, top_k, stop_token_ids, capacity_of_str_len, ...)") from None
+
     async def send(self, msg) -> None:
-        await self.push.send(self._enc.encode(msg))
+        await self.push.send(self._encode(msg))
 
     def send_nowait(self, msg) -> None:
         """Queue ``msg`` without waiting (ZMQ buffers it); for callers that cannot await (aborts)."""
-        self.push.send(self._enc.encode(msg))
+        self.push.send(self._encode(msg))
 
     async def ask(self, msg, timeout: float) -> InfoOut:
         """Send ``msg`` and wait for its InfoOut. Raises asyncio.TimeoutError after ``timeout`` seconds,
         or the error given to :meth:`fail_waiters`."""
+        frame = self._encode(msg)  # before queueing a waiter: a bad message must not leave one behind
         fut = asyncio.get_running_loop().create_future()
         self.info_waiters.append(fut)
-        await self.send(msg)
+        await self.push.send(frame)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
