@@ -102,12 +102,7 @@ def hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
 def api_server():
     """One plain ``radixrt serve`` shared by the API-compatibility modules (SGLang frontend, compatibility
     table, OpenAPI fuzz); each of them checks the pool after every test with ``api_server.wait_idle()``."""
-    from server_util import ServerProc
-    s = ServerProc()
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.kill()
-        raise
+    from server_util import start_server
+    s = start_server()
     yield s
     assert s.stop() == 0, s.logs()

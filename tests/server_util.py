@@ -128,6 +128,18 @@ class ServerProc:
         return st
 
 
+def start_server(*extra: str, api_key: Optional[str] = None, timeout: float = 240) -> ServerProc:
+    """A ready ``radixrt serve`` (extra CLI flags as given); killed, and the error re-raised, if it never
+    gets ready within ``timeout`` seconds."""
+    s = ServerProc(*extra, api_key=api_key)
+    try:
+        s.wait_ready(timeout=timeout)
+    except BaseException:
+        s.kill()
+        raise
+    return s
+
+
 def sse_events(lines) -> list:
     """Parse ``data:`` lines of an SSE body (an iterable of lines) into JSON objects, and "[DONE]"."""
     out = []

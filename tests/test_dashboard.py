@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_util import ServerProc
+from server_util import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "dash-key"
@@ -29,12 +29,7 @@ def chromium_paths() -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProc("--page-size", "16", api_key=API_KEY)
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.kill()
-        raise
+    s = start_server("--page-size", "16", api_key=API_KEY)
     yield s
     s.stop()
 

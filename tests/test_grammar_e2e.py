@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from conftest import close_engine, make_engine, shared_cases
-from server_util import ServerProc
+from server_util import start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 # RFC 8259 numbers and integers (edge case 10)
@@ -376,12 +376,7 @@ NAMED = {"type": "function", "function": {"name": "get_time"}}
 
 @pytest.fixture(scope="module")
 def tool_server():
-    s = ServerProc("--context-length", "2048")
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.kill()
-        raise
+    s = start_server("--context-length", "2048")
     yield s
     assert s.stop() == 0, s.logs()
 

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from model_dirs import QWEN_TOKENS, make_model_dir
-from server_util import ServerProc
+from server_util import start_server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -30,12 +30,7 @@ def qwen3_dir(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def srv(qwen3_dir):
-    s = ServerProc("--model", str(qwen3_dir), "--reasoning-parser", "qwen3", "--context-length", "512")
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.kill()
-        raise
+    s = start_server("--model", str(qwen3_dir), "--reasoning-parser", "qwen3", "--context-length", "512")
     yield s
     assert s.stop() == 0, s.logs()
 

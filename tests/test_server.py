@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from server_util import (CONTEXT, ServerProc, dsl_call, dsl_recv, dsl_send, dsl_socket, sse_events)
+from server_util import CONTEXT, dsl_call, dsl_recv, dsl_send, dsl_socket, sse_events, start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 P = 16  # page size
@@ -29,12 +29,7 @@ API_KEY = "sekrit-test-key"
 
 @pytest.fixture(scope="session")
 def server():
-    s = ServerProc()
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.kill()
-        raise
+    s = start_server()
     yield s
     rc = s.stop()
     assert rc == 0, s.logs()
@@ -43,12 +38,7 @@ def server():
 
 @pytest.fixture(scope="session")
 def auth_server():
-    s = ServerProc("--enable-metrics", api_key=API_KEY)
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.kill()
-        raise
+    s = start_server("--enable-metrics", api_key=API_KEY)
     yield s
     s.stop()  # raises if anything of its process group survives
     assert not s.group_alive()

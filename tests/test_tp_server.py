@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import close_engine, make_engine
-from server_util import ServerProc, sse_events
+from server_util import ServerProc, sse_events, start_server
 
 LENGTHS = [1, 7, 16, 33, 100]
 NEW = 24
@@ -35,13 +35,7 @@ def prompts(passage_ids):
 
 
 def _start(*extra: str) -> ServerProc:
-    s = ServerProc(*extra)
-    try:
-        s.wait_ready(timeout=900)
-    except BaseException:
-        s.kill()
-        raise
-    return s
+    return start_server(*extra, timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,32 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
+def call_deltas(calls: list, ids: list[str], sent_args: list[int]) -> list[dict]:
+    """The tool-call deltas not yet sent for ``calls`` (scanned objects with ``name``/``args``); updates
+    ``ids`` (one per emitted call) and ``sent_args`` (argument characters sent per call) in place."""
+    out: list[dict] = []
+    for idx, c in enumerate(calls):
+        if c.name is None:
+            break  # calls are streamed in order, each once its name is known
+        if idx == len(ids):
+            ids.append(new_call_id())
+            sent_args.append(0)
+            out.append({"tool_calls": [{"index": idx, "id": ids[idx], "type": "function",
+                                        "function": {"name": c.name, "arguments": ""}}]})
+        args = c.args or ""
+        if len(args) > sent_args[idx]:
+            out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[sent_args[idx]:]}}]})
+            sent_args[idx] = len(args)
+    return out
+
+
+def sent_message(content: str, ids: list[str], calls: list) -> tuple[Optional[str], list[dict]]:
+    """``(content, tool_calls)`` as streamed: ``content`` is None when empty and there are calls."""
+    out = [{"id": ids[i], "type": "function", "function": {"name": c.name, "arguments": c.args or ""}}
+           for i, c in enumerate(calls[:len(ids)])]
+    return (None if out and not content else content), out
+
+
 @dataclass
 class ToolCallStream:
     fmt: ToolFormat
@@ -46,19 +72,7 @@ class ToolCallStream:
         if len(target) > len(self.sent_content) and target.startswith(self.sent_content):
             out.append({"content": target[len(self.sent_content):]})
             self.sent_content = target
-        for idx, c in enumerate(calls):
-            if c.name is None:
-                break  # calls are streamed in order, each once its name is known
-            if idx == len(self.ids):
-                self.ids.append(new_call_id())
-                self.sent_args.append(0)
-                out.append({"tool_calls": [{"index": idx, "id": self.ids[idx], "type": "function",
-                                            "function": {"name": c.name, "arguments": ""}}]})
-            args = c.args or ""
-            if len(args) > self.sent_args[idx]:
-                out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[self.sent_args[idx]:]}}]})
-                self.sent_args[idx] = len(args)
-        return out
+        return out + call_deltas(calls, self.ids, self.sent_args)
 
     @property
     def num_calls(self) -> int:
@@ -70,10 +84,7 @@ class ToolCallStream:
     def message(self) -> tuple[Optional[str], list[dict]]:
         """After :meth:`finish`: ``(content, tool_calls)`` as sent (``content`` None when empty and there
         are calls)."""
-        calls = [{"id": self.ids[i], "type": "function", "function": {"name": c.name, "arguments": c.args or ""}}
-                 for i, c in enumerate(self._calls[:len(self.ids)])]
-        content = self.sent_content
-        return (None if calls and not content else content), calls
+        return sent_message(self.sent_content, self.ids, self._calls)
 
     def finish_reason(self, base: Optional[str]) -> Optional[str]:
         """``tool_calls`` when generation stopped normally after a complete call; else ``base``."""
@@ -82,7 +93,12 @@ class ToolCallStream:
 
 def parse_tool_output(fmt: ToolFormat, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
     """A finished non-streamed choice: ``(message, finish_reason)``."""
-    st = ToolCallStream(fmt)
+    return parse_with(ToolCallStream(fmt), text, base_finish)
+
+
+def parse_with(st: Any, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
+    """Run a fresh stream (this module's or server/tool_scan.py's) over a whole output, exactly as streaming
+    would: ``(message, finish_reason)``."""
     st.feed(text)
     st.finish()
     content, calls = st.message()

@@ -57,6 +57,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from radixrt.runtime.parsers.tool_stream import parse_with
 from radixrt.runtime.server.openai_protocol import ApiError
 from radixrt.runtime.server.tool_scan import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCallStream, scan  # noqa: F401
 
@@ -285,11 +286,4 @@ def render_tool_history(msgs: list[dict]) -> list[dict]:
 # ---- parsing (the scanning itself is in tool_scan.py) -------------------------------------------------
 def parse_output(plan: ToolPlan, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
     """A finished non-streamed choice: ``(message, finish_reason)``, parsed exactly as a stream would be."""
-    st = plan.stream()
-    st.feed(text)
-    st.finish()
-    content, calls = st.message()
-    msg: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg, st.finish_reason(base_finish)
+    return parse_with(plan.stream(), text, base_finish)

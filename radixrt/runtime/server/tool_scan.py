@@ -16,7 +16,7 @@ from radixrt.runtime.parsers.json_scan import Incomplete as _Incomplete
 from radixrt.runtime.parsers.json_scan import NotACall as _Bad
 from radixrt.runtime.parsers.json_scan import call_object as _call_object
 from radixrt.runtime.parsers.json_scan import skip_ws as _ws
-from radixrt.runtime.parsers.tool_stream import new_call_id
+from radixrt.runtime.parsers.tool_stream import call_deltas, sent_message
 
 TOOL_CALL_BEGIN = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -127,19 +127,7 @@ class ToolCallStream:
         if len(target) > len(self.sent_content) and target.startswith(self.sent_content):
             out.append({"content": target[len(self.sent_content):]})
             self.sent_content = target
-        for idx, c in enumerate(calls):
-            if c.name is None:
-                break  # calls are streamed in order, each once its name is known
-            if idx == len(self.ids):
-                self.ids.append(new_call_id())
-                self.sent_args.append(0)
-                out.append({"tool_calls": [{"index": idx, "id": self.ids[idx], "type": "function",
-                                            "function": {"name": c.name, "arguments": ""}}]})
-            args = c.args or ""
-            if len(args) > self.sent_args[idx]:
-                out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[self.sent_args[idx]:]}}]})
-                self.sent_args[idx] = len(args)
-        return out
+        return out + call_deltas(calls, self.ids, self.sent_args)
 
     def _content_target(self, content: str, calls: list, ok: bool, final: bool) -> str:
         if self.style != "tagged":
@@ -155,13 +143,7 @@ class ToolCallStream:
     def message(self) -> tuple[Optional[str], list[dict]]:
         """After :meth:`finish`: ``(content, tool_calls)`` as sent (``content`` None when empty and there
         are calls)."""
-        calls = [{"id": self.ids[i], "type": "function",
-                  "function": {"name": c.name, "arguments": c.args or ""}}
-                 for i, c in enumerate(self._calls[:len(self.ids)])]
-        content = self.sent_content
-        if calls and not content:
-            content = None
-        return content, calls
+        return sent_message(self.sent_content, self.ids, self._calls)
 
     def finish_reason(self, base: Optional[str]) -> Optional[str]:
         """``tool_calls`` when generation stopped normally after a complete call; else ``base``."""
