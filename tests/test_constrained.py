@@ -448,3 +448,43 @@ def test_dev_corpus_compile_counts(env):
         print("  ", line[:200])
     assert ok + len(rejected) == len(files) == 120
     assert ok == 120, "update this pin (and docs/grammar_keywords.md) if the count changes"
+
+
+def _random_regex(rnd, depth: int = 0) -> str:
+    """A small regex over ``1yz``: nested groups, alternation, and every quantifier form."""
+    r = rnd.random()
+    if depth > 2 or r < 0.3:
+        atom = rnd.choice(["1", "y", "z", "[1y]"])
+    elif r < 0.6:
+        atom = "(" + "".join(_random_regex(rnd, depth + 1) for _ in range(rnd.randint(1, 3))) + ")"
+    else:
+        atom = "(" + _random_regex(rnd, depth + 1) + "|" + _random_regex(rnd, depth + 1) + ")"
+    return atom + rnd.choice(["", "", "?", "*", "+", "{0,1}", "{1,2}"])
+
+
+@pytest.mark.parametrize("backend,count", [("xgrammar", 60), ("outlines", 12)])
+def test_patterns_match_python_re(env, backend, count):
+    """A schema ``pattern`` accepts exactly the strings Python's ``re.fullmatch`` does.
+
+    xgrammar 0.2.9's ``Regex(...)`` rules are unsound for an optional group that starts with a loop:
+    ``(1+y)?`` accepts ``"1"``. A dev-corpus schema (prometheus rules, ``^([0-9]+y)?...([0-9]+ms)?$``)
+    generated ``"112612"`` through it. Patterns are therefore spliced into the grammar as EBNF, which this
+    test checks against ``re`` on every string of up to 3 characters for seeded random regexes.
+    """
+    import itertools
+    import random
+
+    rnd = random.Random(12)
+    strings = [""] + ["".join(p) for n in (1, 2, 3) for p in itertools.product("1yz", repeat=n)]
+    prom = "^([0-9]+y)?([0-9]+w)?([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$"
+    cases = [(prom, ["112612", "1", "12h3"]), (prom, ["12h30m5s", "", "1ms", "7d"])]
+    cases += [(_random_regex(rnd), strings) for _ in range(count)]
+    wrong = []
+    for pattern, texts in cases:
+        compiled = env[backend].compile("json_schema", json.dumps(
+            {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}))
+        for s in texts:
+            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(re.search(pattern, s) if pattern == prom
+                                                                    else re.fullmatch(pattern, s)):
+                wrong.append((pattern, s))
+    assert wrong == []

@@ -157,3 +157,16 @@ def test_cli_prints_table_and_writes_plot(tmp_path: Path) -> None:
                           str(tmp_path / "log.jsonl"), "--policies", "lru,nope"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "policies" in bad.stderr
+    # a record without timings replays (admitted, prefilled and finished at its arrival); a bad value names
+    # its line
+    rec = {"prompt_len": 3, "output_len": 2, "prompt_ids": [1, 2, 3], "output_ids": [4, 5]}
+    (tmp_path / "untimed.jsonl").write_text(json.dumps({**rec, "arrival": 1.0}) + "\n"
+                                            + json.dumps({**rec, "arrival": 2.0, "admit": 2.5}) + "\n")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({**rec, "arrival": 1.0, "ttft": "x"}) + "\n")
+    args = ["--cache-sizes", "64", "--page-sizes", "1", "--policies", "lru", "--plot", str(tmp_path / "q.png")]
+    ok = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile",
+                         str(tmp_path / "untimed.jsonl"), *args], capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0 and "2 requests, 6 prompt tokens" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile",
+                          str(tmp_path / "bad.jsonl"), *args], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "bad.jsonl:1: bad field value" in bad.stderr, bad.stderr

@@ -389,6 +389,11 @@ BAD = [
     ("gen", {"text": FRANCE, "top_logprobs_num": 99, "return_logprob": True}, "top_logprobs_num"),
     ("gen", {"text": FRANCE, "bogus": 1}, "bogus"),
     ("gen", {"text": [FRANCE, FRANCE], "stream": True}, "stream"),
+    # strict types on the OpenAI routes, as on /generate; OpenAI's documented ranges
+    ("comp", {"prompt": FRANCE, "max_tokens": "2"}, "max_tokens"),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
+    ("comp", {"prompt": FRANCE, "max_tokens": 1, "temperature": 3}, "temperature"),
+    ("comp", {"prompt": FRANCE, "max_tokens": 1, "presence_penalty": -2.5}, "presence_penalty"),
 ]
 ROUTES = {"chat": "/v1/chat/completions", "comp": "/v1/completions", "gen": "/generate"}
 
@@ -405,6 +410,12 @@ def test_bad_requests_are_400(http):
     assert_400(r, None)
     r = http.post("/generate", content=b"{not json")
     assert_400(r, None)
+    deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for route in ("/generate", "/v1/completions"):
+        assert "nested too deeply" in assert_400(http.post(route, content=deep), None)["message"]
+    err = assert_400(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                             "guided_choice": [""]}), "guided_choice")
+    assert err["message"] == "guided_choice[0]: must not be empty"
     normal_request_ok(http)
 
 
@@ -612,13 +623,16 @@ def test_auth(auth_server):
     assert httpx.get(url + "/health").status_code == 200  # no key needed
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/generate"),
                          ("GET", "/get_server_info"), ("GET", "/metrics"), ("POST", "/flush_cache")):
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                        {"Authorization": "Basic " + API_KEY}):
             r = httpx.request(method, url + path, headers=headers, json={})
             assert r.status_code == 401, (path, headers, r.text)
             assert r.json()["error"]["code"] == "invalid_api_key"
     client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
     r = client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=8, temperature=0)
     assert r.choices[0].text == FRANCE_TEXT
+    # the scheme is case-insensitive (RFC 9110)
+    assert httpx.get(url + "/v1/models", headers={"Authorization": "bearer " + API_KEY}).status_code == 200
     bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model=MODEL, prompt=FRANCE, max_tokens=1)

@@ -91,8 +91,12 @@ def test_native_sessions(server):
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 128
         bad = c.post("/v1/completions", headers={"X-Session-Id": "nope"}, json={"prompt": [5, 6], "max_tokens": 1})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_id"
-        bad = c.post("/generate", json={"input_ids": [5], "session_params": {"id": "agent-1", "offset": "x"}})
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_params"
+        for offset in ("x", -5):
+            bad = c.post("/generate", json={"input_ids": [5], "session_params": {"id": "agent-1", "offset": offset}})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_params"
+        for body, param in (({}, "capacity_of_str_len"), ({"capacity_of_str_len": 1, "ttl": 5}, "ttl")):
+            bad = c.post("/open_session", json=body)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
 
         assert c.post("/close_session", json={"session_id": "agent-1"}).json() == {"success": True}
         assert c.post("/close_session", json={"session_id": "agent-1"}).json() == {"success": False}

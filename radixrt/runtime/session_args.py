@@ -53,8 +53,9 @@ def check_session_params(p: Any, session_id: Any = None) -> Optional[SessionPara
     if p.get("rid") is not None and not isinstance(p["rid"], str):
         raise ValidationError("session_params.rid must be a string", "session_params")
     off = p.get("offset")
-    if off is not None and (not isinstance(off, int) or isinstance(off, bool)):
-        raise ValidationError("session_params.offset must be an integer", "session_params")
+    if off is not None and (not isinstance(off, int) or isinstance(off, bool) or off < 0):
+        raise ValidationError(f"session_params.offset must be an integer >= 0 (tokens), got {off!r}",
+                              "session_params")
     for k in ("replace", "drop_previous_output"):
         if not isinstance(p.get(k, False), bool):
             raise ValidationError(f"session_params.{k} must be a boolean", "session_params")

@@ -17,7 +17,10 @@ which also refuses every escape, so a pattern string can never contain ``"`` or 
   converter), each character class / literal widened so that a character the class matches may appear
   raw if JSON allows it raw, else as its escape (``\\"``, ``\\\\``, ``\\n``, ``\\u0001``...); ``\\/`` is
   accepted for ``/``; other ``\\uXXXX`` spellings of ordinary characters are not (a sound subset); ``.``
-  does not match line terminators (ECMA-262). The result goes back as a ``Regex(...)`` rule.
+  does not match line terminators (ECMA-262). The result goes back as EBNF, not as a ``Regex(...)`` rule:
+  xgrammar 0.2.9's regex FSM is unsound for an optional group that starts with a loop (``(1+y)?`` accepts
+  ``1``; a dev-corpus duration pattern produced ``"112612"``), and the EBNF masks measured as fast
+  (3-20 us per token either way). tests/test_constrained.py checks patterns against Python's ``re``.
 
 A pattern this module cannot convert (lookaround, backreferences) keeps xgrammar's own rule, with a warning.
 """
@@ -218,7 +221,8 @@ def regex_ebnf_to_json_string(body: str) -> str:
 
 
 def _ebnf_to_regex(ebnf: str) -> str:
-    """Turn the EBNF made by :func:`regex_ebnf_to_json_string` back into a regex (Rust/Python syntax)."""
+    """Turn the EBNF made by :func:`regex_ebnf_to_json_string` back into a regex (Rust/Python syntax), for
+    outlines-core."""
     out, i, n = [], 0, len(ebnf)
     while i < n:
         ch = ebnf[i]
@@ -303,7 +307,7 @@ def fix_json_string_rules(grammar_text: str) -> str:
     def convert(m: re.Match) -> str:
         pattern, _ = _decode_literal(m.group(1), 0)
         try:
-            return _regex_rule(_ebnf_to_regex(regex_ebnf_to_json_string(_pattern_ebnf(pattern))))
+            return "(" + regex_ebnf_to_json_string(_pattern_ebnf(pattern)) + ")"
         except ValueError as e:  # e.g. a lookahead: keep xgrammar's own (escape-free) rule for it
             logger.warning("json_strings: pattern %r kept as xgrammar lowers it: %s", pattern, e)
             return m.group(0)

@@ -42,17 +42,24 @@ def read_request_log(path: str, timed: bool = True) -> list[ReplayReq]:
             else:
                 key, unit = [int(t) for t in r["prompt_ids"]] + [int(t) for t in r["output_ids"]], 1
             arrival = float(r["arrival"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{n}: bad or missing field {e}") from None
-        req = ReplayReq(plen, olen, key, unit, r.get("cacheable_len"), r.get("cache_salt"))
-        if timed:
-            req.start = r.get("admit") if r.get("admit") is not None else arrival
-            done = r.get("prefill_done")
-            if done is None and r.get("ttft") is not None:
-                done = arrival + float(r["ttft"])
-            req.prefill_done, req.finish = done, r.get("finish")
-            if r.get("prefill_chunks"):
-                req.chunks = [(float(t), int(k)) for t, k in r["prefill_chunks"]]
+            req = ReplayReq(plen, olen, key, unit, r.get("cacheable_len"), r.get("cache_salt"))
+            if timed:
+                req.start = _time(r, "admit", arrival)
+                done = _time(r, "prefill_done")
+                if done is None and r.get("ttft") is not None:
+                    done = arrival + float(r["ttft"])
+                req.prefill_done, req.finish = done, _time(r, "finish")
+                if r.get("prefill_chunks"):
+                    req.chunks = [(float(t), int(k)) for t, k in r["prefill_chunks"]]
+        except KeyError as e:
+            raise ValueError(f"{path}:{n}: missing field {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{n}: bad field value ({e})") from None
         out.append((arrival, req))
     out.sort(key=lambda x: x[0])
     return [r for _, r in out]
+
+
+def _time(r: dict, key: str, default: float | None = None) -> float | None:
+    """A timing field (seconds) of a log record, or ``default`` when absent."""
+    return default if r.get(key) is None else float(r[key])

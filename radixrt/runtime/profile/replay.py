@@ -175,10 +175,12 @@ class Replayer:
                 done = r.prefill_done if r.prefill_done is not None else r.start
                 fin = max(r.finish if r.finish is not None else done, done, r.start)
                 # at equal times: finishes, then prefills, then admissions (a step's outputs precede the next
-                # step's scheduling)
-                events += [(r.start, 2, i, 0), (fin, 0, i, 0)]
+                # step's scheduling); a request's own prefill or finish at its admission time (a log without
+                # timings) comes after that admission: kinds 3 and 4
+                events += [(r.start, 2, i, 0), (fin, 4 if fin == r.start else 0, i, 0)]
                 for t, n in r.chunks or [(done, r.prompt_len)]:
-                    events.append((min(max(t, r.start), fin), 1, i, n))
+                    t = min(max(t, r.start), fin)
+                    events.append((t, 3 if t == r.start else 1, i, n))
             heapq.heapify(events)
             live: dict[int, _Live] = {}
             while events:
@@ -187,7 +189,7 @@ class Replayer:
                     self.flush()
                 elif kind == 2:
                     live[i] = self.start(reqs[i])
-                elif kind == 1:
+                elif kind in (1, 3):
                     self.prefill_done(live[i], n)
                 else:
                     self.finish(live.pop(i))

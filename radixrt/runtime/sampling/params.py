@@ -68,7 +68,10 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         from radixrt.runtime.constrained import choices_to_regex
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
             raise ValidationError("choices must be a non-empty list of strings", "choices")
-        p["regex"] = choices_to_regex(choices)
+        try:
+            p["regex"] = choices_to_regex(choices)
+        except ValueError as e:  # "choices[i]: must not be empty"
+            raise ValidationError(str(e), "choices") from None
     try:
         sp = msgspec.convert(p, SamplingParams, strict=True)
     except msgspec.ValidationError as e:

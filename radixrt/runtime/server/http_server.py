@@ -38,7 +38,7 @@ class AuthMiddleware:
 
     def __init__(self, app, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
@@ -47,7 +47,8 @@ class AuthMiddleware:
                 if k == b"authorization":
                     got = v
                     break
-            if not hmac.compare_digest(got, self.expected):
+            scheme, _, key = got.partition(b" ")  # the scheme is case-insensitive (RFC 9110, 11.1)
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.expected):
                 msg = ("Incorrect API key provided." if got else
                        "Missing API key: send the header 'Authorization: Bearer <key>'.")
                 resp = JSONResp(error_body(msg, None, "invalid_request_error", "invalid_api_key"), status_code=401,

@@ -71,7 +71,8 @@ def check_refused(body: dict) -> None:
 
 
 class _Req(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: "2" is not an integer nor "yes" a boolean, as on /generate (an int is still a valid float)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Req):
@@ -90,7 +91,7 @@ class StructuredOutputs(BaseModel):
     """vLLM's ``structured_outputs``: exactly one of json, regex, choice, grammar, json_object,
     structural_tag. An unknown key is a 400 naming it."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     json_: Optional[Union[dict[str, Any], str, bool]] = Field(None, alias="json")
     regex: Optional[str] = None
     choice: Optional[list[str]] = None

@@ -53,12 +53,16 @@ def response_format_grammar(rf: Optional[dict]) -> Optional[tuple[str, Any]]:
     return "json_schema", schema
 
 
+_OPENAI_RANGES = (("temperature", 0, 2), ("frequency_penalty", -2, 2), ("presence_penalty", -2, 2))
+
+
 def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str) -> tuple[dict, Optional[str]]:
     """SGLang sampling params of an OpenAI request (still to be checked by ``normalize``), and the request
     field its grammar came from (errors of that grammar name it), or None.
 
     Raises:
-        ApiError: 400 naming the field: a bad ``max_tokens``/``n``, two grammar sources at once, a malformed
+        ApiError: 400 naming the field: a bad ``max_tokens``/``n``, ``temperature`` outside [0, 2], a penalty
+            outside [-2, 2], two grammar sources at once, a malformed
             ``response_format`` or ``structured_outputs``, a refused key (``guided_whitespace_pattern``).
     """
     if max_new_tokens is not None and max_new_tokens < 1:
@@ -67,6 +71,10 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
         raise ApiError(f"n must be >= 1, got {req.n}", param="n")
     if req.n > 128:
         raise ApiError(f"n must be <= 128, got {req.n}", param="n")
+    for k, lo, hi in _OPENAI_RANGES:  # OpenAI's documented ranges (the native API keeps SGLang's wider ones)
+        v = getattr(req, k)
+        if v is not None and not lo <= v <= hi:
+            raise ApiError(f"{k} must be between {lo} and {hi}, got {v}", param=k)
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     for k in ("temperature", "top_p", "frequency_penalty", "presence_penalty", "top_k", "min_p",
               "repetition_penalty", "seed", "logit_bias"):

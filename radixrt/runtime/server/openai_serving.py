@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.openai_protocol import ApiError, batch_usage
-from radixrt.runtime.server.openai_sampling import openai_param
+from radixrt.runtime.server.openai_sampling import GRAMMAR_PARAMS, openai_param
 from radixrt.runtime.server.req_batch import ReqBatch
 from radixrt.runtime.server.responses import SSE_DONE, ClientGone, JSONResp, SSEResponse, sse, wait_or_abort
 
@@ -51,8 +51,11 @@ async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[
                                    session_id=session_id)
         return await c.tm.submit(reqs)
     except ValueError as e:
-        raise ApiError(str(e), param=openai_param(getattr(e, "param", None), prompt_param, max_param,
-                                                  grammar_param)) from None
+        native, msg = getattr(e, "param", None), str(e)
+        param = openai_param(native, prompt_param, max_param, grammar_param)
+        if native in GRAMMAR_PARAMS and param != native and msg.startswith(native):  # "choices[0]: ..."
+            msg = param + msg[len(native):]
+        raise ApiError(msg, param=param) from None
 
 
 @dataclass

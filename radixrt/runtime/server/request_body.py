@@ -18,6 +18,8 @@ async def body_json(request: Request) -> Any:
         return msgspec.json.decode(raw) if raw else {}
     except msgspec.DecodeError as e:
         raise ApiError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # msgspec refuses deep nesting this way, not with a DecodeError
+        raise ApiError("the request body is nested too deeply") from None
 
 
 async def parse_body(request: Request, model_cls):

@@ -263,6 +263,12 @@ class TokenizerManager:
         from radixrt.runtime.session_args import check_open_session
         if not isinstance(body, dict):
             raise ValidationError("the request body must be a JSON object", None)
+        unknown = sorted(set(body) - {"capacity_of_str_len", "session_id", "timeout"})
+        if unknown:
+            raise ValidationError(f"{unknown[0]}: unknown field; known: capacity_of_str_len, session_id, timeout",
+                                  unknown[0])
+        if "capacity_of_str_len" not in body:  # required in SGLang's OpenSessionReqInput too
+            raise ValidationError("capacity_of_str_len is required (an integer >= 0)", "capacity_of_str_len")
         self.check_ready()
         r = check_open_session(body.get("capacity_of_str_len"), body.get("session_id"), body.get("timeout"))
         sid = (await self._ask(r)).session_id
