@@ -14,7 +14,7 @@ import pytest
 
 from radixrt.runtime.sampling.params import KNOWN_KEYS
 from radixrt.runtime.server.native_body import GENERATE_KEYS, IGNORED_KEYS, REFUSED_KEYS
-from radixrt.runtime.server.openai_protocol import (IGNORED_FIELDS, REFUSED_FIELDS, ChatCompletionRequest,
+from radixrt.runtime.server.openai_protocol import (GENERATE_NAMES, IGNORED_FIELDS, REFUSED_FIELDS, ChatCompletionRequest,
                                                     CompletionRequest)
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
@@ -54,8 +54,8 @@ def test_tables_list_every_field_of_the_three_apis():
     t = tables()
     chat_api = set(chat_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
     comp_api = set(comp_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
-    assert set(t["chat"]) == chat_api | fields(ChatCompletionRequest)
-    assert set(t["comp"]) == comp_api | fields(CompletionRequest)
+    assert set(t["chat"]) == chat_api | fields(ChatCompletionRequest) | set(GENERATE_NAMES)
+    assert set(t["comp"]) == comp_api | fields(CompletionRequest) | set(GENERATE_NAMES)
     sglang_sampling = set(inspect.signature(SglSamplingParams.__init__).parameters) - {"self"}
     assert set(t["sp"]) == sglang_sampling | KNOWN_KEYS | {"sampling_seed"}
     assert set(t["gen"]) == sglang_generate_fields() | set(GENERATE_KEYS)

@@ -488,3 +488,16 @@ def test_patterns_match_python_re(env, backend, count):
                                                                     else re.fullmatch(pattern, s)):
                 wrong.append((pattern, s))
     assert wrong == []
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_type_beside_any_of_reaches_the_branches(env, backend):
+    """``{"type": "string", "anyOf": [{pattern}, {maxLength}]}`` (dev corpus: Snowplow) is a string: xgrammar
+    lowered only the branches, which have no type, and generated ``{"schema": {"": ""}}``."""
+    schema = {"type": "object", "properties": {"schema": {
+        "type": "string", "anyOf": [{"pattern": "^iglu:[a-z]+$"}, {"maxLength": 3}]}},
+        "required": ["schema"], "additionalProperties": False}
+    compiled = env[backend].compile("json_schema", json.dumps(schema))
+    assert accepts(env, compiled, '{"schema":"iglu:abc"}')
+    for text in ('{"schema":{"":""}}', '{"schema":1}', '{"schema":null}'):
+        assert not accepts(env, compiled, text), (backend, text)

@@ -389,6 +389,9 @@ BAD = [
     ("gen", {"text": FRANCE, "top_logprobs_num": 99, "return_logprob": True}, "top_logprobs_num"),
     ("gen", {"text": FRANCE, "bogus": 1}, "bogus"),
     ("gen", {"text": [FRANCE, FRANCE], "stream": True}, "stream"),
+    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": "4"}}, "max_new_tokens"),
+    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "seed": 2 ** 64}}, "seed"),
+    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "stop_token_ids": [10 ** 9]}}, "stop_token_ids"),
     # strict types on the OpenAI routes, as on /generate; OpenAI's documented ranges
     ("comp", {"prompt": FRANCE, "max_tokens": "2"}, "max_tokens"),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
@@ -410,6 +413,9 @@ def test_bad_requests_are_400(http):
     assert_400(r, None)
     r = http.post("/generate", content=b"{not json")
     assert_400(r, None)
+    t = time.perf_counter()  # refused by its length in characters, before tokenizing (seconds of CPU)
+    err = assert_400(http.post("/v1/completions", json={"prompt": "word " * 2_000_000, "max_tokens": 1}), "prompt")
+    assert time.perf_counter() - t < 2 and "10000000 characters" in err["message"], err
     deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     for route in ("/generate", "/v1/completions"):
         assert "nested too deeply" in assert_400(http.post(route, content=deep), None)["message"]
@@ -586,6 +592,16 @@ def test_abort_request_route(http, server):
     assert rest[-1] == "[DONE]"
     assert rest[-2]["meta_info"]["finish_reason"]["type"] == "abort"
     assert len(rest[-2]["output_ids"]) < 200
+    # an abort that arrives while its call is still validating (a grammar compiling) is kept, not lost
+    import concurrent.futures
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 61}}, "required": ["s"]}
+    body = {"text": FRANCE, "rid": "abort-early", "sampling_params": {"max_new_tokens": 64, "json_schema": schema}}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(http.post, "/generate", json=body)
+        time.sleep(0.05)
+        assert http.post("/abort_request", json={"rid": "abort-early"}).json() == {"success": True}
+        out = fut.result().json()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []
 
 
 def test_64_concurrent_streams(server, http):

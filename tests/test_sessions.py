@@ -84,9 +84,10 @@ def test_session_params_append_history(small):
     assert a3["meta_info"]["prompt_tokens"] == 104 + 3
     a4 = e.generate(input_ids=[7], sampling_params=G, session_params={"id": sid, "offset": 10})
     assert a4["meta_info"]["prompt_tokens"] == 11
-    bad = e.generate(input_ids=[7], sampling_params=G, session_params={"id": "nope"})
-    assert bad["meta_info"]["finish_reason"]["type"] == "abort"
-    assert "no open session 'nope'" in bad["meta_info"]["finish_reason"]["message"]
+    with pytest.raises(ValueError, match="session_params: no open session 'nope'"):
+        e.generate(input_ids=[7], sampling_params=G, session_params={"id": "nope"})
+    with pytest.raises(ValueError, match="session_params.rid: no finished request 'r-nope'"):
+        e.generate(input_ids=[7], sampling_params=G, session_params={"id": sid, "rid": "r-nope"})
     with pytest.raises(ValueError, match="session_params.offset"):
         e.generate(input_ids=[7], sampling_params=G, session_params={"id": sid, "offset": "x"})
     with pytest.raises(ValueError, match="already open"):
@@ -134,3 +135,23 @@ def test_max_pinned_tokens_and_ttl():
         e.close_session(s1)
     finally:
         close_engine(e)
+
+
+def test_reopened_id_never_sees_a_closed_sessions_request(small):
+    """A request still running when its session closes must not touch a new session opened under the same
+    id: not its history (another user's prompt), not its pin, not its in-flight count (the TTL must run)."""
+    e = small
+    e.flush_cache()
+    e.open_session(session_id="zz")
+    stream = e.generate(input_ids=ids(31, 40), sampling_params={**G, "max_new_tokens": 16}, stream=True,
+                        session_params={"id": "zz"})
+    next(stream)                         # running
+    assert e.close_session("zz") is True
+    e.open_session(session_id="zz", timeout=3)
+    assert len(list(stream)[-1]["output_ids"]) == 16
+    new = e.generate(input_ids=ids(32, 5), sampling_params=G, session_params={"id": "zz"})
+    assert new["meta_info"]["prompt_tokens"] == 5        # not 40 + 16 + 5
+    st = wait_idle(e)
+    assert (st["num_sessions"], st["pinned_tokens"], st["pinned_sessions"]) == (1, 0, 0)  # 12 tokens: no page
+    time.sleep(3.5)
+    assert wait_idle(e)["num_sessions"] == 0                       # the TTL ran: its in-flight count is 0

@@ -5,6 +5,7 @@ The pool is 32 pages of 16 tokens; three one-off requests of 200 + 8 random toke
 evict its history under LRU (see test_sessions.py for the page arithmetic)."""
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -94,6 +95,19 @@ def test_native_sessions(server):
         for offset in ("x", -5):
             bad = c.post("/generate", json={"input_ids": [5], "session_params": {"id": "agent-1", "offset": offset}})
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_params"
+        # refused by the scheduler (it holds the history): still a 400 naming the field, stream or not
+        bad = c.post("/generate", json={"input_ids": [5], "session_params": {"id": "agent-1", "rid": "nope"}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_params", bad.text
+        assert "no finished request 'nope'" in bad.json()["error"]["message"]
+        assert c.post("/open_session", json={"capacity_of_str_len": 3, "session_id": "cap3"}).status_code == 200
+        bad = c.post("/v1/completions", json={"prompt": [5, 6, 7, 8], "max_tokens": 1, "session_id": "cap3"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_id", bad.text
+        assert "exceeds the session's capacity_of_str_len (3)" in bad.json()["error"]["message"]
+        with c.stream("POST", "/generate", json={"input_ids": [5, 6, 7, 8], "stream": True,
+                                                 "session_params": {"id": "cap3"}}) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert json.loads(events[0][5:])["error"]["param"] == "session_params", events
+        assert c.post("/close_session", json={"session_id": "cap3"}).json() == {"success": True}
         for body, param in (({}, "capacity_of_str_len"), ({"capacity_of_str_len": 1, "ttl": 5}, "ttl")):
             bad = c.post("/open_session", json=body)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text

@@ -20,8 +20,9 @@ from typing import Any, Iterator
 from radixrt.runtime.build import build_scheduler
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.detokenizer import Detokenizer
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut
-from radixrt.runtime.validation import Limits, ReqOutput, build_requests
+from radixrt.runtime.validation import Limits, ReqOutput, build_requests, max_token_chars
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class Engine:
         self.tokenizer, self.runner, self.grammar_cache = s.tokenizer, s.runner, s.grammar_cache
         self.detokenizer = Detokenizer(self.tokenizer)
         self.limits = Limits(self.runner.context_length, self.runner.vocab_size,
-                             self.runner.num_pages * self.runner.page_size)
+                             self.runner.num_pages * self.runner.page_size, max_token_chars(self.tokenizer))
         self._inbox: queue.Queue = queue.Queue()
         self._outs: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
@@ -133,7 +134,8 @@ class Engine:
         way the session pins the KV when the request finishes (see :meth:`open_session`).
 
         Raises:
-            ValueError: bad input, before anything is queued.
+            ValueError: bad input, before anything is queued; or a ``ValidationError`` once the scheduler
+                refused a request (a bad session field: unknown session or ``rid``, capacity exceeded).
         """
         reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
                                       return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
@@ -145,6 +147,10 @@ class Engine:
         accs = [ReqOutput(r.rid, self.tokenizer, return_text_in_logprobs) for r in reqs]
         qs = [self._submit(r) for r in reqs]
         outs = [self._collect(a, q, return_logprob) for a, q in zip(accs, qs)]
+        for o in outs:
+            reason = o["meta_info"]["finish_reason"] or {}
+            if reason.get("status_code") == 400:
+                raise ValidationError(reason["message"], reason.get("param"))
         return outs[0] if single else outs
 
     def _submit(self, r: GenerateReq) -> queue.Queue:

@@ -23,7 +23,7 @@ class Req:
     generator: Optional[torch.Generator] = None
     grammar: Any = None                 # a GrammarMatcher, or None
     grammar_future: Any = None          # pending compile (request sits in the grammar queue)
-    session_id: Optional[str] = None    # the session that pins this request's KV when it finishes
+    session: Any = None                 # the Session that pins this request's KV when it finishes
 
     output_ids: list[int] = field(default_factory=list)
     # Memory. page_table[i] holds tokens [i*P, (i+1)*P) of fill_ids. The first prefix_len tokens' pages

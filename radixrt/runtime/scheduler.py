@@ -65,20 +65,24 @@ class Scheduler:
         try:
             session, ids = self.sessions.resolve(r.session_id, r.session_params, r.input_ids)
         except ValueError as e:
-            session, ids, error = None, r.input_ids, str(e)
+            session, ids, error = None, r.input_ids, e
         max_new = r.sampling_params.max_new_tokens
         if max_new is None:
             max_new = ctx - len(ids)
         self.arrivals += 1
         req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
-        req.input_ids, req.session_id = list(ids), session.id if session else None
+        req.input_ids, req.session = list(ids), session
         req.t_arrival = time.time()
         if r.return_logprob and r.logprob_start_len >= 0:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
-        if error or len(ids) >= ctx:
-            self._finish(req, {"type": "abort", "message": error or f"the session's context ({len(ids)} "
-                               f"tokens) reaches the context length {ctx}"})
+        if error is not None:  # a bad session field: the server answers 400 (SGLang's FINISH_ABORT status_code)
+            self._finish(req, {"type": "abort", "message": str(error), "status_code": 400,
+                               "param": getattr(error, "param", None)})
+            return
+        if len(ids) >= ctx:
+            self._finish(req, {"type": "abort", "message": f"the session's context ({len(ids)} tokens) reaches "
+                               f"the context length {ctx}", "status_code": 400, "param": "session_params"})
             return
         g = grammar_of(r.sampling_params)
         if g is not None and self.grammar_cache is not None:
@@ -232,7 +236,7 @@ class Scheduler:
     # ---- results -------------------------------------------------------------------------------------
     def _finish_running(self, req: Req, reason: dict) -> None:
         self.running.remove(req)
-        if req.session_id is None:
+        if req.session is None:
             self.mem.release(req)
         else:  # the request's lock on its deepest cached node passes to its session
             self.sessions.take_over(req, self.mem)
@@ -240,8 +244,8 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
-        if req.session_id is not None:
-            self.sessions.done(req.session_id)
+        if req.session is not None:
+            self.sessions.done(req.session)
         self.by_rid.pop(req.rid, None)
         if self.request_log is not None:
             self.request_log.write_req(req, time.time())

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import SessionParams
 
 
@@ -81,20 +82,22 @@ class SessionManager:
         """The session a request belongs to and its full input ids.
 
         Raises:
-            ValueError: unknown session (``session_params.id``), unknown ``session_params.rid``, or a context
-                beyond the session's capacity.
+            ValidationError: (``param`` ``session_params`` or ``session_id``, the form used) unknown session,
+                unknown ``session_params.rid``, or a context beyond the session's capacity.
         """
         sid = params.id if params is not None else session_id
         if sid is None:
             return None, input_ids
+        form = "session_params" if params is not None else "session_id"
         s = self.sessions.get(sid)
         if s is None:
-            raise ValueError(f"session_params.id: no open session {sid!r}")
+            raise ValidationError(f"{form}: no open session {sid!r}", form)
+        if params is not None and params.rid is not None and params.rid not in s.history:
+            raise ValidationError(f"session_params.rid: no finished request {params.rid!r} in session {sid!r}",
+                                  form)
         ids = input_ids
         if params is not None and s.history:
             rid = params.rid if params.rid is not None else next(reversed(s.history))
-            if rid not in s.history:
-                raise ValueError(f"session_params.rid: no request {rid!r} in session {sid!r}")
             seq, prompt_len = s.history[rid]
             base = seq[:prompt_len] if params.drop_previous_output else seq
             if params.offset is not None:
@@ -105,23 +108,26 @@ class SessionManager:
                     del s.history[k]
             ids = base + input_ids
         if s.capacity and len(ids) > s.capacity:
-            raise ValueError(f"session_params.id: the context ({len(ids)} tokens) exceeds the session's "
-                             f"capacity_of_str_len ({s.capacity})")
+            raise ValidationError(f"{form}: the context ({len(ids)} tokens) exceeds the session's "
+                                  f"capacity_of_str_len ({s.capacity})", form)
         s.active += 1
         s.last_used = self.clock()
         return s, ids
 
-    def done(self, sid: str) -> None:
-        """A request of session ``sid`` finished (any reason): the idle clock restarts."""
-        s = self.sessions.get(sid)
-        if s is not None:
+    def _open(self, s: Optional[Session]) -> bool:
+        """``s`` is still open: a request keeps its Session object, so after a close and a reopen under the
+        same id it never touches the new session."""
+        return s is not None and self.sessions.get(s.id) is s
+
+    def done(self, s: Session) -> None:
+        """A request of session ``s`` finished (any reason): the idle clock restarts."""
+        if self._open(s):
             s.active -= 1
             s.last_used = self.clock()
 
-    def record(self, sid: str, rid: str, prompt_len: int, seq: list[int]) -> None:
+    def record(self, s: Session, rid: str, prompt_len: int, seq: list[int]) -> None:
         """Remember a finished request's full sequence (``prompt_len`` tokens of prompt) for ``rid``."""
-        s = self.sessions.get(sid)
-        if s is not None:
+        if self._open(s):
             s.history[rid] = (list(seq), prompt_len)
 
     def open_req(self, r: Any) -> Optional[str]:
@@ -134,20 +140,22 @@ class SessionManager:
         """A finished session request's lock on its deepest cached node passes to its session (``mem``:
         the scheduler's ReqPages); the request's own pages go to the tree as usual."""
         node, tokens = mem.release(req, keep_lock=True)
-        self.record(req.session_id, req.rid, len(req.input_ids), req.fill_ids)
-        self.pin(req.session_id, node, tokens)
+        self.record(req.session, req.rid, len(req.input_ids), req.fill_ids)
+        self.pin(req.session, node, tokens)
 
-    def pin(self, sid: str, node: Any, tokens: int) -> bool:
-        """Hand ``node``'s lock (held by the caller) to session ``sid``; it replaces the session's pin.
+    def pin(self, s: Optional[Session], node: Any, tokens: int) -> bool:
+        """Hand ``node``'s lock (held by the caller) to session ``s``; it replaces the session's pin.
 
-        Returns False, and unlocks ``node``, when the session is gone or ``tokens`` alone exceed
+        Returns False, and unlocks ``node``, when the session is closed, ``tokens`` is 0 (less than a page
+        cached: nothing to pin; the session's older pin goes too) or ``tokens`` alone exceed
         ``max_pinned_tokens``. Older sessions lose their pins to make room under the cap.
         """
-        s = self.sessions.get(sid)
         cap = self.max_pinned_tokens
-        if s is None or node is None or (cap is not None and tokens > cap):
+        if not self._open(s) or node is None or not tokens or (cap is not None and tokens > cap):
             if node is not None:
                 self.tree.dec_lock_ref(node)
+            if self._open(s) and not tokens:
+                self._unpin(s)
             return False
         self._unpin(s)
         while cap is not None and self.pinned_tokens + tokens > cap and self.unpin_oldest():

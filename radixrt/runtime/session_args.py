@@ -79,3 +79,20 @@ def check_open_session(capacity_of_str_len: Any = 0, session_id: Any = None, tim
         raise ValidationError(f"timeout must be a number of seconds > 0, got {timeout!r}", "timeout")
     return OpenSessionReq(capacity_of_str_len=capacity_of_str_len, session_id=session_id,
                           timeout=None if timeout is None else float(timeout))
+
+
+def open_session_body(body: Any) -> OpenSessionReq:
+    """A ``POST /open_session`` body (``capacity_of_str_len`` required, as in SGLang's OpenSessionReqInput).
+
+    Raises:
+        ValidationError: not an object, an unknown or missing field, or a bad value (naming the field).
+    """
+    if not isinstance(body, dict):
+        raise ValidationError("the request body must be a JSON object", None)
+    unknown = sorted(set(body) - {"capacity_of_str_len", "session_id", "timeout"})
+    if unknown:
+        raise ValidationError(f"{unknown[0]}: unknown field; known: capacity_of_str_len, session_id, timeout",
+                              unknown[0])
+    if "capacity_of_str_len" not in body:
+        raise ValidationError("capacity_of_str_len is required (an integer >= 0)", "capacity_of_str_len")
+    return check_open_session(body["capacity_of_str_len"], body.get("session_id"), body.get("timeout"))

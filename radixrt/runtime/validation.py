@@ -28,6 +28,13 @@ class Limits:
     context_length: int
     vocab_size: int
     max_total_tokens: int
+    max_token_chars: int = 0  # the longest token's text (0: unknown); longer texts are refused untokenized
+
+
+def max_token_chars(tokenizer) -> int:
+    """Characters in the vocabulary's longest token: a text longer than ``context_length`` times this cannot
+    fit, so it is refused before tokenizing (a 10 MB prompt took 8 s of the server's event loop)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=0)
 
 
 def _as_batch(x: Any, name: str) -> tuple[list, bool]:
@@ -61,6 +68,9 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
                 raise ValidationError(f"text must be a string or a list of strings, got {type(t).__name__}", "text")
             if t == "":
                 raise ValidationError("text must not be empty", "text")
+            if limits.max_token_chars and len(t) > limits.context_length * limits.max_token_chars:
+                raise ValidationError(f"the prompt has {len(t)} characters, more than the context length of "
+                                      f"{limits.context_length} tokens can hold", "text")
         id_lists = [tokenizer.encode(t, add_special_tokens=False) for t in items]
     else:
         id_lists, single = _as_batch(input_ids, "input_ids")
@@ -93,6 +103,10 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
     for ids, sp_in, r in zip(id_lists, sps, rids):
         sp = normalize(sp_in)
         _check_length(len(ids), sp, limits)
+        bad = [t for t in sp.stop_token_ids if t >= limits.vocab_size]
+        if bad:
+            raise ValidationError(f"stop_token_ids: token id {bad[0]} is outside the vocabulary "
+                                  f"[0, {limits.vocab_size})", "stop_token_ids")
         g = grammar_of(sp)
         if g is not None and grammar_check is not None:
             spec = grammar_check(g[0], g[1], sp.any_whitespace)

@@ -248,7 +248,8 @@ class FlashInferBackend(AttentionBackend):
             k = torch.where(keep, k, k[:1])
             v = torch.where(keep, v, v[:1])
         write_kv(kv, layer, self._loc, k, v)
-        return self._active.run(q, (kv.k_buffer(layer), kv.v_buffer(layer)))
+        # q may be a view into the fused q/k rotary output (models/llama.py): FlashInfer wants it dense
+        return self._active.run(q.contiguous(), (kv.k_buffer(layer), kv.v_buffer(layer)))
 
 
 class FlashInferGraphSupport:

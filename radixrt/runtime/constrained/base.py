@@ -17,6 +17,7 @@ int32 words; the same layout as xgrammar and outlines-core).
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 
 import torch
@@ -94,9 +95,14 @@ class GrammarBackend(ABC):
         """
 
 
+_CPP_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+\.(?:cc|h|cpp):\d+: (?:Check failed: [^:]*: )?")
+
+
 def compile_error(backend: str, kind: str, reason: object) -> ValueError:
     """The uniform compile error; strips a leading ``"<kind>: "`` already present in ``reason``."""
     text = str(reason).strip() or type(reason).__name__
+    # xgrammar's C++ checks prefix "[09:59:26] /project/cpp/json_schema_converter.cc:5088: ": not for users
+    text = _CPP_PREFIX.sub("", text)
     if text.startswith(kind + ": "):
         text = text[len(kind) + 2:]
     return ValueError(f"{backend}: cannot compile {kind}: {text}")

@@ -18,6 +18,10 @@ dropped (``{"maxLength": 2}`` would accept ``"foo"``). :func:`prepare_schema` re
    integer; backends enforce ``multipleOf`` on integers but ignore it on numbers).
 4. **``$ref`` through embedded ``$id``/``id``/``$anchor``** is rewritten to a local ``#/...`` pointer.
    A ``$ref`` that cannot be resolved locally raises ValueError (backends would treat it as "anything").
+5. **A ``type`` beside ``anyOf``/``oneOf`` is copied into each branch without one** (``string`` and (A or B)
+   is (``string`` and A) or (``string`` and B)). xgrammar lowers only the branches, so
+   ``{"type": "string", "anyOf": [{"pattern": ...}, {"format": ...}]}`` accepted an object (dev corpus,
+   Snowplow). Branches holding a ``$ref`` are left alone.
 """
 from __future__ import annotations
 
@@ -176,6 +180,7 @@ def prepare_schema(schema: Any, expand_types: bool = True, explicit_any: bool = 
         node = stack.pop()
         if isinstance(node, dict):
             _add_type(node, expand_types)
+            _type_branches(node)
             for suffix, sub in _children(node):
                 if explicit_any and (sub is True or sub == {}):
                     _set_child(node, suffix, {"type": list(ALL_TYPES)})
@@ -184,6 +189,16 @@ def prepare_schema(schema: Any, expand_types: bool = True, explicit_any: bool = 
     if explicit_any and out == {}:
         out["type"] = list(ALL_TYPES)
     return out
+
+
+def _type_branches(node: dict) -> None:
+    """Rule 5: copy the node's ``type`` into its ``anyOf``/``oneOf`` branches that have none."""
+    if "type" not in node:
+        return
+    for key in ("anyOf", "oneOf"):
+        for branch in node.get(key) if isinstance(node.get(key), list) else []:
+            if isinstance(branch, dict) and "type" not in branch and "$ref" not in branch:
+                branch["type"] = copy.deepcopy(node["type"])
 
 
 def _set_child(node: dict, suffix: list[str], value: Any) -> None:

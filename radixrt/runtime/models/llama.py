@@ -17,7 +17,7 @@ from torch import nn
 
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView
 from radixrt.runtime.models.args import ModelArgs
-from radixrt.runtime.models.rope import Rotary
+from radixrt.runtime.models.rope import Rotary, apply_rotary
 
 LlamaArgs = ModelArgs  # the name other modules used before the families were added
 
@@ -45,14 +45,19 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
         self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
 
-    def forward(self, x, positions, rotary: Rotary, attn: AttentionBackend, kv: KVCacheView):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], attn: AttentionBackend, kv: KVCacheView):
+        """``rope``: the step's ``(cos, sin)`` tables (:meth:`Rotary.tables`)."""
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = q.view(T, self.nh, self.hd), k.view(T, self.nkv, self.hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, positions), rotary(k, positions)
-        o = attn.forward(q, k, v.view(T, self.nkv, self.hd), self.layer, kv, self.scale)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(T, self.nkv, self.hd)
+        if self.q_norm is None:  # q and k heads rotated in one call (a view of the qkv output)
+            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(T, self.nh + self.nkv, self.hd), *rope)
+            q, k = qk[:, :self.nh], qk[:, self.nh:]
+        else:
+            q = self.q_norm(qkv[:, :self.q_size].view(T, self.nh, self.hd))
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.nkv, self.hd))
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        o = attn.forward(q, k, v, self.layer, kv, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
@@ -76,8 +81,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = MLP(a)
 
-    def forward(self, x, positions, rotary, attn, kv):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn, kv)
+    def forward(self, x, rope, attn, kv):
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -99,8 +104,9 @@ class LlamaForCausalLM(nn.Module):
         ``attn.plan(meta)`` must have been called for this step.
         """
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)  # once per step, not per layer
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, attn, kv)
+            x = layer(x, rope, attn, kv)
         return self.norm(x)
 
     @torch.inference_mode()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -74,8 +75,9 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
             raise ValidationError(str(e), "choices") from None
     try:
         sp = msgspec.convert(p, SamplingParams, strict=True)
-    except msgspec.ValidationError as e:
-        raise ValidationError(f"sampling_params: {e}", "sampling_params") from None
+    except msgspec.ValidationError as e:  # "Expected `int | null`, got `str` - at `$.max_new_tokens`"
+        at = re.search(r"at `\$\.(\w+)", str(e))
+        raise ValidationError(f"sampling_params: {e}", at.group(1) if at else "sampling_params") from None
     if sp.max_new_tokens is not None:
         _num("max_new_tokens", sp.max_new_tokens, lo=0, integer=True)
     _num("min_new_tokens", sp.min_new_tokens, lo=0, integer=True)

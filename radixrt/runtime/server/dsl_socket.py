@@ -36,6 +36,8 @@ from radixrt.runtime.server.openai_protocol import ApiError, error_body
 
 logger = logging.getLogger("radixrt.dsl")
 
+MAX_MESSAGE_BYTES = 64 << 20  # one DslRequest frame (bytes)
+
 OPS = ("generate", "abort", "flush_cache", "get_server_info", "get_model_info", "open_session", "close_session")
 
 
@@ -55,6 +57,7 @@ class DslServer:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises: abort its work
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its connection
         self.sock.bind(self.address)
         self.task = asyncio.create_task(self._serve(), name="radixrt-dsl")
 
@@ -90,9 +93,10 @@ class DslServer:
     async def _handle(self, envelope: list[bytes], payload: bytes) -> None:
         try:
             req = self._dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
             await self._send(envelope, DslReply(req_id="", event="error",
-                                                data=error_body(f"undecodable DslRequest: {e}")["error"]))
+                                                data=error_body(f"undecodable DslRequest: {why}")["error"]))
             return
         try:
             await self._dispatch(envelope, req)

@@ -40,8 +40,8 @@ class Ipc:
         try:
             return self._enc.encode(msg)
         except OverflowError:
-            raise ValidationError("an integer in the request is outside the 64-bit range "
-                                  "(seed, top_k, stop_token_ids, capacity_of_str_len, ...)") from None
+            field = _big_int_field(msg) or "an integer in the request"
+            raise ValidationError(f"{field} is outside the 64-bit integer range", field) from None
 
     async def send(self, msg) -> None:
         await self.push.send(self._encode(msg))
@@ -97,3 +97,22 @@ class Ipc:
             self.ctx.term()
         except Exception:
             pass
+
+
+def _big_int_field(obj, name: str | None = None) -> str | None:
+    """The name of the field of a message (msgspec Structs, lists, dicts) holding an int outside 64 bits."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return name if not -2**63 <= obj < 2**64 else None
+    if isinstance(obj, msgspec.Struct):
+        items = ((f, getattr(obj, f)) for f in obj.__struct_fields__)
+    elif isinstance(obj, dict):
+        items = ((str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((name, v) for v in obj)
+    else:
+        return None
+    for key, value in items:
+        found = _big_int_field(value, key)
+        if found is not None:
+            return found
+    return None

@@ -60,6 +60,16 @@ REFUSED_FIELDS = {
     "functions": "deprecated by OpenAI; use tools", "function_call": "deprecated by OpenAI; use tool_choice",
     "modalities": "the output is text only (only [\"text\"] is accepted)",
 }
+# /generate's names sent to an OpenAI route: unknown there, so they would be ignored (an unknown field is, as
+# in SGLang and vLLM) and the output silently unconstrained; refused instead, naming the OpenAI field.
+GENERATE_NAMES = {
+    "json_schema": "it is a /generate sampling parameter; here use response_format (type json_schema) or "
+                   "guided_json",
+    "structural_tag": "it is a /generate sampling parameter; here use structured_outputs.structural_tag",
+    "sampling_params": "it is the /generate body's field; here the sampling parameters are top-level fields",
+    "max_new_tokens": "it is a /generate sampling parameter; here use max_tokens",
+}
+REFUSED_FIELDS.update(GENERATE_NAMES)
 
 
 def check_refused(body: dict) -> None:

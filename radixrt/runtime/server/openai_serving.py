@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.openai_protocol import ApiError, batch_usage
-from radixrt.runtime.server.openai_sampling import GRAMMAR_PARAMS, openai_param
+from radixrt.runtime.server.openai_sampling import openai_param
 from radixrt.runtime.server.req_batch import ReqBatch
 from radixrt.runtime.server.responses import SSE_DONE, ClientGone, JSONResp, SSEResponse, sse, wait_or_abort
 
@@ -53,7 +53,7 @@ async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[
     except ValueError as e:
         native, msg = getattr(e, "param", None), str(e)
         param = openai_param(native, prompt_param, max_param, grammar_param)
-        if native in GRAMMAR_PARAMS and param != native and msg.startswith(native):  # "choices[0]: ..."
+        if native and param != native and msg.startswith(native):  # "text must ...", "choices[0]: ..."
             msg = param + msg[len(native):]
         raise ApiError(msg, param=param) from None
 

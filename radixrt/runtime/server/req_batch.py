@@ -5,6 +5,7 @@ import asyncio
 import time
 
 from radixrt.runtime.io_struct import GenerateReq, StrOut
+from radixrt.runtime.server.openai_protocol import ApiError
 from radixrt.runtime.validation import ReqOutput
 
 
@@ -31,15 +32,19 @@ class ReqBatch:
         """The next output of any of the requests: ``(index, StrOut)``; it is already added to ``outs``.
 
         Raises:
-            ApiError: 503, the scheduler or detokenizer process died.
+            ApiError: 503, the scheduler or detokenizer process died; 400, the scheduler refused a request
+                (a bad session field: its finish reason carries ``status_code`` 400 and ``param``).
         """
         item = await self.queue.get()
         if isinstance(item, BaseException):
             raise item
         i = self.index[item.rid]
         self.outs[i].add(item)
-        if item.token.finished_reason is not None:
+        reason = item.token.finished_reason
+        if reason is not None:
             self.unfinished -= 1
+            if reason.get("status_code") == 400:
+                raise ApiError(reason.get("message", "bad request"), param=reason.get("param"))
         return i, item
 
     async def wait(self) -> list[ReqOutput]:

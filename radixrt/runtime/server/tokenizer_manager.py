@@ -27,9 +27,10 @@ from radixrt.runtime.server.openai_protocol import ApiError
 from radixrt.runtime.server.req_batch import ReqBatch
 from radixrt.runtime.server.latency import LatencyWindow
 from radixrt.runtime.server_info import server_info
-from radixrt.runtime.validation import GrammarCheck, Limits, build_requests
+from radixrt.runtime.validation import GrammarCheck, Limits, build_requests, max_token_chars
 
 logger = logging.getLogger("radixrt.server")
+EARLY_ABORT_S = 30.0  # how long an abort of a rid not yet submitted is kept
 
 
 class TokenizerManager:
@@ -47,6 +48,7 @@ class TokenizerManager:
         self.fatal: Optional[str] = None  # a start-up failure: the server should exit
         self.on_fatal = None              # callback set by launch (stops uvicorn)
         self.states: dict[str, ReqBatch] = {}
+        self.early_aborts: dict[str, float] = {}  # rid -> monotonic time of an abort that came before it
         self.session_ids: set[str] = set()  # opened here and not closed (the scheduler also expires TTLs)
         self.children: Optional[ChildProcesses] = None
         self.ipc: Optional[Ipc] = None
@@ -83,7 +85,7 @@ class TokenizerManager:
             logger.exception("tokenizer / grammar set-up failed")
             self._set_fatal(f"tokenizer or grammar backend set-up failed: {type(e).__name__}: {e}")
             return
-        self.limits = Limits(r.context_length, r.vocab_size, r.max_total_tokens)
+        self.limits = Limits(r.context_length, r.vocab_size, r.max_total_tokens, max_token_chars(self.tokenizer))
         self.ready_info = r
         if not self.args.served_model_name:
             self.model_name = r.model_name
@@ -216,11 +218,20 @@ class TokenizerManager:
             self.states[r.rid] = batch
         for r in reqs:
             await self.ipc.send(r)
+            if self.early_aborts.pop(r.rid, None) is not None:  # aborted while still being validated
+                self.abort(r.rid)
         return batch
 
     def abort(self, rid: str) -> None:
-        """Ask the scheduler to abort ``rid`` (its pages are freed); synchronous, never raises."""
-        if self.dead is not None or rid not in self.states:
+        """Ask the scheduler to abort ``rid`` (its pages are freed); synchronous, never raises. A rid not
+        yet submitted (its call still validating) is remembered for ``EARLY_ABORT_S`` seconds."""
+        if self.dead is not None:
+            return
+        if rid not in self.states:
+            now = time.monotonic()
+            self.early_aborts = {k: t for k, t in self.early_aborts.items() if now - t < EARLY_ABORT_S}
+            if len(self.early_aborts) < 10_000:
+                self.early_aborts[rid] = now
             return
         try:
             self.ipc.send_nowait(AbortReq(rid))
@@ -260,17 +271,9 @@ class TokenizerManager:
         Raises:
             ValidationError: a bad field, or ``session_id`` already open.
         """
-        from radixrt.runtime.session_args import check_open_session
-        if not isinstance(body, dict):
-            raise ValidationError("the request body must be a JSON object", None)
-        unknown = sorted(set(body) - {"capacity_of_str_len", "session_id", "timeout"})
-        if unknown:
-            raise ValidationError(f"{unknown[0]}: unknown field; known: capacity_of_str_len, session_id, timeout",
-                                  unknown[0])
-        if "capacity_of_str_len" not in body:  # required in SGLang's OpenSessionReqInput too
-            raise ValidationError("capacity_of_str_len is required (an integer >= 0)", "capacity_of_str_len")
+        from radixrt.runtime.session_args import open_session_body
+        r = open_session_body(body)
         self.check_ready()
-        r = check_open_session(body.get("capacity_of_str_len"), body.get("session_id"), body.get("timeout"))
         sid = (await self._ask(r)).session_id
         if sid is None:
             raise ValidationError(f"session {r.session_id!r} is already open", "session_id")
