@@ -104,7 +104,7 @@ def test_fallback_to_fp32_above_max_rows(blocks):
     small = lin(x[:n])
     assert not torch.equal(small, x[:n] @ lin.weight_t)
     assert torch.equal(small, lin.quant(x[:n]))
-    assert MAX_ROWS == {"none": 1 << 62, "fp16": 4, "int8": 16, "q4": 16}
+    assert MAX_ROWS == {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 16}
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:

@@ -39,8 +39,10 @@ from radixrt.runtime.layers.gguf_blocks import dequantize, quantize_q4_1, read_g
 
 logger = logging.getLogger(__name__)
 FORMATS = ("none", "fp16", "int8", "q4")
-# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy.
-MAX_ROWS = {"none": 1 << 62, "fp16": 4, "int8": 16, "q4": 16}
+# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy. Measured
+# with benchmarks/bench_quant.py on an idle 2-core AVX2 box (whole-model projections, ms, rows 1/8/16/32):
+# fp32 30.7/64.8/76.1/98.2, fp16 11.0/58.7/115.6/227.7, int8 9.6/28.9/46.3/81.1, q4 10.4/38.5/68.7/135.6.
+MAX_ROWS = {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 16}
 
 
 class Fp32Linear(nn.Module):
