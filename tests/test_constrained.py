@@ -501,3 +501,13 @@ def test_type_beside_any_of_reaches_the_branches(env, backend):
     assert accepts(env, compiled, '{"schema":"iglu:abc"}')
     for text in ('{"schema":{"":""}}', '{"schema":1}', '{"schema":null}'):
         assert not accepts(env, compiled, text), (backend, text)
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_lookaround_patterns_are_refused(env, backend):
+    """xgrammar's own lowering of ``^(?!l)[a-z]{3}$`` accepted ``"let"``: a pattern neither backend can
+    enforce is a compile error (a 400 on the server), named and without C++ source paths."""
+    schema = json.dumps({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(?!l)[a-z]{3}$"}}})
+    with pytest.raises(ValueError, match=f"^{backend}: cannot compile json_schema: ") as e:
+        env[backend].compile("json_schema", schema)
+    assert ".cc:" not in str(e.value) and "(?!l)" in str(e.value)

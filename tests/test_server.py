@@ -346,7 +346,16 @@ def test_dsl_socket(server, http):
 # ---- validation ----------------------------------------------------------------------------------------------
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 SCHEMA_BAD_PATTERN = {"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}
+DEEP_SCHEMA = json.loads('{"type":"object","properties":{"a":' * 100 + '{"type":"integer"}' + '}}' * 100)
 BAD = [
+    # second break-test round: each was a 200 or a 500
+    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "json_schema": DEEP_SCHEMA}}, "json_schema"),
+    ("chat", {**CHAT, "json_schema": {}}, "json_schema"),
+    ("comp", {"prompt": FRANCE, "max_tokens": 1, "max_new_tokens": 0}, "max_new_tokens"),
+    ("chat", {**CHAT, "session_params": {}}, "session_params"),
+    ("gen", {"text": ["hi"] * 1025, "sampling_params": {"max_new_tokens": 1}}, "text"),
+    ("gen", {"input_ids": [5] * CONTEXT}, "input_ids"),
+    ("gen", {"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
     ("chat", {**CHAT, "model": "gpt-4"}, "model"),
     ("chat", {**CHAT, "max_tokens": -1}, "max_tokens"),
     ("chat", {**CHAT, "max_tokens": 10 ** 6}, "max_tokens"),
@@ -416,6 +425,12 @@ def test_bad_requests_are_400(http):
     t = time.perf_counter()  # refused by its length in characters, before tokenizing (seconds of CPU)
     err = assert_400(http.post("/v1/completions", json={"prompt": "word " * 2_000_000, "max_tokens": 1}), "prompt")
     assert time.perf_counter() - t < 2 and "10000000 characters" in err["message"], err
+    t = time.perf_counter()
+    err = assert_400(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 2_000_000}],
+                                                             "max_tokens": 1}), "messages")
+    assert time.perf_counter() - t < 2 and "6000000 characters" in err["message"], err
+    err = assert_400(http.post("/v1/chat/completions", json={**CHAT, "min_tokens": 5}), "min_tokens")
+    assert err["message"] == "min_tokens (5) must be <= max_tokens (2)"
     deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     for route in ("/generate", "/v1/completions"):
         assert "nested too deeply" in assert_400(http.post(route, content=deep), None)["message"]

@@ -37,8 +37,18 @@ def max_token_chars(tokenizer) -> int:
     return max((len(t) for t in tokenizer.get_vocab()), default=0)
 
 
+MAX_BATCH = 1024  # prompts in one call (OpenAI's n is capped at 128); 100k one-token prompts stalled a server
+
+
 def _as_batch(x: Any, name: str) -> tuple[list, bool]:
-    """(items, was_single)."""
+    """(items, was_single). Raises ValidationError above :data:`MAX_BATCH` items."""
+    items, single = _batch_items(x, name)
+    if len(items) > MAX_BATCH:
+        raise ValidationError(f"{name}: at most {MAX_BATCH} prompts in one call, got {len(items)}", name)
+    return items, single
+
+
+def _batch_items(x: Any, name: str) -> tuple[list, bool]:
     if name == "input_ids":
         if isinstance(x, list) and x and all(isinstance(i, list) for i in x):
             return x, False
@@ -102,7 +112,7 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
     reqs = []
     for ids, sp_in, r in zip(id_lists, sps, rids):
         sp = normalize(sp_in)
-        _check_length(len(ids), sp, limits)
+        _check_length(len(ids), sp, limits, "text" if prompt is not None else "input_ids")
         bad = [t for t in sp.stop_token_ids if t >= limits.vocab_size]
         if bad:
             raise ValidationError(f"stop_token_ids: token id {bad[0]} is outside the vocabulary "
@@ -185,10 +195,10 @@ def _compiled(kind: str, error: Optional[BaseException]) -> None:
         raise error
 
 
-def _check_length(n: int, sp: SamplingParams, lim: Limits) -> None:
+def _check_length(n: int, sp: SamplingParams, lim: Limits, field: str) -> None:
     if n >= lim.context_length:
         raise ValidationError(f"the prompt has {n} tokens, but the context length is {lim.context_length} "
-                              f"tokens: at most {lim.context_length - 1} prompt tokens fit", "text")
+                              f"tokens: at most {lim.context_length - 1} prompt tokens fit", field)
     if sp.max_new_tokens is not None and n + sp.max_new_tokens > lim.context_length:
         raise ValidationError(f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens "
                               f"were asked for, {n + sp.max_new_tokens} in all, above the context length of "

@@ -22,7 +22,8 @@ which also refuses every escape, so a pattern string can never contain ``"`` or 
   ``1``; a dev-corpus duration pattern produced ``"112612"``), and the EBNF masks measured as fast
   (3-20 us per token either way). tests/test_constrained.py checks patterns against Python's ``re``.
 
-A pattern this module cannot convert (lookaround, backreferences) keeps xgrammar's own rule, with a warning.
+A pattern this module cannot convert (lookaround, backreferences) is refused (ValueError): xgrammar's own rule
+for it would not enforce the lookaround.
 """
 from __future__ import annotations
 
@@ -195,6 +196,16 @@ def _pattern_ebnf(pattern: str) -> str:
         raise ValueError(f"pattern {pattern!r}: {e}") from None
 
 
+def enforceable_pattern(pattern: str) -> str:
+    """``pattern`` itself when the grammar can enforce it.
+
+    Raises:
+        ValueError: lookaround, backreferences or other syntax xgrammar's regex converter refuses.
+    """
+    _pattern_ebnf(pattern)
+    return pattern
+
+
 def regex_ebnf_to_json_string(body: str) -> str:
     """Rewrite the EBNF of a regex (xgrammar's converter output) to match its JSON-escaped spelling."""
     out, i, n = [], 0, len(body)
@@ -306,11 +317,9 @@ def fix_json_string_rules(grammar_text: str) -> str:
 
     def convert(m: re.Match) -> str:
         pattern, _ = _decode_literal(m.group(1), 0)
-        try:
-            return "(" + regex_ebnf_to_json_string(_pattern_ebnf(pattern)) + ")"
-        except ValueError as e:  # e.g. a lookahead: keep xgrammar's own (escape-free) rule for it
-            logger.warning("json_strings: pattern %r kept as xgrammar lowers it: %s", pattern, e)
-            return m.group(0)
+        # A pattern the converter refuses (lookaround, backreferences) is refused: xgrammar's own rule for
+        # it accepts what the lookahead forbids ("^(?!l)[a-z]{3}$" generated "let").
+        return "(" + regex_ebnf_to_json_string(_pattern_ebnf(pattern)) + ")"
 
     text = _REGEX_CALL.sub(convert, text)
     return text + "".join(f"\n{name} ::= {body}" for name, body in rules.items())

@@ -100,6 +100,9 @@ def _validate_json_schema(spec: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+MAX_SCHEMA_DEPTH = 64  # measured: 40 nested "properties" compile, 100 overflowed the recursion limit
+
+
 def validate_spec(kind: str, spec: Any) -> str:
     """Check a grammar spec without any backend and return its normalized text.
 
@@ -119,7 +122,10 @@ def validate_spec(kind: str, spec: Any) -> str:
     if kind not in GRAMMAR_KINDS:
         raise ValueError(f"kind: unknown grammar kind {kind!r}; choose one of {list(GRAMMAR_KINDS)}")
     if kind == "json_schema":
-        return _validate_json_schema(spec)
+        try:
+            return _validate_json_schema(spec)
+        except RecursionError:  # the checks (and both backends) recurse over the schema
+            raise ValueError(f"json_schema: nested too deeply (at most about {MAX_SCHEMA_DEPTH} levels)") from None
     if not isinstance(spec, str):
         raise ValueError(f"{kind}: must be a string, got {type(spec).__name__}")
     if kind == "regex":

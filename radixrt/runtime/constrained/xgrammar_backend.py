@@ -19,8 +19,8 @@ import xgrammar as xgr
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
-from .json_strings import fix_json_string_rules
-from .schema_prep import prepare_schema
+from .json_strings import enforceable_pattern, fix_json_string_rules
+from .schema_prep import prepare_schema, rewrite_patterns
 from .vocab import special_token_ids
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,9 @@ class XGrammarBackend(GrammarBackend):
                                              enable_dynamic_compilation=dynamic_compilation)
 
     def _json_schema(self, text: str, any_whitespace: bool) -> xgr.CompiledGrammar:
-        text = json.dumps(prepare_schema(json.loads(text)), ensure_ascii=False)
+        # a pattern xgrammar cannot lower (lookaround) would be dropped silently: refuse it first
+        schema = rewrite_patterns(prepare_schema(json.loads(text)), enforceable_pattern)
+        text = json.dumps(schema, ensure_ascii=False)
         kw = dict(any_whitespace=any_whitespace, strict_mode=self.strict_mode)
         if not any_whitespace:
             kw["separators"] = (",", ":")

@@ -32,6 +32,20 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
     return plan
 
 
+def _check_size(messages, limits) -> None:
+    """Refuse, before the template renders it, a conversation that cannot fit the context: more messages
+    than tokens, or more characters than the context's tokens can hold (a 8 MB message took the event loop
+    for 6 s to render and tokenize). Raises ApiError 400 naming ``messages``."""
+    chars = 0
+    for m in messages:
+        parts = m.content if isinstance(m.content, list) else [m.content]
+        chars += sum(len(p) if isinstance(p, str) else len(str(p.get("text", ""))) for p in parts if p)
+    ctx_len = limits.context_length
+    if len(messages) >= ctx_len or (limits.max_token_chars and chars > ctx_len * limits.max_token_chars):
+        raise ApiError(f"messages: {len(messages)} messages of {chars} characters cannot fit the context length "
+                       f"of {ctx_len} tokens", param="messages")
+
+
 def chat_messages(messages) -> list[dict]:
     """OpenAI messages (roles system/developer/user/assistant/tool) as template-ready dicts. Raises ApiError
     400 naming the message field at fault."""
@@ -102,6 +116,7 @@ async def chat_completions(request: Request):
     req = await parse_body(request, ChatCompletionRequest)
     tm.check_ready()
     check_model(c, req.model)
+    _check_size(req.messages, tm.limits)
     plan = check_tools(req)
     _check_top_logprobs(req)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

@@ -68,6 +68,8 @@ GENERATE_NAMES = {
     "structural_tag": "it is a /generate sampling parameter; here use structured_outputs.structural_tag",
     "sampling_params": "it is the /generate body's field; here the sampling parameters are top-level fields",
     "max_new_tokens": "it is a /generate sampling parameter; here use max_tokens",
+    "session_params": "it is a /generate field; here send the whole history with session_id (or the "
+                      "X-Session-Id header)",
 }
 REFUSED_FIELDS.update(GENERATE_NAMES)
 
@@ -76,6 +78,8 @@ def check_refused(body: dict) -> None:
     """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
     for k, why in REFUSED_FIELDS.items():
         v = body.get(k)
+        if k in GENERATE_NAMES and v is not None:  # even {} or 0: on /generate they mean something
+            raise ApiError(f"{k} is not supported: {why}", param=k)
         if v not in (None, False, [], {}) and not (k == "modalities" and v == ["text"]):
             raise ApiError(f"{k} is not supported: {why}", param=k)
 

@@ -55,6 +55,7 @@ async def submit(c: ServerContext, prompt_param: str, max_param: str, sps: list[
         param = openai_param(native, prompt_param, max_param, grammar_param)
         if native and param != native and msg.startswith(native):  # "text must ...", "choices[0]: ..."
             msg = param + msg[len(native):]
+        msg = msg.replace("max_new_tokens", max_param).replace("min_new_tokens", "min_tokens")
         raise ApiError(msg, param=param) from None
 
 

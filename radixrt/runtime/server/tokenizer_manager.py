@@ -211,7 +211,9 @@ class TokenizerManager:
         """Queue validated requests. Raises ValidationError (rid in use) or ApiError 503."""
         self.check_ready()
         rids = [r.rid for r in reqs]
-        if len(set(rids)) != len(rids) or any(r in self.states for r in rids):
+        if len(set(rids)) != len(rids):
+            raise ValidationError(f"rid: the ids of one call must differ: {rids}", "rid")
+        if any(r in self.states for r in rids):
             raise ValidationError(f"rid: a request id is already in use: {rids}", "rid")
         batch = ReqBatch(self, reqs, lp_text)
         for r in reqs:
