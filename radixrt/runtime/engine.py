@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from radixrt.runtime.build import build_scheduler
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.detokenizer import Detokenizer
-from radixrt.runtime.errors import ValidationError
+from radixrt.runtime.errors import refused
 from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut
 from radixrt.runtime.validation import Limits, ReqOutput, build_requests, max_token_chars
 
@@ -148,9 +148,9 @@ class Engine:
         qs = [self._submit(r) for r in reqs]
         outs = [self._collect(a, q, return_logprob) for a, q in zip(accs, qs)]
         for o in outs:
-            reason = o["meta_info"]["finish_reason"] or {}
-            if reason.get("status_code") == 400:
-                raise ValidationError(reason["message"], reason.get("param"))
+            error = refused(o["meta_info"]["finish_reason"])
+            if error is not None:
+                raise error
         return outs[0] if single else outs
 
     def _submit(self, r: GenerateReq) -> queue.Queue:

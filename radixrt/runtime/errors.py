@@ -16,3 +16,16 @@ class ValidationError(ValueError):
     def __init__(self, message: str, param: Optional[str] = None):
         super().__init__(message)
         self.param = param
+
+
+def refusal(error: ValueError) -> dict:
+    """The finish reason of a request the scheduler refuses for bad input (SGLang's FINISH_ABORT with a 400
+    status code), carrying the field; :func:`refused` turns it back into the error."""
+    return {"type": "abort", "message": str(error), "status_code": 400, "param": getattr(error, "param", None)}
+
+
+def refused(reason: Optional[dict]) -> Optional[ValidationError]:
+    """The ValidationError a finish reason made by :func:`refusal` stands for, else None."""
+    if reason and reason.get("status_code") == 400:
+        return ValidationError(reason.get("message", "bad request"), reason.get("param"))
+    return None

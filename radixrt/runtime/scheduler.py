@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
+from radixrt.runtime.errors import ValidationError, refusal
 from radixrt.runtime.io_struct import GenerateReq, TokenOut
 from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.mem.req_pages import ReqPages
@@ -76,13 +77,11 @@ class Scheduler:
         if r.return_logprob and r.logprob_start_len >= 0:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
-        if error is not None:  # a bad session field: the server answers 400 (SGLang's FINISH_ABORT status_code)
-            self._finish(req, {"type": "abort", "message": str(error), "status_code": 400,
-                               "param": getattr(error, "param", None)})
-            return
-        if len(ids) >= ctx:
-            self._finish(req, {"type": "abort", "message": f"the session's context ({len(ids)} tokens) reaches "
-                               f"the context length {ctx}", "status_code": 400, "param": "session_params"})
+        if error is None and len(ids) >= ctx:
+            error = ValidationError(f"the session's context ({len(ids)} tokens) reaches the context length "
+                                    f"{ctx}", "session_params")
+        if error is not None:  # a bad session field: the caller gets a 400 naming it
+            self._finish(req, refusal(error))
             return
         g = grammar_of(r.sampling_params)
         if g is not None and self.grammar_cache is not None:

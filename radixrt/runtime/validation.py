@@ -30,6 +30,11 @@ class Limits:
     max_total_tokens: int
     max_token_chars: int = 0  # the longest token's text (0: unknown); longer texts are refused untokenized
 
+    @property
+    def max_chars(self) -> Optional[int]:
+        """Characters beyond which a prompt cannot fit the context whatever its tokens (None: unknown)."""
+        return self.context_length * self.max_token_chars if self.max_token_chars else None
+
 
 def max_token_chars(tokenizer) -> int:
     """Characters in the vocabulary's longest token: a text longer than ``context_length`` times this cannot
@@ -78,7 +83,7 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
                 raise ValidationError(f"text must be a string or a list of strings, got {type(t).__name__}", "text")
             if t == "":
                 raise ValidationError("text must not be empty", "text")
-            if limits.max_token_chars and len(t) > limits.context_length * limits.max_token_chars:
+            if limits.max_chars is not None and len(t) > limits.max_chars:
                 raise ValidationError(f"the prompt has {len(t)} characters, more than the context length of "
                                       f"{limits.context_length} tokens can hold", "text")
         id_lists = [tokenizer.encode(t, add_special_tokens=False) for t in items]

@@ -66,10 +66,6 @@ class Rotary(nn.Module):
         step and shared by every layer."""
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``x [T, heads, head_dim]``, ``positions [T]`` int64 -> rotated ``x`` (same shape and dtype)."""
-        return apply_rotary(x, *self.tables(positions, x.dtype))
-
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x [T, heads, D]`` and tables from :meth:`Rotary.tables`."""

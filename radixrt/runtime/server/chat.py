@@ -41,7 +41,7 @@ def _check_size(messages, limits) -> None:
         parts = m.content if isinstance(m.content, list) else [m.content]
         chars += sum(len(p) if isinstance(p, str) else len(str(p.get("text", ""))) for p in parts if p)
     ctx_len = limits.context_length
-    if len(messages) >= ctx_len or (limits.max_token_chars and chars > ctx_len * limits.max_token_chars):
+    if len(messages) >= ctx_len or (limits.max_chars is not None and chars > limits.max_chars):
         raise ApiError(f"messages: {len(messages)} messages of {chars} characters cannot fit the context length "
                        f"of {ctx_len} tokens", param="messages")
 

@@ -78,9 +78,11 @@ def check_refused(body: dict) -> None:
     """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
     for k, why in REFUSED_FIELDS.items():
         v = body.get(k)
-        if k in GENERATE_NAMES and v is not None:  # even {} or 0: on /generate they mean something
-            raise ApiError(f"{k} is not supported: {why}", param=k)
-        if v not in (None, False, [], {}) and not (k == "modalities" and v == ["text"]):
+        if k in GENERATE_NAMES:  # even {} or 0: on /generate they mean something
+            unset = v is None
+        else:
+            unset = v in (None, False, [], {}) or (k == "modalities" and v == ["text"])
+        if not unset:
             raise ApiError(f"{k} is not supported: {why}", param=k)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from radixrt.runtime.errors import refused
 from radixrt.runtime.io_struct import GenerateReq, StrOut
 from radixrt.runtime.server.openai_protocol import ApiError
 from radixrt.runtime.validation import ReqOutput
@@ -40,11 +41,11 @@ class ReqBatch:
             raise item
         i = self.index[item.rid]
         self.outs[i].add(item)
-        reason = item.token.finished_reason
-        if reason is not None:
+        if item.token.finished_reason is not None:
             self.unfinished -= 1
-            if reason.get("status_code") == 400:
-                raise ApiError(reason.get("message", "bad request"), param=reason.get("param"))
+            error = refused(item.token.finished_reason)
+            if error is not None:
+                raise ApiError(str(error), param=error.param)
         return i, item
 
     async def wait(self) -> list[ReqOutput]:
