@@ -568,6 +568,17 @@ def raw_stream_then_close(server, body: dict) -> bytes:
     return buf
 
 
+def test_client_gone_mid_body_is_not_an_error(server, http):
+    """A client that closes before its body is complete is answered nothing and logged as no error."""
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"te")
+    time.sleep(0.5)
+    normal_request_ok(http)
+    err = Path(server.err_path).read_text()
+    assert "ClientDisconnect" not in err and "internal error" not in err, err[-2000:]
+
+
 def test_disconnect_aborts_and_frees_pages(server, http, passage_ids):
     """Edge case 3 over HTTP: a client that leaves mid-stream (or mid-wait) aborts its request."""
     prompt = passage_ids[:50]  # four pages

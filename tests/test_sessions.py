@@ -86,6 +86,10 @@ def test_session_params_append_history(small):
     assert a4["meta_info"]["prompt_tokens"] == 11
     with pytest.raises(ValueError, match="session_params: no open session 'nope'"):
         e.generate(input_ids=[7], sampling_params=G, session_params={"id": "nope"})
+    with pytest.raises(ValueError, match="session_params.offset 999 is beyond"):
+        e.generate(input_ids=[7], sampling_params=G, session_params={"id": sid, "offset": 999})
+    with pytest.raises(ValueError, match="one prompt per call"):
+        e.generate(input_ids=[[7], [8]], sampling_params=G, session_params={"id": sid})
     with pytest.raises(ValueError, match="session_params.rid: no finished request 'r-nope'"):
         e.generate(input_ids=[7], sampling_params=G, session_params={"id": sid, "rid": "r-nope"})
     with pytest.raises(ValueError, match="session_params.offset"):

@@ -101,12 +101,17 @@ class SessionManager:
             seq, prompt_len = s.history[rid]
             base = seq[:prompt_len] if params.drop_previous_output else seq
             if params.offset is not None:
+                if params.offset > len(base):
+                    raise ValidationError(f"session_params.offset {params.offset} is beyond the {len(base)} tokens "
+                                          f"of request {rid!r}", form)
                 base = base[: params.offset]
             if params.replace:  # the new request replaces what followed rid in the session
                 keys = list(s.history)
                 for k in keys[keys.index(rid) + 1:]:
                     del s.history[k]
             ids = base + input_ids
+        elif params is not None and params.offset:
+            raise ValidationError(f"session_params.offset {params.offset}: session {sid!r} has no history yet", form)
         if s.capacity and len(ids) > s.capacity:
             raise ValidationError(f"{form}: the context ({len(ids)} tokens) exceeds the session's "
                                   f"capacity_of_str_len ({s.capacity})", form)

@@ -141,6 +141,9 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
                                   "logit_bias")
         if sp.n > 1 and (sess is not None or session_id is not None):
             raise ValidationError("n: a session continues one conversation; n > 1 is not allowed with a session", "n")
+        if len(id_lists) > 1 and (sess is not None or session_id is not None):
+            field = "text" if prompt is not None else "input_ids"
+            raise ValidationError(f"{field}: a session continues one conversation; one prompt per call", field)
         # n samples: n requests of the same prompt (the scheduler shares its KV); seeds seed + i
         for k in range(sp.n):
             spk = sp if sp.n == 1 else msgspec.structs.replace(sp, n=1, seed=None if sp.seed is None else sp.seed + k)

@@ -13,6 +13,8 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixrt.runtime.errors import ValidationError
@@ -74,6 +76,10 @@ def add_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, e: StarletteHTTPException):
         typ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return JSONResp(error_body(str(e.detail), None, typ), status_code=e.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, e: ClientDisconnect):  # left mid-body: nobody to answer
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
