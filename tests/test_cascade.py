@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from radixrt.kernels.attention.cascade import attend_lse, merge_state
 from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.kernels.attention.paged_rows import SHORT_EXTEND
 from radixrt.kernels.attention.prefix_groups import PrefixGroups
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.allocator import PageAllocator
@@ -78,9 +79,9 @@ class Batch:
         self.k = torch.randn(T, HKV, D, generator=g)
         self.v = torch.randn(T, HKV, D, generator=g)
 
-    def run(self, groups):
+    def run(self, groups, kernel=False):
         meta = AttentionMetadata.build(self.tables, self.q_lens, self.kv_lens, self.P, prefix_groups=groups)
-        be = TorchNativeBackend("cpu")
+        be = TorchNativeBackend("cpu", kernel=kernel)
         be.plan(meta)
         return be.forward(self.q, self.k, self.v, 0, self.pool, SCALE), be
 
@@ -100,22 +101,29 @@ class Batch:
 
 
 def check(b: Batch):
+    """Both paths (torch, and the C++ paged kernel), with and without groups, against the reference; returns
+    the torch and kernel backends of the grouped runs."""
     plain, _ = b.run(None)
     casc, be = b.run(b.groups)
+    kplain, _ = b.run(None, kernel=True)
+    kcasc, kbe = b.run(b.groups, kernel=True)
     ref = b.reference()
-    torch.testing.assert_close(plain, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(casc, ref, rtol=1e-5, atol=1e-5)
+    for out in (plain, casc, kplain, kcasc):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(casc, plain, rtol=1e-5, atol=1e-5)
-    return be
+    return be, kbe
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("size", [1, 2, 7, 32])
 def test_one_group_equals_plain(size, page_size):
     b = Batch(page_size, [(size, 5 * page_size + 3 * (page_size > 1), None)], loose=2, seed=size)
-    be = check(b)
+    be, kbe = check(b)
     lv = be.decode.levels
     assert len(lv) == 1 and lv[0].q_rows.shape == (1, size)
+    assert [x.q_rows.shape for x in kbe.levels] == [(1, size)] and kbe.rows.covers_all
+    # the kernel's rows start after the shared prefix
+    assert kbe.rows.start.tolist() == b.groups.suffix_starts
     # Suffixes are only the rows' own tokens: the shared prefix is not gathered per row.
     assert be.decode.suffix_slots.shape[1] == max(kv - s for kv, s in zip(b.kv_lens, b.groups.suffix_starts))
 
@@ -123,9 +131,14 @@ def test_one_group_equals_plain(size, page_size):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_many_groups_nested_mixed(page_size):
     spec = [(7, 4 * page_size, (3, 2 * page_size)), (2, 3 * page_size + 5, None), (32, 6 * page_size, (32, page_size))]
-    be = check(Batch(page_size, spec, loose=3, extends=[(5, 5), (4, 3 * page_size + 4)], seed=page_size))
+    extends = [(5, 5), (4, 3 * page_size + 4), (SHORT_EXTEND + 1, SHORT_EXTEND + 2 * page_size + 9),
+               (SHORT_EXTEND + 4, SHORT_EXTEND + 4)]
+    be, kbe = check(Batch(page_size, spec, loose=3, extends=extends, seed=page_size))
     assert [lv.q_rows.shape for lv in be.decode.levels] == [(3, 32), (2, 32)]
     assert be.extend_rows and be.decode.levels[0].keep is not None
+    # the kernel takes decode rows and the two short extends (9 rows); the two long ones stay on SDPA
+    assert [lv.q_rows.shape for lv in kbe.levels] == [(3, 32), (2, 32)]
+    assert len(kbe.rows.long_extends) == 2 and kbe.rows.rows.shape[0] == 3 + 7 + 2 + 32 + 5 + 4
 
 
 def test_prefix_ends_mid_page():
@@ -144,7 +157,7 @@ def test_span_path_equals_gather_path():
         assert t[:3] == old
         t[:3] = new
     b.groups.pages[0] = new
-    be = check(b)
+    be, _ = check(b)
     assert be.decode.levels[0].span == (1024 * 16, 1024 * 16 + 48)
 
 
@@ -255,10 +268,27 @@ def test_lone_row_reads_runs_of_pages_as_views(page_size, cuts):
         table[(c + 1) * n // (cuts + 1) - 1] = 900 + c
     last = min(5, page_size)
     b.tables, b.kv_lens = [table], [(n - 1) * page_size + last]
-    be = check(b)
+    be, _ = check(b)
     runs = 2 * cuts + 1  # each swapped-in page cuts a run in two places
     if runs <= 4:
         assert be.decode.suffix_slots is None and len(be.decode.levels) == runs - 1
         assert be.decode.suffix_span[1] == table[-1] * page_size + last
     else:
         assert be.decode.suffix_slots.shape == (1, b.kv_lens[0]) and not be.decode.levels
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_kernel_splits_long_rows_exactly(page_size):
+    """Rows longer than the kernel's chunk (256 tokens) are attended in parts merged by log-sum-exp: a
+    1,300-token row (6 chunks) and a shared-prefix group over 700 tokens equal the reference."""
+    b = Batch(page_size, [(3, 700, None)], loose=0, seed=5)
+    n = 1300 // page_size + 1
+    b.tables.append(list(range(3000 // page_size, 3000 // page_size + n)))
+    b.q_lens.append(1)
+    b.kv_lens.append(1300)
+    b.groups.suffix_starts.append(0)
+    T = sum(b.q_lens)
+    g = torch.Generator().manual_seed(9)
+    b.q, b.k, b.v = torch.randn(T, HQ, D, generator=g), torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    _, kbe = check(b)
+    assert kbe.rows.end.tolist()[-1] == 1300

@@ -53,6 +53,37 @@ def test_parity_variants(kw, prompts, reference):
         close_engine(e)
 
 
+_NO_KERNELS = """
+import json, sys
+sys.path.insert(0, "tests")
+from conftest import close_engine, make_engine
+from radixrt.kernels import cpp
+assert cpp.ops("radixrt_attn") is None  # the torch paths only
+prompts = json.load(sys.stdin)
+e = make_engine()
+try:
+    outs = e.generate(input_ids=prompts, sampling_params={"max_new_tokens": %d, "temperature": 0, "ignore_eos": True})
+    print(json.dumps([o["output_ids"] for o in outs]))
+finally:
+    close_engine(e)
+"""
+
+
+def test_parity_without_cpp_kernels(prompts, reference):
+    """Where the C++ kernels cannot be built, the torch paths (cascade attention with gathers, unfused norms)
+    still give HF's greedy tokens: run in a process with ``RADIXRT_DISABLE_CPP_KERNELS=1``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RADIXRT_DISABLE_CPP_KERNELS": "1"}
+    r = subprocess.run([sys.executable, "-c", _NO_KERNELS % NEW], input=json.dumps(prompts), env=env,
+                       capture_output=True, text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == reference
+
+
 def test_output_format(engine):
     out = engine.generate("The capital of France is", {"max_new_tokens": 16, "temperature": 0})
     assert set(out) == {"text", "output_ids", "meta_info"}

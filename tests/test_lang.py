@@ -157,13 +157,16 @@ EDGE12 = [("The capital of France is ", ["Paris", "Antidisestablishmentarianism"
 
 def _greedy(cond: list[list[float]]) -> int:
     """SGLang's greedy_token_selection, written independently: pad short options with their mean, then the
-    first position with a unique maximum decides."""
+    first position with a unique maximum decides. HF scores each option in its own forward pass, so the
+    same token after the same context can differ by float noise (~1e-6) between options: values within
+    1e-5 of the best count as tied, as they are in exact arithmetic (and in radixrt, which computes them
+    with the same kernel: bit-equal)."""
     w = max(map(len, cond))
     rows = [r + [sum(r) / len(r)] * (w - len(r)) for r in cond]
     alive = list(range(len(rows)))
     for j in range(w):
         best = max(rows[i][j] for i in alive)
-        alive = [i for i in alive if rows[i][j] == best]
+        alive = [i for i in alive if rows[i][j] >= best - 1e-5]
         if len(alive) == 1:
             break
     return alive[0]

@@ -85,6 +85,15 @@ def test_cpp_gemv_matches_torch_int4_kernel(blocks):
         rel = lambda y: ((y - ref).norm() / ref.norm()).item()  # noqa: E731
         assert rel(a) < 8e-3 and rel(b) < 5e-3, (m, rel(a), rel(b))
         assert ((a - b).norm() / ref.norm()).item() < 1e-2
+    # the 8-row layout holds the same bytes: the row-by-row kernel (kept for row counts not a multiple of 8)
+    # quantizes the activations the same way, so the two differ only in fp32 summation order
+    assert ours.blocks.shape == (3072 // 8, 18 * 160) and ours._mm == ext.q4_1x8_mm
+    for m in (1, 4, 7):
+        x = torch.randn(m, 576, generator=g)
+        torch.testing.assert_close(ext.q4_1_mm(x, raw), ours(x), rtol=1e-4, atol=1e-4)
+    odd = GGMLLinear(kind, raw[:12].contiguous(), None, 64, ext)  # 12 rows: not a multiple of 8
+    assert odd._mm == ext.q4_1_mm
+    torch.testing.assert_close(odd(x), ours(x)[:, :12], rtol=1e-4, atol=1e-4)
     kind, raw = blocks["lm_head"]
     head = GGMLLinear(kind, raw[:4096].contiguous(), None, 64, ext)
     x = torch.randn(3, 576, generator=g)
@@ -104,7 +113,7 @@ def test_fallback_to_fp32_above_max_rows(blocks):
     small = lin(x[:n])
     assert not torch.equal(small, x[:n] @ lin.weight_t)
     assert torch.equal(small, lin.quant(x[:n]))
-    assert MAX_ROWS == {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 16}
+    assert MAX_ROWS == {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 1024}
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:
@@ -119,9 +128,11 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
 
 
 # Measured 2026-12-01 against HF fp32, 8 prompts x 32 teacher-forced tokens: (tokens whose top-1 agrees,
-# largest logit difference) = none (256, 1.0e-4), fp16 (254, 0.073), int8 (246, 2.19), q4 (251, 2.01).
+# largest logit difference) = none (256, 1.0e-4), fp16 (254, 0.073), int8 (246, 2.19), q4 (251, 2.01);
+# q4 again after the fused C++ norm/SwiGLU/rope and the paged attention kernel: (248, 2.10) (three
+# near-ties flip: activations are int8 there, so its logits already sit ~2 from HF's).
 # Asserted with a small margin: at least the first figure, at most the second.
-MEASURED = {"none": (256, 3e-4), "fp16": (253, 0.1), "int8": (244, 2.5), "q4": (249, 2.3)}
+MEASURED = {"none": (256, 3e-4), "fp16": (253, 0.1), "int8": (244, 2.5), "q4": (246, 2.3)}
 
 
 @pytest.mark.parametrize("fmt", ["none", "fp16", "int8", "q4"])

@@ -38,7 +38,7 @@ def get_backend(name: str, device: torch.device | str, dtype: torch.dtype = torc
         from radixrt.kernels.attention.flashinfer import FlashInferBackend
         return FlashInferBackend(device)
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
-    return TorchNativeBackend(device)
+    return TorchNativeBackend(device, dtype=dtype)
 
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "get_backend", "BACKENDS"]

@@ -129,8 +129,6 @@ def plan_decode(decode_rows: torch.Tensor, q_rows: torch.Tensor, kv_lens: torch.
     dev, P = kv_indices.device, page_size
     Bd = decode_rows.shape[0]
     kv = kv_lens[decode_rows]
-    local = torch.full((kv_lens.shape[0],), -1, dtype=torch.int64)
-    local[decode_rows.cpu()] = torch.arange(Bd)
     if groups is not None and groups.num_groups:
         start = torch.tensor(groups.suffix_starts, dtype=torch.int64, device=dev)[decode_rows]
     else:
@@ -149,11 +147,17 @@ def plan_decode(decode_rows: torch.Tensor, q_rows: torch.Tensor, kv_lens: torch.
             one = torch.zeros(1, 1, dtype=torch.int64, device=dev)
             return DecodePlan(q_rows, None, None, [LevelPlan(one, None, r, None, None, None) for r in runs[:-1]],
                               runs[-1])
-    plan = DecodePlan(q_rows, slots, _pad_mask(valid), [])
-    if groups is not None:
-        for lvl in range(groups.num_levels):
-            plan.levels.append(_plan_level(groups, lvl, local, Bd, P, dev))
-    return plan
+    return DecodePlan(q_rows, slots, _pad_mask(valid), plan_levels(groups, decode_rows, kv_lens.shape[0], P, dev))
+
+
+def plan_levels(groups: PrefixGroups | None, decode_rows: torch.Tensor, batch_size: int, page_size: int,
+                dev: torch.device) -> list[LevelPlan]:
+    """The group levels of :class:`DecodePlan` (outermost first); decode-local rows index ``decode_rows``."""
+    if groups is None or not groups.num_groups:
+        return []
+    local = torch.full((batch_size,), -1, dtype=torch.int64)
+    local[decode_rows.cpu()] = torch.arange(decode_rows.shape[0])
+    return [_plan_level(groups, lvl, local, decode_rows.shape[0], page_size, dev) for lvl in range(groups.num_levels)]
 
 
 MAX_RUNS = 4  # more runs of consecutive pages than this: one gather beats that many calls and merges
@@ -232,16 +236,25 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kflat: torch.Tensor, vflat: to
         ks = kflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)      # [Bd, Hkv, S, D]
         vs = vflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)
     o, lse = attend_lse(qd.view(Bd, Hkv, G, D), ks, vs, plan.suffix_mask, scale)
-    o, lse = o.reshape(Bd, Hq, D), lse.reshape(Bd, Hq)
-    for lv in plan.levels:
+    return merge_levels(plan.levels, qd, o.reshape(Bd, Hq, D), lse.reshape(Bd, Hq), kflat, vflat, scale)
+
+
+def merge_levels(levels: list[LevelPlan], qd: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                 kflat: torch.Tensor, vflat: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attend the group levels and merge them into the suffixes' partials ``o [Bd, Hq, D]``, ``lse [Bd, Hq]``
+    (float32); ``qd [Bd, Hq, D]`` the decode rows' queries. Returns the merged ``o``."""
+    Bd, Hq, D = qd.shape
+    Hkv = kflat.shape[1]
+    G = Hq // Hkv
+    for lv in levels:
         Ng, R = lv.q_rows.shape
         qg = qd[lv.q_rows].view(Ng, R, Hkv, G, D).transpose(1, 2).reshape(Ng, Hkv, R * G, D)
         if lv.span is not None:
-            kg = kflat[lv.span[0]:lv.span[1]].to(q.dtype).transpose(0, 1).unsqueeze(0)  # a view
-            vg = vflat[lv.span[0]:lv.span[1]].to(q.dtype).transpose(0, 1).unsqueeze(0)
+            kg = kflat[lv.span[0]:lv.span[1]].to(qd.dtype).transpose(0, 1).unsqueeze(0)  # a view
+            vg = vflat[lv.span[0]:lv.span[1]].to(qd.dtype).transpose(0, 1).unsqueeze(0)
         else:
-            kg = kflat[lv.slots].to(q.dtype).transpose(1, 2)                  # [Ng, Hkv, L, D]
-            vg = vflat[lv.slots].to(q.dtype).transpose(1, 2)
+            kg = kflat[lv.slots].to(qd.dtype).transpose(1, 2)                  # [Ng, Hkv, L, D]
+            vg = vflat[lv.slots].to(qd.dtype).transpose(1, 2)
         og, sg = attend_lse(qg, kg, vg, lv.mask, scale)                       # [Ng, Hkv, R*G, D]
         og = og.view(Ng, Hkv, R, G, D).transpose(1, 2).reshape(Ng * R, Hq, D)
         sg = sg.view(Ng, Hkv, R, G).transpose(1, 2).reshape(Ng * R, Hq)

@@ -7,6 +7,11 @@ decode rows of a step are one batched call per level, with the query heads folde
 
 Extend rows (several new tokens) run one SDPA call per request with a causal mask offset by the cached
 prefix.
+
+With ``kernel=True`` (the default for an fp32 pool on a CPU where ``paged_cpu.cpp`` builds), the suffixes
+of decode rows and whole short extends instead go to one C++ call per layer that also writes the step's
+K/V and reads the pool through the page table (``paged_rows.py``): no gather, no padding. The cascade levels
+and long extends stay as above.
 """
 from __future__ import annotations
 
@@ -16,36 +21,51 @@ import torch
 import torch.nn.functional as F
 
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, write_kv
-from radixrt.kernels.attention.cascade import DecodePlan, plan_decode, run_decode
+from radixrt.kernels.attention.cascade import DecodePlan, merge_levels, plan_decode, plan_levels, run_decode
 from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.kernels.attention.paged_cpu import paged_ops
+from radixrt.kernels.attention.paged_rows import RowPlan, plan_rows
 
 
 class TorchNativeBackend(AttentionBackend):
-    def __init__(self, device: torch.device | str = "cpu"):
+    """``kernel``: use the C++ paged kernel (fp32 pools on the CPU only); ``None`` means: where it builds."""
+
+    def __init__(self, device: torch.device | str = "cpu", kernel: bool | None = None,
+                 dtype: torch.dtype = torch.float32):
         self.device = torch.device(device)
+        usable = self.device.type == "cpu" and dtype == torch.float32
+        self.ops = paged_ops() if usable and kernel is not False else None
+        if kernel and self.ops is None:
+            raise ValueError("the C++ paged attention kernel needs an fp32 KV pool on an AVX2 CPU with gcc")
         self.meta: AttentionMetadata | None = None
         self.decode: DecodePlan | None = None
+        self.rows: RowPlan | None = None
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Build the step's index tensors: tensor ops only, no host round trips of the page table."""
         self.meta = meta
+        self.qo = list(accumulate(meta.q_lens, initial=0))
+        P = meta.page_size
+        self.page_start = list(accumulate((-(-kv // P) for kv in meta.kv_lens), initial=0))
+        groups = meta.prefix_groups if meta.prefix_groups is not None and meta.prefix_groups.num_groups else None
+        self.decode = None
+        if self.ops is not None:
+            self.rows = plan_rows(meta, groups.suffix_starts if groups else None)
+            self.extend_rows = self.rows.long_extends
+            self.levels = plan_levels(groups, self.rows.decode_reqs, meta.batch_size, P,
+                                      meta.kv_indices.device)
+            return
         dev = meta.kv_indices.device
         q_lens = torch.tensor(meta.q_lens, dtype=torch.int64)
         all_decode = max(meta.q_lens) == 1
         decode_rows = torch.arange(meta.batch_size) if all_decode else (q_lens == 1).nonzero().squeeze(1)
-        self.qo = list(accumulate(meta.q_lens, initial=0))
-        self.extend_rows: list[int] = []
-        if not all_decode:  # a step with prefill chunks: per-request work is fine there
-            self.extend_rows = [i for i, n in enumerate(meta.q_lens) if n > 1]
-            P = meta.page_size
-            self.page_start = list(accumulate((-(-kv // P) for kv in meta.kv_lens), initial=0))
-        self.decode = None
+        self.extend_rows = [] if all_decode else [i for i, n in enumerate(meta.q_lens) if n > 1]
         if decode_rows.numel():
             decode_rows = decode_rows.to(dev)
             q_rows = decode_rows if all_decode else meta.qo_indptr.long()[decode_rows]
             kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int64, device=dev)
             self.decode = plan_decode(decode_rows, q_rows, kv_lens, meta.kv_indptr, meta.kv_indices,
-                                      meta.page_size, meta.prefix_groups)
+                                      meta.page_size, groups)
 
     @property
     def slots(self) -> torch.Tensor:
@@ -65,18 +85,39 @@ class TorchNativeBackend(AttentionBackend):
         pages = meta.kv_indices[self.page_start[i]:self.page_start[i + 1]].long()
         return (pages[:, None] * P + torch.arange(P, device=pages.device)).reshape(-1)[:kv_len]
 
+    def _kernel(self, q, k, v, kflat, vflat, scale) -> torch.Tensor | None:
+        """Write the step's K/V and attend the kernel's rows: ``[T, Hq, D]`` with those rows filled (every
+        row unless long extends remain)."""
+        r, meta = self.rows, self.meta
+        o, lse = self.ops.paged_attention(q, k, v, meta.out_cache_loc, kflat, vflat, r.rows, r.page_ptr, r.start,
+                                          r.end, meta.kv_indices, meta.page_size, scale)
+        if self.levels:
+            n = r.num_decode
+            od = merge_levels(self.levels, q[r.rows[:n]], o[:n], lse[:n], kflat, vflat, scale)
+            o = od if n == o.shape[0] else torch.cat([od, o[n:]])
+        if r.covers_all:
+            return o
+        out = torch.empty_like(q)
+        out[r.rows] = o
+        return out
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 kv: KVCacheView, scale: float) -> torch.Tensor:
         meta = self.meta
-        write_kv(kv, layer, meta.out_cache_loc, k, v)
         kb, vb = kv.k_buffer(layer), kv.v_buffer(layer)
         kflat = kb.view(-1, kb.shape[-2], kb.shape[-1])
         vflat = vb.view(-1, vb.shape[-2], vb.shape[-1])
-        if self.decode is not None and not self.extend_rows:
-            return run_decode(self.decode, q, kflat, vflat, scale)
-        out = torch.empty_like(q)
-        if self.decode is not None:
-            out[self.decode.q_rows] = run_decode(self.decode, q, kflat, vflat, scale)
+        if self.ops is not None:
+            out = self._kernel(q, k, v, kflat, vflat, scale)
+            if not self.extend_rows:
+                return out
+        else:
+            write_kv(kv, layer, meta.out_cache_loc, k, v)
+            if self.decode is not None and not self.extend_rows:
+                return run_decode(self.decode, q, kflat, vflat, scale)
+            out = torch.empty_like(q)
+            if self.decode is not None:
+                out[self.decode.q_rows] = run_decode(self.decode, q, kflat, vflat, scale)
         for i in self.extend_rows:
             s, e = self.qo[i], self.qo[i + 1]
             q_len, kv_len = e - s, meta.kv_lens[i]

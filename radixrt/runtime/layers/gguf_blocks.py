@@ -69,6 +69,26 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([hdr, qs], dim=-1).reshape(n, k // QK * 20).contiguous()
 
 
+def repack_q4_1_x8(raw: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks ``[N, nb * 20]`` (N a multiple of 8) -> the kernel's 8-row layout ``[N / 8, nb * 160]`` uint8.
+
+    Per group of 8 rows and block: 4 chunks of 32 bytes (chunk ``k``: bytes ``4k..4k+3`` of the nibbles of
+    each of the 8 rows in turn), then the 8 fp16 ``d``, then the 8 fp16 ``m``: the same bytes, reordered so
+    that one 32-byte load feeds 8 rows (``q4_1x8_mm`` in ``kernels/quant/ggml_gemv.cpp``).
+
+    Raises:
+        ValueError: N not a multiple of 8.
+    """
+    n, nb = raw.shape[0], raw.shape[1] // 20
+    if n % 8:
+        raise ValueError(f"the 8-row Q4_1 layout needs a multiple of 8 rows, got {n}")
+    b = raw.reshape(n // 8, 8, nb, 20).permute(0, 2, 1, 3)                 # [G, nb, 8 rows, 20]
+    qs = b[..., 4:].reshape(n // 8, nb, 8, 4, 4).transpose(2, 3)            # [G, nb, 4 chunks, 8 rows, 4]
+    d, m = b[..., 0:2], b[..., 2:4]                                         # [G, nb, 8, 2]
+    out = torch.cat([qs.reshape(n // 8, nb, 128), d.reshape(n // 8, nb, 16), m.reshape(n // 8, nb, 16)], -1)
+    return out.reshape(n // 8, nb * 160).contiguous()
+
+
 def dequantize(kind: str, raw: torch.Tensor) -> torch.Tensor:
     """Q4_1 or Q8_0 blocks ``[N, nb * bytes]`` uint8 -> fp32 ``[N, nb * 32]`` (the exact stored values)."""
     n = raw.shape[0]

@@ -1,7 +1,9 @@
 """The Llama-layout decoder (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3) in one file, gpt-fast style.
 
 RMSNorm, rotary position embeddings (:mod:`.rope`), grouped-query attention through an
-:class:`AttentionBackend` over the paged KV pool, SwiGLU MLP and optionally tied embeddings. The families
+:class:`AttentionBackend` over the paged KV pool, SwiGLU MLP and optionally tied embeddings. The residual
+stream is carried beside each layer's output and added inside the next norm (``add_rms_norm``), and the
+small elementwise ops are fused (:mod:`radixrt.kernels.fused`: C++ on an fp32 CPU, torch elsewhere). The families
 differ only in the switches of :class:`~radixrt.runtime.models.args.ModelArgs`: q/k/v biases (Qwen2) and
 per-head q/k RMSNorm (Qwen3). Tokens of all requests in a step are packed along one dimension (no
 padding): every tensor below is ``[num_tokens, ...]``.
@@ -15,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixrt.kernels import fused
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView
 from radixrt.runtime.models.args import ModelArgs
-from radixrt.runtime.models.rope import Rotary, apply_rotary
+from radixrt.runtime.models.rope import Rotary
 
 LlamaArgs = ModelArgs  # the name other modules used before the families were added
 
@@ -29,7 +32,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return fused.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` (in place), then the norm of the sum."""
+        return fused.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -50,13 +57,13 @@ class Attention(nn.Module):
         T = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(T, self.nkv, self.hd)
-        if self.q_norm is None:  # q and k heads rotated in one call (a view of the qkv output)
-            qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].view(T, self.nh + self.nkv, self.hd), *rope)
+        if self.q_norm is None:  # q and k heads rotated in one call, in place in the qkv output
+            qk = fused.rope_(qkv[:, :self.q_size + self.kv_size].view(T, self.nh + self.nkv, self.hd), *rope)
             q, k = qk[:, :self.nh], qk[:, self.nh:]
         else:
-            q = self.q_norm(qkv[:, :self.q_size].view(T, self.nh, self.hd))
-            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].view(T, self.nkv, self.hd))
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q = self.q_norm(qkv[:, :self.q_size].reshape(T * self.nh, self.hd)).view(T, self.nh, self.hd)
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(T * self.nkv, self.hd))
+            q, k = fused.rope_(q, *rope), fused.rope_(k.view(T, self.nkv, self.hd), *rope)
         o = attn.forward(q, k, v, self.layer, kv, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -69,8 +76,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -81,9 +87,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = MLP(a)
 
-    def forward(self, x, rope, attn, kv):
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, attn, kv):
+        """``x``: the previous layer's output, not yet in ``residual`` (the stream, updated in place); for
+        the first layer the embeddings, with ``residual`` None. Returns ``(output, residual)``."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h = self.input_layernorm.add(x, residual)
+        h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, kv), residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -103,11 +115,11 @@ class LlamaForCausalLM(nn.Module):
 
         ``attn.plan(meta)`` must have been called for this step.
         """
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary.tables(positions, x.dtype)  # once per step, not per layer
         for layer in self.layers:
-            x = layer(x, rope, attn, kv)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, attn, kv)
+        return self.norm.add(x, residual)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

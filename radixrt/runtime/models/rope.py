@@ -66,7 +66,3 @@ class Rotary(nn.Module):
         step and shared by every layer."""
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype)
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` for ``x [T, heads, D]`` and tables from :meth:`Rotary.tables`."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed

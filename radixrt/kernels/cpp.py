@@ -1,0 +1,78 @@
+"""Build and load radixrt's C++ CPU kernels (``torch.utils.cpp_extension``, gcc) once, at first use.
+
+All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
+``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>/`` (default ``~/.cache/radixrt``) with :data:`FLAGS`; later processes load the cached ``.so`` in well under a second. Each source registers
+its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``). OpenMP resolves to
+the ``libgomp.so.1`` torch has already loaded, so ``at::parallel_for`` in a kernel shares torch's thread
+pool and follows ``torch.set_num_threads``.
+
+:func:`ops` returns ``None``, after one logged warning, where the CPU lacks AVX2/FMA/F16C, where
+``RADIXRT_DISABLE_CPP_KERNELS`` is set, or where the build fails (no compiler, no ninja); callers then run
+their torch path.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+
+import torch
+
+logger = logging.getLogger(__name__)
+_HERE = os.path.dirname(__file__)
+SOURCES = [os.path.join(_HERE, p) for p in ("quant/ggml_gemv.cpp", "attention/paged_cpu.cpp", "fused/fused_cpu.cpp")]
+# no FMA contraction: where a kernel mirrors torch's separate multiply and add it must round as torch does
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
+_lock = threading.Lock()
+_state: dict[str, bool] = {}
+
+
+def build_dir() -> str:
+    root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
+    return os.path.join(root, "ext", f"radixrt_cpu-torch{torch.__version__.split('+')[0]}")
+
+
+def cpu_ok() -> bool:
+    """True where the CPU has AVX2, FMA and F16C (what every kernel here is written for)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return all(f" {f}" in flags for f in ("avx2", "fma", "f16c"))
+
+
+def ops(namespace: str):
+    """``torch.ops.<namespace>`` once the library is built and loaded, else ``None``."""
+    with _lock:
+        if "ok" not in _state:
+            _state["ok"] = _build()
+        return getattr(torch.ops, namespace) if _state["ok"] else None
+
+
+def _build() -> bool:
+    if os.environ.get("RADIXRT_DISABLE_CPP_KERNELS"):
+        return False
+    if not cpu_ok():
+        logger.warning("radixrt_cpu: CPU lacks AVX2/FMA/F16C; using the torch paths")
+        return False
+    from torch.utils.cpp_extension import load
+
+    d = build_dir()
+    os.makedirs(d, exist_ok=True)
+    try:
+        # An flock dies with its process; torch's own lock file does not, and a build killed midway would
+        # leave it behind for every later process to wait on. Holding the flock, no other radixrt process
+        # is building, so a leftover torch lock is stale.
+        with open(os.path.join(d, "radixrt.flock"), "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            if os.path.exists(os.path.join(d, "lock")):
+                os.remove(os.path.join(d, "lock"))
+            load("radixrt_cpu", SOURCES, build_directory=d, verbose=False, is_python_module=False,
+                 extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
+        return True
+    except Exception as e:  # noqa: BLE001 - any build failure means: use the torch paths
+        logger.warning("radixrt_cpu: C++ build failed (%s); using the torch paths", str(e).splitlines()[0][:300])
+        return False

@@ -1,0 +1,60 @@
+"""The fused CPU ops (kernels/fused) equal the torch ops they replace, and fall back to torch elsewhere."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixrt.kernels import cpp, fused
+from radixrt.runtime.models.rope import Rotary
+
+G = torch.Generator().manual_seed(0)
+
+
+def test_library_builds_here():
+    assert cpp.ops("radixrt_fused") is not None, "the C++ kernels must build on this AVX2 machine"
+
+
+@pytest.mark.parametrize("m,h", [(1, 576), (5, 576), (3, 40)])
+def test_rms_norm_and_add(m, h):
+    x, r, w = torch.randn(m, h, generator=G), torch.randn(m, h, generator=G), torch.randn(h, generator=G)
+    ref = F.rms_norm(x, (h,), w, 1e-5)
+    torch.testing.assert_close(fused.rms_norm(x, w, 1e-5), ref, rtol=2e-6, atol=2e-6)
+    r2 = r.clone()
+    out = fused.add_rms_norm(x, r2, w, 1e-5)
+    assert torch.equal(r2, r + x)  # the residual stream is updated in place, exactly
+    torch.testing.assert_close(out, F.rms_norm(r + x, (h,), w, 1e-5), rtol=2e-6, atol=2e-6)
+    strided = torch.randn(m, 2 * h, generator=G)[:, :h]  # a view with a row stride
+    torch.testing.assert_close(fused.rms_norm(strided, w, 1e-5), F.rms_norm(strided, (h,), w, 1e-5),
+                               rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("m,i", [(1, 1536), (4, 1536), (2, 20)])
+def test_silu_mul(m, i):
+    gu = torch.randn(m, 2 * i, generator=G) * 6
+    ref = F.silu(gu[:, :i]) * gu[:, i:]
+    torch.testing.assert_close(fused.silu_mul(gu), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_rope_in_place_equals_rotate_half():
+    rot = Rotary(1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)), 4096)
+    pos = torch.tensor([0, 5, 100, 4000, 7])
+    cos, sin = rot.tables(pos, torch.float32)
+    qkv = torch.randn(5, 15 * 64, generator=G)
+    x = qkv[:, :12 * 64].view(5, 12, 64)  # q and k heads of a qkv output: row stride 15 * 64
+    half = torch.cat([-x[..., 32:], x[..., :32]], -1)
+    ref = x * cos + half * (sin * torch.cat([-torch.ones(32), torch.ones(32)]))  # HF: x cos + rotate_half(x) sin
+    out = fused.rope_(x, cos, sin)
+    assert out.data_ptr() == qkv.data_ptr()
+    torch.testing.assert_close(x, ref, rtol=0, atol=0)  # same roundings as transformers: bit-identical
+    assert torch.equal(qkv[:, 12 * 64:], qkv[:, 12 * 64:].clone())
+
+
+def test_other_dtypes_take_the_torch_path():
+    x, w = torch.randn(2, 64, generator=G).bfloat16(), torch.randn(64, generator=G).bfloat16()
+    assert torch.equal(fused.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5))
+    gu = torch.randn(2, 128, generator=G).bfloat16()
+    assert torch.equal(fused.silu_mul(gu), F.silu(gu[:, :64]) * gu[:, 64:])
+    r = x.clone()
+    out = fused.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(r, x + x) and torch.equal(out, F.rms_norm(x + x, (64,), w, 1e-5))
