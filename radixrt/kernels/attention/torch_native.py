@@ -85,7 +85,7 @@ class TorchNativeBackend(AttentionBackend):
         pages = meta.kv_indices[self.page_start[i]:self.page_start[i + 1]].long()
         return (pages[:, None] * P + torch.arange(P, device=pages.device)).reshape(-1)[:kv_len]
 
-    def _kernel(self, q, k, v, kflat, vflat, scale) -> torch.Tensor | None:
+    def _kernel(self, q, k, v, kflat, vflat, scale) -> torch.Tensor:
         """Write the step's K/V and attend the kernel's rows: ``[T, Hq, D]`` with those rows filled (every
         row unless long extends remain)."""
         r, meta = self.rows, self.meta
