@@ -58,3 +58,16 @@ def test_other_dtypes_take_the_torch_path():
     r = x.clone()
     out = fused.add_rms_norm(x, r, w, 1e-5)
     assert torch.equal(r, x + x) and torch.equal(out, F.rms_norm(x + x, (64,), w, 1e-5))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (3, 1536, 576), (4, 576, 3072), (2, 37, 70), (1, 5, 13)])
+def test_fp32_gemv_matches_matmul(m, k, n):
+    """The C++ GEMV behind ``--quantization none`` at up to 4 rows (ragged K and N included); 5 rows go to
+    torch's matmul."""
+    from radixrt.kernels.gemv import MAX_ROWS, matmul_t
+    assert cpp.ops("radixrt_gemv") is not None and MAX_ROWS == 4
+    x, w = torch.randn(m, k, generator=G), torch.randn(k, n, generator=G)
+    torch.testing.assert_close(cpp.ops("radixrt_gemv").gemv_t(x, w), x @ w, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(matmul_t(x, w), x @ w, rtol=1e-5, atol=1e-4)
+    x5 = torch.randn(5, k, generator=G)
+    assert torch.equal(matmul_t(x5, w), x5 @ w)

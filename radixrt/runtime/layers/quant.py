@@ -4,7 +4,8 @@
 LM head with one of the modules below. Embeddings, norms, the residual stream, rotary and attention stay fp32.
 
 - ``none``  fp32 weights stored transposed (``[K, N]``): ``x @ w_t`` reads the weight row-major, which on CPU
-  beats ``F.linear``'s transposed read for skinny decode products. Token-for-token parity with HF fp32.
+  beats ``F.linear``'s transposed read for skinny decode products; up to 4 rows through radixrt's C++ GEMV
+  (:mod:`radixrt.kernels.gemv`). Token-for-token parity with HF fp32.
 - ``fp16``  fp16 weights; fp32 activations cast to fp16 for the product.
 - ``int8``  per-output-channel symmetric int8 (``scale = max|w_row| / 127``), bf16 activations into
   ``torch.ops.aten._weight_int8pack_mm``. A module with a GGUF's own Q8_0 blocks runs those instead (below).
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixrt.kernels.gemv import matmul_t
 from radixrt.kernels.quant import ggml_gemv
 from radixrt.runtime.layers.gguf_blocks import (dequantize, quantize_q4_1, read_gguf_blocks, repack_q4_1_x8,
                                                 tensor_kinds)
@@ -57,7 +59,7 @@ class Fp32Linear(nn.Module):
         self.bias = bias
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        y = x @ self.weight_t
+        y = matmul_t(x, self.weight_t)
         return y if self.bias is None else y + self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
