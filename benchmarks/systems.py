@@ -222,13 +222,17 @@ class RadixRT(HTTPSystem):
         self.eos_ids = eos_ids_of(tokenizer)
 
     def describe(self) -> dict:
-        return {"cmd": "python -m radixrt serve " + " ".join(self.extra), "api": "POST /generate (stream)",
+        quant = () if "--quantization" in self.extra else ("--quantization", "auto")
+        return {"cmd": "python -m radixrt serve " + " ".join(quant + self.extra), "api": "POST /generate (stream)",
                 "max_total_tokens": self.max_total_tokens}
 
     def start(self, context_length: int) -> None:
         from server_util import ServerProc
+        # ServerProc defaults to `--quantization none` (the tests compare with HF fp32); a benchmark runs what
+        # users get: `auto`, the GGUF's own q4, as llama.cpp does on the same file
+        quant = () if "--quantization" in self.extra else ("--quantization", "auto")
         self.proc = ServerProc("--context-length", str(context_length), "--max-total-tokens",
-                               str(self.max_total_tokens), "--log-level", "warning", *self.extra)
+                               str(self.max_total_tokens), "--log-level", "warning", *quant, *self.extra)
         self.url = self.proc.url
         try:
             self.proc.wait_ready(timeout=600)
