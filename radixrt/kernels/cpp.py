@@ -27,7 +27,7 @@ SOURCES = [os.path.join(_HERE, p) for p in (
 # no FMA contraction: where a kernel mirrors torch's separate multiply and add it must round as torch does
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 _lock = threading.Lock()
-_state: dict[str, bool] = {}
+_state: dict = {}  # "ok": the library loaded; namespace -> torch.ops namespace or None
 
 
 def build_dir() -> str:
@@ -47,11 +47,14 @@ def cpu_ok() -> bool:
 
 
 def ops(namespace: str):
-    """``torch.ops.<namespace>`` once the library is built and loaded, else ``None``."""
-    with _lock:
-        if "ok" not in _state:
-            _state["ok"] = _build()
-        return getattr(torch.ops, namespace) if _state["ok"] else None
+    """``torch.ops.<namespace>`` once the library is built and loaded, else ``None``. Cheap after the first
+    call (no lock): the fused ops call it once per layer."""
+    if namespace not in _state:
+        with _lock:
+            if "ok" not in _state:
+                _state["ok"] = _build()
+            _state[namespace] = getattr(torch.ops, namespace) if _state["ok"] else None
+    return _state[namespace]
 
 
 def _build() -> bool:

@@ -44,17 +44,23 @@ class TorchNativeBackend(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> None:
         """Build the step's index tensors: tensor ops only, no host round trips of the page table."""
         self.meta = meta
-        self.qo = list(accumulate(meta.q_lens, initial=0))
-        P = meta.page_size
-        self.page_start = list(accumulate((-(-kv // P) for kv in meta.kv_lens), initial=0))
         groups = meta.prefix_groups if meta.prefix_groups is not None and meta.prefix_groups.num_groups else None
         self.decode = None
         if self.ops is not None:
             self.rows = plan_rows(meta, groups.suffix_starts if groups else None)
             self.extend_rows = self.rows.long_extends
-            self.levels = plan_levels(groups, self.rows.decode_reqs, meta.batch_size, P,
+            self.levels = plan_levels(groups, self.rows.decode_reqs, meta.batch_size, meta.page_size,
                                       meta.kv_indices.device)
-            return
+        else:
+            self._plan_torch(meta, groups)
+
+    @property
+    def qo(self) -> list[int]:
+        """Token offset of each request in the packed q (``qo_indptr`` on the host); derived, since only
+        the SDPA extends need it (a decode step does not)."""
+        return list(accumulate(self.meta.q_lens, initial=0))
+
+    def _plan_torch(self, meta: AttentionMetadata, groups) -> None:
         dev = meta.kv_indices.device
         q_lens = torch.tensor(meta.q_lens, dtype=torch.int64)
         all_decode = max(meta.q_lens) == 1
@@ -79,10 +85,10 @@ class TorchNativeBackend(AttentionBackend):
         table[row, col] = meta.kv_indices.long()
         return (table[:, :, None] * P + torch.arange(P, device=counts.device)).reshape(B, -1)
 
-    def _extend_slots(self, i: int) -> torch.Tensor:
+    def _extend_slots(self, i: int, page_start: int) -> torch.Tensor:
         meta, P = self.meta, self.meta.page_size
         kv_len = meta.kv_lens[i]
-        pages = meta.kv_indices[self.page_start[i]:self.page_start[i + 1]].long()
+        pages = meta.kv_indices[page_start:page_start - (-kv_len // P)].long()
         return (pages[:, None] * P + torch.arange(P, device=pages.device)).reshape(-1)[:kv_len]
 
     def _kernel(self, q, k, v, kflat, vflat, scale) -> torch.Tensor:
@@ -118,10 +124,11 @@ class TorchNativeBackend(AttentionBackend):
             out = torch.empty_like(q)
             if self.decode is not None:
                 out[self.decode.q_rows] = run_decode(self.decode, q, kflat, vflat, scale)
+        qo, page_ptr = self.qo, meta.kv_indptr.tolist()  # host offsets, once per layer with extends
         for i in self.extend_rows:
-            s, e = self.qo[i], self.qo[i + 1]
+            s, e = qo[i], qo[i + 1]
             q_len, kv_len = e - s, meta.kv_lens[i]
-            slots = self._extend_slots(i)
+            slots = self._extend_slots(i, page_ptr[i])
             qi = q[s:e].transpose(0, 1)                                      # [H, q, D]
             ki = kflat[slots].transpose(0, 1).to(q.dtype)                    # [Hkv, L, D]
             vi = vflat[slots].transpose(0, 1).to(q.dtype)

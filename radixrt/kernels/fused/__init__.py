@@ -13,13 +13,8 @@ import torch.nn.functional as F
 from radixrt.kernels import cpp
 
 
-_ops: list = []  # the loaded namespace (or None), resolved once: these calls are per layer
-
-
 def _native(x: torch.Tensor):
-    if not _ops:
-        _ops.append(cpp.ops("radixrt_fused"))
-    return _ops[0] if x.is_cpu and x.dtype == torch.float32 else None
+    return cpp.ops("radixrt_fused") if x.is_cpu and x.dtype == torch.float32 else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -13,14 +13,12 @@ from radixrt.kernels import cpp
 # Rows up to which the C++ GEMV runs; more rows are a GEMM, where BLAS's blocking wins (measured with
 # benchmarks/bench_quant.py --formats none, SmolLM2's whole-model projections on 2 cores).
 MAX_ROWS = 4
-_ops: list = []
 
 
 def matmul_t(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
     """``x [M, K] @ w_t [K, N]`` -> ``[M, N]`` (fp32 on the CPU through the C++ GEMV when M <= MAX_ROWS)."""
-    if not _ops:
-        _ops.append(cpp.ops("radixrt_gemv"))
-    if (_ops[0] is not None and x.shape[0] <= MAX_ROWS and x.is_cpu and x.dtype == torch.float32
+    ops = cpp.ops("radixrt_gemv")
+    if (ops is not None and x.shape[0] <= MAX_ROWS and x.is_cpu and x.dtype == torch.float32
             and w_t.dtype == torch.float32 and x.dim() == 2 and w_t.is_contiguous()):
-        return _ops[0].gemv_t(x.contiguous(), w_t)
+        return ops.gemv_t(x.contiguous(), w_t)
     return x @ w_t

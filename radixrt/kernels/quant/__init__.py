@@ -5,9 +5,10 @@ int8 inside, as llama.cpp does):
 
 - ``q4_1_mm(x [M, K] fp32, w [N, K / 32 * 20] uint8) -> [M, N] fp32``
 - ``q8_0_mm(x [M, K] fp32, w [N, K / 32 * 34] uint8) -> [M, N] fp32``
+- ``q4_1x8_mm(x [M, K] fp32, w [N / 8, K / 32 * 160] uint8) -> [M, N] fp32``: Q4_1 in the 8-row layout of
+  ``runtime/layers/gguf_blocks.repack_q4_1_x8``
 """
 from __future__ import annotations
-
 
 from radixrt.kernels import cpp
 
