@@ -251,3 +251,17 @@ def test_abort_stream_frees_pages(engine):
     first = next(gen)
     assert first["meta_info"]["finish_reason"] is None
     gen.close()  # the client stops: the request is aborted and its pages freed (checked by the fixture)
+
+
+def test_pool_size_error_names_the_field_at_fault():
+    """A prompt that alone overflows the KV pool blames the prompt's field; one that fits but whose
+    max_new_tokens overflows it blames max_new_tokens."""
+    from radixrt.runtime.errors import ValidationError
+    from radixrt.runtime.io_struct import SamplingParams
+    from radixrt.runtime.validation import Limits, _check_length
+
+    lim = Limits(context_length=8192, vocab_size=49152, max_total_tokens=3072)
+    for n, new, field in [(3100, 5, "input_ids"), (3072, 1, "input_ids"), (3000, 100, "max_new_tokens")]:
+        with pytest.raises(ValidationError, match="pool size of 3072") as e:
+            _check_length(n, SamplingParams(max_new_tokens=new), lim, "input_ids")
+        assert e.value.param == field

@@ -212,9 +212,10 @@ def _check_length(n: int, sp: SamplingParams, lim: Limits, field: str) -> None:
                               f"were asked for, {n + sp.max_new_tokens} in all, above the context length of "
                               f"{lim.context_length} tokens", "max_new_tokens")
     total = n + (sp.max_new_tokens if sp.max_new_tokens is not None else lim.context_length - n)
-    if total > lim.max_total_tokens:
+    if total > lim.max_total_tokens:  # the prompt alone too big: the prompt's field is the one to change
         raise ValidationError(f"the request needs up to {total} tokens of KV, above the pool size of "
-                              f"{lim.max_total_tokens} tokens (max_total_tokens)", "max_new_tokens")
+                              f"{lim.max_total_tokens} tokens (max_total_tokens)",
+                              field if n >= lim.max_total_tokens else "max_new_tokens")
 
 
 @dataclass
