@@ -14,6 +14,7 @@ import time
 import torch
 from torch import nn
 
+from radixrt.kernels.gemv import DenseWeight
 from radixrt.runtime.layers.quant import QuantLinear, quantize_for_source
 from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
@@ -28,9 +29,8 @@ def load(fmt: str) -> list[nn.Module]:
     model.load_hf_state_dict(load_state_dict(None))
     quantize_for_source(model, fmt, resolve_model(None), torch.device("cpu"))
     mods = [m for n, m in model.named_modules() if n.endswith("_proj")]
-    if fmt == "none":  # compute_logits' own transposed copy of the tied head
-        w = model.embed_tokens.weight.t().contiguous()
-        mods.append(lambda x: x @ w)
+    if fmt == "none":  # compute_logits' own copy of the tied head
+        mods.append(DenseWeight(model.embed_tokens.weight))
     else:
         mods.append(model.lm_head)
     for m in mods:
@@ -46,7 +46,7 @@ def time_ms(mods, m: int, reps: int, clock) -> float:
         for _ in range(reps + 1):
             t = clock()
             for mod in mods:
-                k = mod.weight_t.shape[0] if isinstance(mod, nn.Module) else 576
+                k = mod.fp32.shape[1] if isinstance(mod, nn.Module) else 576
                 mod(xs[k])
             best = min(best, clock() - t)
     return best * 1e3

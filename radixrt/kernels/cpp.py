@@ -3,7 +3,7 @@
 All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
 ``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>/`` (default ``~/.cache/radixrt``) with :data:`FLAGS`; later processes load the cached ``.so`` in well under a second. Each source registers
 its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
-``radixrt_gemv``). OpenMP resolves to
+``radixrt_gemv``, ``radixrt_layer``). OpenMP resolves to
 the ``libgomp.so.1`` torch has already loaded, so ``at::parallel_for`` in a kernel shares torch's thread
 pool and follows ``torch.set_num_threads``.
 
@@ -23,7 +23,8 @@ import torch
 logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(__file__)
 SOURCES = [os.path.join(_HERE, p) for p in (
-    "quant/ggml_gemv.cpp", "attention/paged_cpu.cpp", "fused/fused_cpu.cpp", "gemv/fp32_gemv.cpp")]
+    "quant/ggml_gemv.cpp", "attention/paged_cpu.cpp", "fused/fused_cpu.cpp", "gemv/fp32_gemv.cpp",
+    "layer/decoder_cpu.cpp")]
 # no FMA contraction: where a kernel mirrors torch's separate multiply and add it must round as torch does
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 _lock = threading.Lock()

@@ -54,6 +54,15 @@ class TorchNativeBackend(AttentionBackend):
         else:
             self._plan_torch(meta, groups)
 
+    def kernel_args(self) -> tuple | None:
+        """``(out_cache_loc, rows, page_ptr, kv_start, kv_end, kv_indices, page_size)``, the paged kernel's
+        arguments for this step (``paged_cpu.py``) when it alone attends every row: no cascade level, no
+        SDPA extend. Else ``None``. The one-op decoder layer (:mod:`radixrt.kernels.layer`) takes them."""
+        if self.ops is None or self.levels or not self.rows.covers_all:
+            return None
+        r, m = self.rows, self.meta
+        return m.out_cache_loc, r.rows, r.page_ptr, r.start, r.end, m.kv_indices, m.page_size
+
     @property
     def qo(self) -> list[int]:
         """Token offset of each request in the packed q (``qo_indptr`` on the host); derived, since only

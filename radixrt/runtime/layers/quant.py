@@ -3,9 +3,9 @@
 :func:`quantize_model` replaces every projection (``nn.Linear``: fused qkv, o, fused gate/up, down) and the
 LM head with one of the modules below. Embeddings, norms, the residual stream, rotary and attention stay fp32.
 
-- ``none``  fp32 weights stored transposed (``[K, N]``): ``x @ w_t`` reads the weight row-major, which on CPU
-  beats ``F.linear``'s transposed read for skinny decode products; up to 4 rows through radixrt's C++ GEMV
-  (:mod:`radixrt.kernels.gemv`). Token-for-token parity with HF fp32.
+- ``none``  fp32: up to 4 rows radixrt's C++ GEMV over the weight stored transposed, more rows oneDNN over
+  its own packed copy (:mod:`radixrt.kernels.gemv`; two copies, twice the fp32 weight memory).
+  Token-for-token parity with HF fp32.
 - ``fp16``  fp16 weights; fp32 activations cast to fp16 for the product.
 - ``int8``  per-output-channel symmetric int8 (``scale = max|w_row| / 127``), bf16 activations into
   ``torch.ops.aten._weight_int8pack_mm``. A module with a GGUF's own Q8_0 blocks runs those instead (below).
@@ -34,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels.gemv import matmul_t
+from radixrt.kernels import gemv
+from radixrt.kernels import layer as layer_kernels
+from radixrt.kernels.gemv import DenseWeight
 from radixrt.kernels.quant import ggml_gemv
 from radixrt.runtime.layers.gguf_blocks import (dequantize, quantize_q4_1, read_gguf_blocks, repack_q4_1_x8,
                                                 tensor_kinds)
@@ -51,26 +53,35 @@ MAX_ROWS = {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 1024}
 
 
 class Fp32Linear(nn.Module):
-    """fp32 ``y = x @ w_t (+ bias)``; ``w_t [in, out]``. Input ``[M, in]`` fp32, output ``[M, out]`` fp32."""
+    """fp32 ``y = x @ w.T (+ bias)``: the C++ GEMV at a few rows, oneDNN above (:class:`DenseWeight`).
+    Input ``[M, in]`` fp32, output ``[M, out]`` fp32. ``gemv=False``: no GEMV copy (one fp32 copy only)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, gemv: bool = True):
         super().__init__()
-        self.register_buffer("weight_t", weight.detach().float().t().contiguous(), persistent=False)
+        self.fp32 = DenseWeight(weight, gemv)
         self.bias = bias
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        y = matmul_t(x, self.weight_t)
-        return y if self.bias is None else y + self.bias
+        return self.fp32(x, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dense(x)
 
+    def kernel_weight(self, rows: int) -> tuple[int, torch.Tensor] | None:
+        """``(kind, weight)`` for ``radixrt_layer.decode_layer`` (:mod:`radixrt.kernels.layer`): the product
+        :meth:`forward` runs for ``rows`` rows; ``None`` where that op cannot run it (a bias)."""
+        if self.bias is not None:
+            return None
+        how, w = self.fp32.kernel(rows)
+        return layer_kernels.KINDS[how], w
+
 
 class QuantLinear(Fp32Linear):
-    """A quantized product for up to ``max_rows`` rows, the fp32 copy (``weight_t``) above that."""
+    """A quantized product for up to ``max_rows`` rows, the fp32 copy of the same values (``fp32``, oneDNN's
+    layout only: every format's ``max_rows`` is at least the GEMV's) above that."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int):
-        super().__init__(weight, bias)
+        super().__init__(weight, bias, gemv=max_rows < gemv.MAX_ROWS)
         self.max_rows = max_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,6 +92,9 @@ class QuantLinear(Fp32Linear):
 
     def quant(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def kernel_weight(self, rows: int) -> tuple[int, torch.Tensor] | None:
+        return super().kernel_weight(rows) if rows > self.max_rows else None  # the formats below say
 
 
 class Fp16Linear(QuantLinear):
@@ -118,12 +132,18 @@ class GGMLLinear(QuantLinear):
     def __init__(self, kind: str, blocks: torch.Tensor, bias, max_rows: int, kernel):
         super().__init__(dequantize(kind, blocks), bias, max_rows)
         self.kind, self.kernel = kind, kernel
-        x8 = kind == "Q4_1" and blocks.shape[0] % 8 == 0
+        self.x8 = x8 = kind == "Q4_1" and blocks.shape[0] % 8 == 0
         self.register_buffer("blocks", repack_q4_1_x8(blocks) if x8 else blocks.contiguous(), persistent=False)
         self._mm = kernel.q4_1x8_mm if x8 else kernel.q4_1_mm if kind == "Q4_1" else kernel.q8_0_mm
 
     def quant(self, x):
         return self._mm(x.contiguous(), self.blocks)
+
+    def kernel_weight(self, rows):
+        if rows > self.max_rows or self.bias is not None:
+            return super().kernel_weight(rows)
+        kind = layer_kernels.Q4_1X8 if self.x8 else layer_kernels.Q4_1 if self.kind == "Q4_1" else layer_kernels.Q8_0
+        return kind, self.blocks
 
 
 class Int4PackLinear(QuantLinear):

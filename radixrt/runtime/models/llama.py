@@ -19,6 +19,7 @@ from torch import nn
 
 from radixrt.kernels import fused, gemv
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView
+from radixrt.kernels.layer import layer_ops
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.rope import Rotary
 
@@ -97,6 +98,20 @@ class DecoderLayer(nn.Module):
         h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, kv), residual)
         return self.mlp(h), residual
 
+    def fused_args(self, rows: int) -> tuple | None:
+        """The layer's own arguments of ``radixrt_layer.decode_layer`` (:mod:`radixrt.kernels.layer`) at
+        ``rows`` tokens: ``(ln1, ln2, eps, kinds, weights)``; ``None`` where that op cannot run this layer
+        (per-head q/k norms, a bias, a weight format without a C++ kernel). Cached per row count."""
+        cache = self.__dict__.setdefault("_fused", {})
+        if rows not in cache:
+            a, m = self.self_attn, self.mlp
+            lins = [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
+            kw = [getattr(lin, "kernel_weight", lambda _: None)(rows) for lin in lins]
+            ok = a.q_norm is None and all(w is not None for w in kw)
+            cache[rows] = (self.input_layernorm.weight, self.post_attention_layernorm.weight,
+                           self.input_layernorm.eps, [k for k, _ in kw], [w for _, w in kw]) if ok else None
+        return cache[rows]
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, a: ModelArgs):
@@ -117,9 +132,29 @@ class LlamaForCausalLM(nn.Module):
         """
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary.tables(positions, x.dtype)  # once per step, not per layer
-        for layer in self.layers:
-            x, residual = layer(x, residual, rope, attn, kv)
+        step = self._fused_step(attn, kv, rope, x)
+        for i, layer in enumerate(self.layers):
+            own = step and layer.fused_args(x.shape[0])
+            if own:  # the whole layer in one C++ op: same kernels, same bits, no Python per op
+                x, residual = step[0](x, residual, *own, *step[1], *step[2][i], *step[3])
+            else:
+                x, residual = layer(x, residual, rope, attn, kv)
         return self.norm.add(x, residual)
+
+    def _fused_step(self, attn: AttentionBackend, kv: KVCacheView, rope, x: torch.Tensor) -> tuple | None:
+        """``(op, (cos, sin, heads, kv_heads, scale), per-layer flat pools, attention arguments)`` for
+        ``radixrt_layer.decode_layer``, or ``None`` when this step runs layer by layer: no C++ library,
+        not fp32 on the CPU, or rows the paged kernel does not attend alone (``kernel_args``)."""
+        ops = layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
+        args = getattr(attn, "kernel_args", lambda: None)() if ops is not None else None
+        if args is None:
+            return None
+        a = self.layers[0].self_attn
+        if getattr(self, "_pools", (None,))[0] is not kv:  # flat [slots, Hkv, D] views, made once per pool
+            self._pools = kv, [(kv.k_buffer(i).view(-1, a.nkv, a.hd), kv.v_buffer(i).view(-1, a.nkv, a.hd))
+                               for i in range(len(self.layers))]
+        consts = (rope[0].squeeze(1), rope[1].squeeze(1), a.nh, a.nkv, a.scale)
+        return ops.decode_layer, consts, self._pools[1], args
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -127,13 +162,11 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is not None and not isinstance(self.lm_head, nn.Linear):
             return self.lm_head(hidden)  # a weight format swapped in by runtime/layers/quant.py
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if w.device.type != "cpu":
+        if w.device.type != "cpu" or w.dtype != torch.float32:
             return F.linear(hidden, w).float()
-        # On CPU a [hidden, vocab] copy makes the skinny decode matmul ~2x faster than F.linear's
-        # transposed read of the [vocab, hidden] matrix (measured: 5.2 vs 9.9 ms for SmolLM2's 113 MB).
-        if getattr(self, "_lm_head_t", None) is None or self._lm_head_t.dtype != w.dtype:
-            self._lm_head_t = w.t().contiguous()
-        return gemv.matmul_t(hidden, self._lm_head_t).float()
+        if getattr(self, "_head", None) is None:  # the C++ GEMV at a few rows, oneDNN above (kernels/gemv)
+            self._head = gemv.DenseWeight(w)
+        return self._head(hidden)
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Load a transformers ``{Llama,Mistral,Qwen2,Qwen3}ForCausalLM`` state dict, fusing q/k/v and gate/up.

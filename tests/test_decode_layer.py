@@ -1,0 +1,115 @@
+"""The one-op decoder layer (kernels/layer) equals the module-by-module layer bit for bit, and runs exactly
+when the paged kernel attends every row of the step; the fp32 products (kernels/gemv) pick their layout."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from radixrt.kernels import cpp
+from radixrt.kernels.attention import get_backend
+from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.kernels.gemv import DenseWeight
+from radixrt.runtime.layers.quant import quantize_model
+from radixrt.runtime.mem.kv_pool import KVPool
+from radixrt.runtime.models import llama
+from radixrt.runtime.models.args import ModelArgs
+
+G = torch.Generator().manual_seed(0)
+PAGE = 4
+
+
+def _model(fmt: str, **cfg) -> llama.LlamaForCausalLM:
+    c = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **cfg)
+    torch.manual_seed(0)
+    m = llama.LlamaForCausalLM(ModelArgs.from_hf(c))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=G) * 0.1 + (1.0 if p.dim() == 1 else 0.0))
+    return quantize_model(m.eval(), fmt)
+
+
+class Counting:
+    """``layer_ops()`` stand-in that counts decode_layer calls."""
+
+    def __init__(self):
+        self.calls, self.ops = 0, cpp.ops("radixrt_layer")
+
+    def __call__(self):
+        return self
+
+    def decode_layer(self, *a):
+        self.calls += 1
+        return self.ops.decode_layer(*a)
+
+
+def _run(model, steps, fused: bool, monkeypatch) -> tuple[list[torch.Tensor], KVPool, int]:
+    """Run ``steps`` ``[(tables, q_lens, kv_lens)]`` in order on a fresh pool; the hidden states of each."""
+    a = model.args
+    kv = KVPool(64, PAGE, a.num_layers, a.num_kv_heads, a.head_dim)
+    counter = Counting()
+    monkeypatch.setattr(llama, "layer_ops", counter if fused else (lambda: None))
+    attn = get_backend("torch_native", torch.device("cpu"), torch.float32)
+    outs = []
+    for tables, q_lens, kv_lens in steps:
+        meta = AttentionMetadata.build(tables, q_lens, kv_lens, PAGE)
+        ids = torch.randint(0, a.vocab_size, (sum(q_lens),), generator=torch.Generator().manual_seed(len(outs)))
+        pos = torch.cat([torch.arange(k - q, k) for q, k in zip(q_lens, kv_lens)])
+        attn.plan(meta)
+        outs.append(model(ids, pos, attn, kv))
+    return outs, kv, counter.calls
+
+
+# Three requests: prefill (long extends: SDPA, layer by layer), two decode steps, short extends (a
+# continuation), a mixed step (decode rows + a short extend: scattered rows, layer by layer).
+TABLES = [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
+STEPS = [(TABLES, [40, 37, 45], [40, 37, 45]),
+         (TABLES, [1, 1, 1], [41, 38, 46]),
+         (TABLES, [1, 1, 1], [42, 39, 47]),
+         (TABLES, [5, 9, 3], [47, 48, 50]),
+         (TABLES, [1, 7, 1], [48, 55, 51])]
+
+
+@pytest.mark.parametrize("fmt", ["none", "q4"])
+def test_fused_layer_is_bit_identical(fmt, monkeypatch):
+    model = _model(fmt)
+    ours, kv1, calls = _run(model, STEPS, True, monkeypatch)
+    ref, kv2, none = _run(model, STEPS, False, monkeypatch)
+    assert none == 0 and calls == 3 * 3  # steps 2-4 in one op per layer; prefill and the mixed step not
+    for o, r in zip(ours, ref):
+        assert torch.equal(o, r)
+    for layer in range(model.args.num_layers):
+        assert torch.equal(kv1.k_buffer(layer), kv2.k_buffer(layer))
+        assert torch.equal(kv1.v_buffer(layer), kv2.v_buffer(layer))
+
+
+def test_fused_layer_rows_above_the_gemv():
+    """At 5+ rows the fp32 projections run oneDNN's packed copy inside the op as well."""
+    model = _model("none")
+    proj = model.layers[0].self_attn.qkv_proj
+    assert proj.kernel_weight(4)[0] == 1 and proj.kernel_weight(5)[0] == 5  # GEMV_T, ONEDNN
+
+
+def test_layers_the_op_cannot_run_stay_python(monkeypatch):
+    """q/k norms (Qwen3), biases (Qwen2) and formats without a C++ kernel (int8 per channel) run layer by
+    layer, with the same results."""
+    for fmt, cfg in [("none", {"attention_bias": True}), ("int8", {})]:
+        model = _model(fmt, **cfg)
+        assert model.layers[0].fused_args(1) is None
+        _, _, calls = _run(model, STEPS[:2], True, monkeypatch)
+        assert calls == 0
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 32, 300])
+def test_dense_weight_layouts(m):
+    """The C++ GEMV up to 4 rows, oneDNN's packed copy above; both equal a matmul to fp32 rounding."""
+    w, b = torch.randn(96, 80, generator=G), torch.randn(96, generator=G)
+    x = torch.randn(m, 80, generator=G)
+    d = DenseWeight(w)
+    assert d.kernel(m)[0] == ("gemv_t" if m <= 4 else "onednn")
+    torch.testing.assert_close(d(x, b), x @ w.t() + b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(d.dense(), w)
+    one = DenseWeight(w, gemv=False)  # a quantized module's fallback: one copy, oneDNN's
+    assert one.w_t is None and one.kernel(1)[0] == "onednn" and torch.equal(one.dense(), w)
+    torch.testing.assert_close(one(x), x @ w.t(), rtol=1e-5, atol=1e-4)
