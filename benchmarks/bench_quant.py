@@ -2,7 +2,8 @@
 LM head) at M rows, per format, against fp32; the row count where a format stops beating fp32 sets
 ``MAX_ROWS`` in ``radixrt/runtime/layers/quant.py``.
 
-Each cell is the best of ``--reps`` runs in milliseconds. ``--cpu-time`` measures the thread's CPU time
+Each cell is the best of ``--reps`` rounds in milliseconds; a round times every format in turn at that row
+count, so the formats compared share the machine's state of the moment. ``--cpu-time`` measures the thread's CPU time
 instead of wall time with one torch thread (steadier on a shared machine).
 Run: ``flock /tmp/bench.lock python benchmarks/bench_quant.py``.
 """
@@ -66,14 +67,21 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     print(f"whole-model projections, ms ({'1-thread CPU time' if args.cpu_time else 'wall'}, best of {args.reps})")
     print("format " + "".join(f"{f'M={r}':>9}" for r in rows))
-    base = None
-    for fmt in args.formats.split(","):
-        mods = load(fmt)
-        ts = [time_ms(mods, r, args.reps, clock) for r in rows]
-        base = base or ts
-        print(f"{fmt:6} " + "".join(f"{t:9.1f}" for t in ts) + "   vs fp32: " +
-              " ".join(f"{b / t:.2f}x" for b, t in zip(base, ts)), flush=True)
-
+    fmts = args.formats.split(",")
+    models = {fmt: load(fmt) for fmt in fmts}
+    # formats interleaved per row count (best of reps rounds): this VM's speed drifts 2x within minutes
+    ts = {fmt: [] for fmt in fmts}
+    for r in rows:
+        best = {fmt: float("inf") for fmt in fmts}
+        for _ in range(args.reps):
+            for fmt in fmts:
+                best[fmt] = min(best[fmt], time_ms(models[fmt], r, 1, clock))
+        for fmt in fmts:
+            ts[fmt].append(best[fmt])
+    base = ts[fmts[0]]
+    for fmt in fmts:
+        print(f"{fmt:6} " + "".join(f"{t:9.1f}" for t in ts[fmt]) + f"   vs {fmts[0]}: " +
+              " ".join(f"{b / t:.2f}x" for b, t in zip(base, ts[fmt])), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -115,7 +115,7 @@ def test_fallback_to_fp32_above_max_rows(blocks):
     small = lin(x[:n])
     assert not torch.equal(small, lin.fp32(x[:n]))
     assert torch.equal(small, lin.quant(x[:n]))
-    assert MAX_ROWS == {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 1024}
+    assert MAX_ROWS == {"none": 1 << 62, "fp16": 2, "int8": 4, "q4": 64}
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:

@@ -43,13 +43,13 @@ from radixrt.runtime.layers.gguf_blocks import (dequantize, quantize_q4_1, read_
 
 logger = logging.getLogger(__name__)
 FORMATS = ("none", "fp16", "int8", "q4")
-# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy. Measured
-# with benchmarks/bench_quant.py on a 2-core AVX2 box (whole-model projections, ms, rows 1/8/16/32):
-# fp32 30.7/64.8/76.1/98.2, fp16 11.0/58.7/115.6/227.7, int8 9.6/28.9/46.3/81.1. q4 (the 8-row repacked
-# kernel), rows 1/16/32/64/512/1024 in one run: 6.1/23.7/53.8/100.7/753.9/1592.4 vs fp32
-# 33.4/91.3/120.3/173.4/895.4/1720.6: it beats fp32 at every row count measured (1.08x at 1024), so prefill
-# chunks run it too; beyond 1024 rows (not measured) the fp32 copy runs.
-MAX_ROWS = {"none": 1 << 62, "fp16": 8, "int8": 32, "q4": 1024}
+# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy (oneDNN's
+# packed layout, kernels/gemv). Measured with benchmarks/bench_quant.py (formats interleaved in each round,
+# 2-core AVX2 box), whole-model projections in ms, format vs fp32: rows 1: fp16 13.3/17.8, int8 11.6, q4 4.5;
+# 2: fp16 19.3/22.9 (wins), 3: 32.4/24.3 (loses); int8 4: 17.6/33.7 (wins), 6: 31.9/23.1 (loses); q4 64:
+# 98.3/101.0 and 101.5/105.2 (wins), 96: 166.6/160.2, 128: 198.4/187.6 (loses), 1024: 1611.0/1406.5.
+# Before oneDNN ran the fp32 products (x @ w_t) these were fp16 8, int8 32, q4 1024.
+MAX_ROWS = {"none": 1 << 62, "fp16": 2, "int8": 4, "q4": 64}
 
 
 class Fp32Linear(nn.Module):
