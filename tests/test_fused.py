@@ -71,3 +71,15 @@ def test_fp32_gemv_matches_matmul(m, k, n):
     torch.testing.assert_close(matmul_t(x, w), x @ w, rtol=1e-5, atol=1e-4)
     x5 = torch.randn(5, k, generator=G)
     assert torch.equal(matmul_t(x5, w), x5 @ w)
+
+
+def test_build_is_keyed_by_the_kernels_contents(monkeypatch, tmp_path):
+    """The library builds from copies of the sources in a directory named by their hash: checkouts with the
+    same kernels share it; a changed kernel gets a new one."""
+    import os
+    d = cpp.build_dir()
+    assert os.path.isfile(os.path.join(d, "src", "layer", "decoder_cpu.cpp"))
+    changed = tmp_path / "ggml_gemv.cpp"
+    changed.write_text(open(cpp.SOURCES[0]).read() + "\n// changed\n")
+    monkeypatch.setattr(cpp, "SOURCES", [str(changed)] + cpp.SOURCES[1:])
+    assert cpp.build_dir() != d

@@ -1,7 +1,10 @@
 """Build and load radixrt's C++ CPU kernels (``torch.utils.cpp_extension``, gcc) once, at first use.
 
 All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
-``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>/`` (default ``~/.cache/radixrt``) with :data:`FLAGS`; later processes load the cached ``.so`` in well under a second. Each source registers
+``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>-<hash>/`` (default ``~/.cache/radixrt``) with
+:data:`FLAGS`; later processes load the cached ``.so`` in well under a second. The hash covers the sources'
+contents and the flags, and the build compiles copies of the sources inside that directory: checkouts with the
+same kernels share one build, and a changed kernel never loads a stale one. Each source registers
 its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
 ``radixrt_gemv``, ``radixrt_layer``). OpenMP resolves to
 the ``libgomp.so.1`` torch has already loaded, so ``at::parallel_for`` in a kernel shares torch's thread
@@ -14,8 +17,10 @@ their torch path.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
+import shutil
 import threading
 
 import torch
@@ -25,6 +30,7 @@ _HERE = os.path.dirname(__file__)
 SOURCES = [os.path.join(_HERE, p) for p in (
     "quant/ggml_gemv.cpp", "attention/paged_cpu.cpp", "fused/fused_cpu.cpp", "gemv/fp32_gemv.cpp",
     "layer/decoder_cpu.cpp")]
+HEADERS = [os.path.join(_HERE, "avx2.h")]
 # no FMA contraction: where a kernel mirrors torch's separate multiply and add it must round as torch does
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 _lock = threading.Lock()
@@ -33,7 +39,23 @@ _state: dict = {}  # "ok": the library loaded; namespace -> torch.ops namespace 
 
 def build_dir() -> str:
     root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
-    return os.path.join(root, "ext", f"radixrt_cpu-torch{torch.__version__.split('+')[0]}")
+    h = hashlib.sha256(" ".join(FLAGS).encode())
+    for path in SOURCES + HEADERS:
+        h.update(os.path.relpath(path, _HERE).encode() + b"\0" + open(path, "rb").read())
+    return os.path.join(root, "ext", f"radixrt_cpu-torch{torch.__version__.split('+')[0]}-{h.hexdigest()[:12]}")
+
+
+def _copy_sources(d: str) -> list[str]:
+    """The sources copied under ``d/src`` (their relative layout kept, for the ``#include "../avx2.h"``)."""
+    out = []
+    for path in SOURCES + HEADERS:
+        dst = os.path.join(d, "src", os.path.relpath(path, _HERE))
+        if not os.path.exists(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copyfile(path, dst + ".tmp")
+            os.replace(dst + ".tmp", dst)
+        out.append(dst)
+    return out[:len(SOURCES)]
 
 
 def cpu_ok() -> bool:
@@ -76,7 +98,7 @@ def _build() -> bool:
             fcntl.flock(fh, fcntl.LOCK_EX)
             if os.path.exists(os.path.join(d, "lock")):
                 os.remove(os.path.join(d, "lock"))
-            load("radixrt_cpu", SOURCES, build_directory=d, verbose=False, is_python_module=False,
+            load("radixrt_cpu", _copy_sources(d), build_directory=d, verbose=False, is_python_module=False,
                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
         return True
     except Exception as e:  # noqa: BLE001 - any build failure means: use the torch paths

@@ -6,7 +6,9 @@ stream is carried beside each layer's output and added inside the next norm (``a
 small elementwise ops are fused (:mod:`radixrt.kernels.fused`: C++ on an fp32 CPU, torch elsewhere). The families
 differ only in the switches of :class:`~radixrt.runtime.models.args.ModelArgs`: q/k/v biases (Qwen2) and
 per-head q/k RMSNorm (Qwen3). Tokens of all requests in a step are packed along one dimension (no
-padding): every tensor below is ``[num_tokens, ...]``.
+padding): every tensor below is ``[num_tokens, ...]``. When the paged kernel attends every row of a step
+(decode rows, short extends) each layer runs as one C++ op instead (:mod:`radixrt.kernels.layer`): the same
+ops in the same order, without the Python between them.
 
 The projections stay plain ``nn.Linear`` attributes named ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and
 ``down_proj`` so that they can be swapped for quantized modules after loading.
