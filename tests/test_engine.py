@@ -265,3 +265,26 @@ def test_pool_size_error_names_the_field_at_fault():
         with pytest.raises(ValidationError, match="pool size of 3072") as e:
             _check_length(n, SamplingParams(max_new_tokens=new), lim, "input_ids")
         assert e.value.param == field
+
+
+def test_omitted_max_new_tokens_fits_a_pool_smaller_than_the_context():
+    """``max_new_tokens=None`` (an OpenAI request without max_tokens) runs up to the room left in the context
+    or the KV pool, whichever is smaller (SGLang caps requests by the pool too): not a 400."""
+    from radixrt.runtime.errors import ValidationError
+    from radixrt.runtime.io_struct import SamplingParams
+    from radixrt.runtime.validation import Limits, _check_length
+
+    lim = Limits(context_length=8192, vocab_size=49152, max_total_tokens=1500)
+    _check_length(1, SamplingParams(max_new_tokens=None), lim, "input_ids")
+    _check_length(1499, SamplingParams(max_new_tokens=None), lim, "input_ids")
+    with pytest.raises(ValidationError, match="pool size of 1500") as e:
+        _check_length(1500, SamplingParams(max_new_tokens=None), lim, "input_ids")
+    assert e.value.param == "input_ids"
+    e = make_engine(max_total_tokens=64)
+    try:
+        out = e.generate(input_ids=list(range(100, 140)),
+                         sampling_params={"max_new_tokens": None, "temperature": 0, "ignore_eos": True})
+        assert out["meta_info"]["completion_tokens"] == 64 - 40
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+    finally:
+        close_engine(e)

@@ -124,7 +124,7 @@ class Engine:
                  session_params: dict | None = None, session_id: str | None = None):
         """Generate for one prompt (a dict back) or a list (a list back).
 
-        ``sampling_params`` keys: max_new_tokens (default 128; None = the room left in the context;
+        ``sampling_params`` keys: max_new_tokens (default 128; None = the room left in the context or the KV pool;
         0 = prefill only), min_new_tokens, temperature (0 = greedy), top_p, top_k, min_p,
         frequency_penalty, presence_penalty, repetition_penalty, stop, stop_token_ids, ignore_eos,
         seed, json_schema, regex, ebnf, choices, structural_tag.

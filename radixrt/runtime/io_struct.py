@@ -13,7 +13,7 @@ import msgspec
 class SamplingParams(msgspec.Struct, kw_only=True):
     """Per-request sampling parameters. Validated by :func:`radixrt.runtime.sampling.params.normalize`.
 
-    ``max_new_tokens=None`` means "the room left in the context" (documented OpenAI-server rule).
+    ``max_new_tokens=None`` means "the room left in the context" (:func:`room`; documented OpenAI-server rule).
     Grammar fields (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``) are mutually exclusive;
     ``choices`` is turned into a regex before it reaches the scheduler.
     """
@@ -191,3 +191,9 @@ class ReadyOut(msgspec.Struct, tag=True, kw_only=True):
 # What the scheduler sends to the detokenizer, and what the detokenizer sends to the main process.
 SchedulerProcessOutput = Union[BatchTokenOut, InfoOut, ReadyOut]
 DetokenizerOutput = Union[BatchStrOut, InfoOut, ReadyOut]
+
+
+def room(n: int, context_length: int, pool_tokens: int) -> int:
+    """New tokens a prompt of ``n`` tokens may generate when ``max_new_tokens`` is omitted: up to the context
+    length or the KV pool's size (tokens), whichever is smaller."""
+    return min(context_length, pool_tokens) - n

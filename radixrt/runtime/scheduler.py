@@ -19,7 +19,7 @@ import logging
 import time
 
 from radixrt.runtime.errors import ValidationError, refusal
-from radixrt.runtime.io_struct import GenerateReq, TokenOut
+from radixrt.runtime.io_struct import GenerateReq, TokenOut, room
 from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.mem.req_pages import ReqPages
 from radixrt.runtime.request_log import RequestLog
@@ -69,7 +69,7 @@ class Scheduler:
             session, ids, error = None, r.input_ids, e
         max_new = r.sampling_params.max_new_tokens
         if max_new is None:
-            max_new = ctx - len(ids)
+            max_new = room(len(ids), ctx, self.runner.num_pages * self.runner.page_size)
         self.arrivals += 1
         req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
         req.input_ids, req.session = list(ids), session

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import msgspec
 
 from radixrt.runtime.errors import ValidationError
-from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut, room
 from radixrt.runtime.session_args import check_session_params
 from radixrt.runtime.sampling.params import grammar_of, normalize
 
@@ -211,7 +211,9 @@ def _check_length(n: int, sp: SamplingParams, lim: Limits, field: str) -> None:
         raise ValidationError(f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens "
                               f"were asked for, {n + sp.max_new_tokens} in all, above the context length of "
                               f"{lim.context_length} tokens", "max_new_tokens")
-    total = n + (sp.max_new_tokens if sp.max_new_tokens is not None else lim.context_length - n)
+    # omitted: up to the room left in the context or the pool, whichever is smaller (SGLang's max_req_len)
+    total = n + (sp.max_new_tokens if sp.max_new_tokens is not None else max(1, room(n, lim.context_length,
+                                                                                   lim.max_total_tokens)))
     if total > lim.max_total_tokens:  # the prompt alone too big: the prompt's field is the one to change
         raise ValidationError(f"the request needs up to {total} tokens of KV, above the pool size of "
                               f"{lim.max_total_tokens} tokens (max_total_tokens)",

@@ -104,7 +104,7 @@ async def chat_completions(request: Request):
     """OpenAI chat completions over the model's chat template.
 
     ``max_tokens`` / ``max_completion_tokens`` omitted: up to the room left in the context
-    (context length - prompt tokens). ``n`` > 1 submits n requests sharing the prompt's KV (seeds
+    (min(context length, KV pool) - prompt tokens). ``n`` > 1 submits n requests sharing the prompt's KV (seeds
     ``seed + i`` when ``seed`` is given). ``finish_reason`` is ``stop`` (EOS, a stop string or token,
     or an abort), ``length``, or ``tool_calls``: ``tools``/``tool_choice`` are handled by
     :mod:`.chat_format` (tools in the model's template or injected into the system prompt, output

@@ -42,7 +42,7 @@ def _prompts(p) -> tuple[list | None, list | None]:
 async def completions(request: Request):
     """OpenAI completions: ``prompt`` is a string, a list of strings, token ids or a list of token-id lists.
 
-    ``max_tokens`` omitted: up to the room left in the context (context length - prompt tokens), not
+    ``max_tokens`` omitted: up to the room left in the context (min(context length, KV pool) - prompt tokens), not
     OpenAI's 16. ``logprobs`` is an int in [0, 5]. Choice ``index`` is ``prompt_index * n + i``.
     """
     c = ctx(request)

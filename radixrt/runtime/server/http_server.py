@@ -15,7 +15,7 @@ message; a missing or wrong API key (``--api-key``) is a 401 on every route but 
 ``GET /docs`` is its Swagger UI.
 
 Default ``max_tokens`` on the OpenAI routes: when neither ``max_tokens`` nor ``max_completion_tokens`` is
-given, generation may run up to the room left in the context (context length - prompt tokens); a prompt
+given, generation may run up to the room left in the context (the smaller of the context length and the KV pool, minus the prompt tokens); a prompt
 that leaves no room (``>= context length``) is a 400 giving the counts.
 """
 from __future__ import annotations

@@ -5,7 +5,8 @@ Errors are OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``; 
 400 ``invalid_request_error`` whose ``param`` names the field at fault.
 
 Default ``max_tokens``: when neither ``max_tokens`` nor ``max_completion_tokens`` is given, a request may
-generate up to the room left in the context (context length minus prompt tokens). This applies to both
+generate up to the room left in the context (the smaller of the context length and the KV pool's size, minus
+the prompt tokens). This applies to both
 ``/v1/chat/completions`` and ``/v1/completions``.
 """
 from __future__ import annotations

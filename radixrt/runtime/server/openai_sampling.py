@@ -1,7 +1,8 @@
 """An OpenAI request as SGLang sampling parameters, and validation fields mapped back to OpenAI's names.
 
 Default ``max_tokens``: when neither ``max_tokens`` nor ``max_completion_tokens`` is given, a request may
-generate up to the room left in the context (context length minus prompt tokens).
+generate up to the room left in the context (the smaller of the context length and the KV pool's size,
+minus the prompt tokens).
 """
 from __future__ import annotations
 
