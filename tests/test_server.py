@@ -422,6 +422,10 @@ def test_bad_requests_are_400(http):
     assert_400(r, None)
     r = http.post("/generate", content=b"{not json")
     assert_400(r, None)
+    for route in ("/generate", "/v1/chat/completions"):  # lone surrogate: msgspec says "truncated"
+        err = assert_400(http.post(route, content=b'{"text": "\\ud800", "messages": [{"role": "user", '
+                                                   b'"content": "\\ud800"}]}'), None)
+        assert "lone UTF-16 surrogate" in err["message"], err
     t = time.perf_counter()  # refused by its length in characters, before tokenizing (seconds of CPU)
     err = assert_400(http.post("/v1/completions", json={"prompt": "word " * 2_000_000, "max_tokens": 1}), "prompt")
     assert time.perf_counter() - t < 2 and "10000000 characters" in err["message"], err

@@ -1,6 +1,7 @@
 """Reading a request body: JSON whatever the content type, then a pydantic model (errors name the field)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -17,9 +18,19 @@ async def body_json(request: Request) -> Any:
     try:
         return msgspec.json.decode(raw) if raw else {}
     except msgspec.DecodeError as e:
-        raise ApiError(f"the request body is not valid JSON: {e}") from None
+        raise ApiError(f"the request body is not valid JSON: {_why(raw, e)}") from None
     except RecursionError:  # msgspec refuses deep nesting this way, not with a DecodeError
         raise ApiError("the request body is nested too deeply") from None
+
+
+def _why(raw: bytes, e: msgspec.DecodeError) -> str:
+    """msgspec reports a lone UTF-16 surrogate escape (``"\\ud800"``, no Unicode character: it cannot be
+    encoded for the tokenizer) as "Input data was truncated"; say what it is. Only on the error path."""
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        return str(e)
+    return "it holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not a Unicode character"
 
 
 async def parse_body(request: Request, model_cls):
