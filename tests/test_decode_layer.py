@@ -62,7 +62,7 @@ def _run(model, steps, fused: bool, monkeypatch) -> tuple[list[torch.Tensor], KV
 
 
 # Three requests: prefill (long extends: SDPA, layer by layer), two decode steps, short extends (a
-# continuation), a mixed step (decode rows + a short extend: scattered rows, layer by layer).
+# continuation), a mixed step (decode rows + a short extend: the kernel's rows out of token order).
 TABLES = [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
 STEPS = [(TABLES, [40, 37, 45], [40, 37, 45]),
          (TABLES, [1, 1, 1], [41, 38, 46]),
@@ -76,7 +76,7 @@ def test_fused_layer_is_bit_identical(fmt, monkeypatch):
     model = _model(fmt)
     ours, kv1, calls = _run(model, STEPS, True, monkeypatch)
     ref, kv2, none = _run(model, STEPS, False, monkeypatch)
-    assert none == 0 and calls == 3 * 3  # steps 2-4 in one op per layer; prefill and the mixed step not
+    assert none == 0 and calls == 4 * 3  # steps 2-5 in one op per layer; the prefill not
     for o, r in zip(ours, ref):
         assert torch.equal(o, r)
     for layer in range(model.args.num_layers):

@@ -55,13 +55,15 @@ class TorchNativeBackend(AttentionBackend):
             self._plan_torch(meta, groups)
 
     def kernel_args(self) -> tuple | None:
-        """``(out_cache_loc, rows, page_ptr, kv_start, kv_end, kv_indices, page_size)``, the paged kernel's
-        arguments for this step (``paged_cpu.py``) when it alone attends every row: no cascade level, no
-        SDPA extend. Else ``None``. The one-op decoder layer (:mod:`radixrt.kernels.layer`) takes them."""
-        if self.ops is None or self.levels or not self.rows.covers_all:
+        """``(out_cache_loc, rows, page_ptr, kv_start, kv_end, kv_indices, page_size, scatter)``, the paged
+        kernel's arguments for this step (``paged_cpu.py``) when it alone attends every row: no cascade
+        level, no SDPA extend. ``scatter``: its rows are not in token order (decode rows first, then short
+        extends), so its output goes back to them. Else ``None``. The one-op decoder layer
+        (:mod:`radixrt.kernels.layer`) takes them."""
+        if self.ops is None or self.levels or self.rows.long_extends:
             return None
         r, m = self.rows, self.meta
-        return m.out_cache_loc, r.rows, r.page_ptr, r.start, r.end, m.kv_indices, m.page_size
+        return m.out_cache_loc, r.rows, r.page_ptr, r.start, r.end, m.kv_indices, m.page_size, not r.covers_all
 
     @property
     def qo(self) -> list[int]:

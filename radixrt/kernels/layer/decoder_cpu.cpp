@@ -1,5 +1,5 @@
 // One Llama decoder layer as one op, for steps whose every row the paged kernel attends (decode rows and
-// short extends; no cascade level, no SDPA extend):
+// short extends, in any mix; no cascade level, no SDPA extend):
 //
 //   h = add_rms_norm(x, residual, ln1)   (residual += x; the first layer: residual = x, h = rms_norm(x))
 //   qkv = h @ W_qkv; rope_(q, k); o = paged_attention(q, k, v)   (writes k, v into the pool)
@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     double eps, at::IntArrayRef kinds, at::TensorList weights, const at::Tensor& cos, const at::Tensor& sin,
     int64_t num_heads, int64_t num_kv_heads, double scale, at::Tensor k_pool, at::Tensor v_pool,
     const at::Tensor& out_loc, const at::Tensor& rows, const at::Tensor& page_ptr, const at::Tensor& kv_start,
-    const at::Tensor& kv_end, const at::Tensor& kv_indices, int64_t page_size) {
+    const at::Tensor& kv_end, const at::Tensor& kv_indices, int64_t page_size, bool scatter) {
   TORCH_CHECK(kinds.size() == 4 && weights.size() == 4, "decode_layer: 4 projections (qkv, o, gate_up, down)");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be contiguous [T, hidden]");
   const Ops& op = ops();
@@ -111,6 +111,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   at::Tensor o = std::get<0>(op.attention.call(q, k, v, out_loc, k_pool, v_pool, rows, page_ptr, kv_start, kv_end,
                                                kv_indices, page_size, scale));
   TORCH_CHECK(o.size(0) == T, "decode_layer: the paged kernel must attend every row of the step");
+  if (scatter) o = at::empty_like(o).index_copy_(0, rows, o);  // its rows back in token order
   h = op.add_rms_norm.call(linear(o.view({T, q_size}), kinds[1], weights[1]), residual, ln2, eps);
   at::Tensor out = linear(op.silu_mul.call(linear(h, kinds[2], weights[2])), kinds[3], weights[3]);
   return {out, residual};
@@ -126,7 +127,7 @@ TORCH_LIBRARY(radixrt_layer, m) {
   m.def("decode_layer(Tensor x, Tensor? residual, Tensor ln1, Tensor ln2, float eps, int[] kinds, "
         "Tensor[] weights, Tensor cos, Tensor sin, int num_heads, int num_kv_heads, float scale, "
         "Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor out_loc, Tensor rows, Tensor page_ptr, "
-        "Tensor kv_start, Tensor kv_end, Tensor kv_indices, int page_size) -> (Tensor, Tensor)");
+        "Tensor kv_start, Tensor kv_end, Tensor kv_indices, int page_size, bool scatter) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_layer, CPU, m) { m.impl("decode_layer", &decode_layer); }
