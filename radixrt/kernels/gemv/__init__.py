@@ -60,9 +60,10 @@ class DenseWeight:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x [M, K]`` fp32 -> ``x @ w.T + bias`` ``[M, N]`` fp32."""
-        if self.packed is not None and (self.w_t is None or not uses_kernel(x.shape[0])):
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
-        y = matmul_t(x, self.w_t)
+        how, w = self.kernel(x.shape[0])
+        if how == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
+        y = matmul_t(x, w)
         return y if bias is None else y + bias
 
     def kernel(self, rows: int) -> tuple[str, torch.Tensor]:
