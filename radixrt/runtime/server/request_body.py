@@ -27,10 +27,14 @@ def _why(raw: bytes, e: msgspec.DecodeError) -> str:
     """msgspec reports a lone UTF-16 surrogate escape (``"\\ud800"``, no Unicode character: it cannot be
     encoded for the tokenizer) as "Input data was truncated"; say what it is. Only on the error path."""
     try:
-        json.loads(raw)
+        json.loads(raw, parse_constant=_no_constant)  # Python's json takes NaN/Infinity; JSON does not
     except (ValueError, RecursionError):
         return str(e)
     return "it holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not a Unicode character"
+
+
+def _no_constant(name: str):
+    raise ValueError(name)
 
 
 async def parse_body(request: Request, model_cls):
