@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from radixrt.kernels.attention.cascade import attend_lse, merge_state
 from radixrt.kernels.attention.metadata import AttentionMetadata
-from radixrt.kernels.attention.paged_rows import SHORT_EXTEND
 from radixrt.kernels.attention.prefix_groups import PrefixGroups
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.allocator import PageAllocator
@@ -121,7 +120,11 @@ def test_one_group_equals_plain(size, page_size):
     be, kbe = check(b)
     lv = be.decode.levels
     assert len(lv) == 1 and lv[0].q_rows.shape == (1, size)
-    assert [x.q_rows.shape for x in kbe.levels] == [(1, size)] and kbe.rows.covers_all
+    # the block kernel's table: (member begin, member end, page offset, start, end, causal)
+    r = kbe.rows
+    assert r.blocks[:, [0, 1, 3, 4, 5]].tolist() == [[0, size, 0, b.groups.ends[0], 0]] and r.covers_all
+    # members are kernel rows (decode rows first, in batch order), the group's batch rows mapped there
+    assert r.decode_reqs[r.members].tolist() == b.groups.rows[0]
     # the kernel's rows start after the shared prefix
     assert kbe.rows.start.tolist() == b.groups.suffix_starts
     # Suffixes are only the rows' own tokens: the shared prefix is not gathered per row.
@@ -131,14 +134,21 @@ def test_one_group_equals_plain(size, page_size):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_many_groups_nested_mixed(page_size):
     spec = [(7, 4 * page_size, (3, 2 * page_size)), (2, 3 * page_size + 5, None), (32, 6 * page_size, (32, page_size))]
-    extends = [(5, 5), (4, 3 * page_size + 4), (SHORT_EXTEND + 1, SHORT_EXTEND + 2 * page_size + 9),
-               (SHORT_EXTEND + 4, SHORT_EXTEND + 4)]
-    be, kbe = check(Batch(page_size, spec, loose=3, extends=extends, seed=page_size))
+    extends = [(5, 5), (4, 3 * page_size + 4), (33, 33 + 2 * page_size + 9), (36, 36)]
+    b = Batch(page_size, spec, loose=3, extends=extends, seed=page_size)
+    be, kbe = check(b)
     assert [lv.q_rows.shape for lv in be.decode.levels] == [(3, 32), (2, 32)]
     assert be.extend_rows and be.decode.levels[0].keep is not None
-    # the kernel takes decode rows and the two short extends (9 rows); the two long ones stay on SDPA
-    assert [lv.q_rows.shape for lv in kbe.levels] == [(3, 32), (2, 32)]
-    assert len(kbe.rows.long_extends) == 2 and kbe.rows.rows.shape[0] == 3 + 7 + 2 + 32 + 5 + 4
+    # the C++ kernels take every row: 44 decode rows, then the 78 extend rows in token order. The block
+    # kernel's table: all group levels (in key order; 76 memberships), then one causal block per extend
+    r = kbe.rows
+    assert r.rows.shape[0] == 44 + 5 + 4 + 33 + 36 and not r.covers_all
+    assert (r.blocks[:, 1] - r.blocks[:, 0]).tolist()[:5] == [7, 3, 2, 32, 32]
+    assert r.members[:76].tolist() == [r.decode_reqs.tolist().index(x) for x in sum(b.groups.rows, [])]
+    ext = [i for i, q in enumerate(b.q_lens) if q > 1]
+    assert (r.blocks[5:, 1] - r.blocks[5:, 0]).tolist() == [b.q_lens[i] for i in ext]
+    assert r.blocks[5:, 3:].tolist() == [[0, b.kv_lens[i], 1] for i in ext] and r.blocks[:5, 5].sum() == 0
+    assert r.members[76:].tolist() == list(range(44, 122)) and r.end[44:].sum() == 0  # extends: empty there
 
 
 def test_prefix_ends_mid_page():
@@ -292,3 +302,14 @@ def test_kernel_splits_long_rows_exactly(page_size):
     b.q, b.k, b.v = torch.randn(T, HQ, D, generator=g), torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
     _, kbe = check(b)
     assert kbe.rows.end.tolist()[-1] == 1300
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_kernel_takes_long_extends_and_prefills(page_size):
+    """Extends as causal blocks: a 300-token chunk over 700 cached tokens (rows split over items, tokens
+    over chunks of 256) and a 600-token prefill from nothing, beside a shared-prefix group and a decode row
+    longer than a chunk, equal the reference."""
+    b = Batch(page_size, [(3, 40 * page_size if page_size > 1 else 200, None)], loose=1,
+              extends=[(300, 1000), (600, 600), (2, 9)], seed=11)
+    _, kbe = check(b)
+    assert kbe.rows.blocks[:, 5].tolist() == [0, 1, 1, 1]

@@ -1,5 +1,6 @@
-"""The one-op decoder layer (kernels/layer) equals the module-by-module layer bit for bit, and runs exactly
-when the paged kernel attends every row of the step; the fp32 products (kernels/gemv) pick their layout."""
+"""The one-op decoder layer (kernels/layer) equals the module-by-module layer bit for bit on every kind of
+step (prefill, decode, continuation, mixed, shared-prefix groups); the fp32 products (kernels/gemv) pick
+their layout."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,7 @@ from transformers import LlamaConfig
 from radixrt.kernels import cpp
 from radixrt.kernels.attention import get_backend
 from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.kernels.attention.prefix_groups import PrefixGroups
 from radixrt.kernels.gemv import DenseWeight
 from radixrt.runtime.layers.quant import quantize_model
 from radixrt.runtime.mem.kv_pool import KVPool
@@ -45,15 +47,16 @@ class Counting:
 
 
 def _run(model, steps, fused: bool, monkeypatch) -> tuple[list[torch.Tensor], KVPool, int]:
-    """Run ``steps`` ``[(tables, q_lens, kv_lens)]`` in order on a fresh pool; the hidden states of each."""
+    """Run ``steps`` ``[(tables, q_lens, kv_lens[, prefix groups])]`` in order on a fresh pool; the hidden
+    states of each."""
     a = model.args
     kv = KVPool(64, PAGE, a.num_layers, a.num_kv_heads, a.head_dim)
     counter = Counting()
     monkeypatch.setattr(llama, "layer_ops", counter if fused else (lambda: None))
     attn = get_backend("torch_native", torch.device("cpu"), torch.float32)
     outs = []
-    for tables, q_lens, kv_lens in steps:
-        meta = AttentionMetadata.build(tables, q_lens, kv_lens, PAGE)
+    for tables, q_lens, kv_lens, *groups in steps:
+        meta = AttentionMetadata.build(tables, q_lens, kv_lens, PAGE, prefix_groups=groups[0] if groups else None)
         ids = torch.randint(0, a.vocab_size, (sum(q_lens),), generator=torch.Generator().manual_seed(len(outs)))
         pos = torch.cat([torch.arange(k - q, k) for q, k in zip(q_lens, kv_lens)])
         attn.plan(meta)
@@ -61,14 +64,18 @@ def _run(model, steps, fused: bool, monkeypatch) -> tuple[list[torch.Tensor], KV
     return outs, kv, counter.calls
 
 
-# Three requests: prefill (long extends: SDPA, layer by layer), two decode steps, short extends (a
-# continuation), a mixed step (decode rows + a short extend: the kernel's rows out of token order).
+# Three requests: prefill (causal blocks), two decode steps, short extends (a continuation), a mixed step
+# (decode rows + an extend: the kernel's rows out of token order), then a decode step in which requests 0
+# and 1 hold the same first 8 pages (a shared-prefix group over 32 tokens).
 TABLES = [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
+SHARED = [TABLES[0], TABLES[0][:8] + list(range(48, 56)), TABLES[2]]
 STEPS = [(TABLES, [40, 37, 45], [40, 37, 45]),
          (TABLES, [1, 1, 1], [41, 38, 46]),
          (TABLES, [1, 1, 1], [42, 39, 47]),
          (TABLES, [5, 9, 3], [47, 48, 50]),
-         (TABLES, [1, 7, 1], [48, 55, 51])]
+         (TABLES, [1, 7, 1], [48, 55, 51]),
+         (SHARED, [1, 1, 1], [49, 56, 52], PrefixGroups(rows=[[0, 1]], starts=[0], ends=[32], pages=[TABLES[0][:8]],
+                                                       levels=[0], suffix_starts=[32, 32, 0]))]
 
 
 @pytest.mark.parametrize("fmt", ["none", "q4"])
@@ -76,7 +83,7 @@ def test_fused_layer_is_bit_identical(fmt, monkeypatch):
     model = _model(fmt)
     ours, kv1, calls = _run(model, STEPS, True, monkeypatch)
     ref, kv2, none = _run(model, STEPS, False, monkeypatch)
-    assert none == 0 and calls == 4 * 3  # steps 2-5 in one op per layer; the prefill not
+    assert none == 0 and calls == 6 * 3  # every step in one op per layer
     for o, r in zip(ours, ref):
         assert torch.equal(o, r)
     for layer in range(model.args.num_layers):
@@ -92,13 +99,14 @@ def test_fused_layer_rows_above_the_gemv():
 
 
 def test_layers_the_op_cannot_run_stay_python(monkeypatch):
-    """q/k norms (Qwen3), biases (Qwen2) and formats without a C++ kernel (int8 per channel) run layer by
-    layer, with the same results."""
-    for fmt, cfg in [("none", {"attention_bias": True}), ("int8", {})]:
+    """q/k norms (Qwen3), biases (Qwen2) and formats without a C++ kernel (int8 per channel, at decode) run
+    layer by layer, with the same results. int8's prefill rows (above its MAX_ROWS) run its fp32 copy, which
+    the op takes: one call per layer for that step only."""
+    for fmt, cfg, expected in [("none", {"attention_bias": True}, 0), ("int8", {}, 3)]:
         model = _model(fmt, **cfg)
         assert model.layers[0].fused_args(1) is None
         _, _, calls = _run(model, STEPS[:2], True, monkeypatch)
-        assert calls == 0
+        assert calls == expected
 
 
 @pytest.mark.parametrize("m", [1, 4, 5, 32, 300])

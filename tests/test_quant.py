@@ -10,7 +10,8 @@ from radixrt.kernels.attention import get_backend
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.kernels.quant import ggml_gemv
 from radixrt.runtime.layers.gguf_blocks import dequantize, q4_0_to_q4_1, quantize_q4_1, read_gguf_blocks
-from radixrt.runtime.layers.quant import MAX_ROWS, GGMLLinear, Int4PackLinear, QuantLinear, quantize_model
+from radixrt.runtime.layers.quant import (MAX_ROWS, Q8_0_HEAD_MAX_ROWS, GGMLLinear, Int4PackLinear, QuantLinear,
+                                         quantize_model)
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.model_loader import default_gguf_path, load_state_dict
 
@@ -143,9 +144,9 @@ def test_format_agreement_with_hf(fmt, prompts, hf_logits):
     try:
         model = e.runner.model
         assert e.runner.quantization == fmt
-        for m in model.modules():  # measure the quantized products themselves, not the fp32 fallback
-            if isinstance(m, QuantLinear):
-                m.max_rows = 1 << 30
+        saved = {m: m.max_rows for m in model.modules() if isinstance(m, QuantLinear)}
+        for m in saved:  # measure the quantized products themselves, not the fp32 fallback
+            m.max_rows = 1 << 30
         agree, worst = 0, 0.0
         for p, (cont, ref) in zip(prompts, hf_logits):
             ours = _logits(model, p + cont)[len(p) - 1:len(p) - 1 + NEW]
@@ -155,9 +156,8 @@ def test_format_agreement_with_hf(fmt, prompts, hf_logits):
         print(f"{fmt}: top-1 agreement {agree}/{len(prompts) * NEW}, largest logit difference {worst:.4f}")
         assert agree >= min_agree and worst <= max_diff
     finally:
-        for m in e.runner.model.modules():
-            if isinstance(m, QuantLinear):
-                m.max_rows = MAX_ROWS[fmt]
+        for m, rows in saved.items():
+            m.max_rows = rows
         close_engine(e)
 
 
@@ -168,6 +168,8 @@ def test_gguf_default_is_q4_and_generates(prompts, hf_logits):
     try:
         assert e.runner.quantization == "q4"
         assert isinstance(e.runner.model.layers[0].mlp.down_proj, (GGMLLinear, Int4PackLinear))
+        head = e.runner.model.lm_head  # the file's Q8_0 head: its own crossover to fp32, 12 rows
+        assert head.max_rows == Q8_0_HEAD_MAX_ROWS == 12 and e.runner.model.layers[0].mlp.down_proj.max_rows == 64
         outs = e.generate(input_ids=prompts, sampling_params={"max_new_tokens": NEW, "temperature": 0,
                                                              "ignore_eos": True})
         same = sum(a == b for o, (cont, _) in zip(outs, hf_logits) for a, b in zip(o["output_ids"], cont))

@@ -1,8 +1,9 @@
-// One Llama decoder layer as one op, for steps whose every row the paged kernel attends (decode rows and
-// short extends, in any mix; no cascade level, no SDPA extend):
+// One Llama decoder layer as one op, for any step the C++ attention kernels take (fp32 pool on the CPU:
+// decode rows, shared-prefix groups and extends in any mix):
 //
 //   h = add_rms_norm(x, residual, ln1)   (residual += x; the first layer: residual = x, h = rms_norm(x))
 //   qkv = h @ W_qkv; rope_(q, k); o = paged_attention(q, k, v)   (writes k, v into the pool)
+//   block_attention(o): the groups' and extends' blocks merged into o (cascade_cpu.cpp), if any
 //   h = add_rms_norm(o @ W_o, residual, ln2)
 //   out = silu_mul(h @ W_gate_up) @ W_down                        -> (out, residual)
 //
@@ -37,6 +38,8 @@ using Attn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Ten
                                                 const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&,
                                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                 const at::Tensor&, int64_t, double);
+using Blocks = void(const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);
 
 template <class Sig>
 c10::TypedOperatorHandle<Sig> handle(const char* name) {
@@ -54,6 +57,7 @@ struct Ops {
   c10::TypedOperatorHandle<Unary> silu_mul = handle<Unary>("radixrt_fused::silu_mul");
   c10::TypedOperatorHandle<Rope> rope_ = handle<Rope>("radixrt_fused::rope_");
   c10::TypedOperatorHandle<Attn> attention = handle<Attn>("radixrt_attn::paged_attention");
+  c10::TypedOperatorHandle<Blocks> blocks = handle<Blocks>("radixrt_attn::block_attention");
 };
 
 const Ops& ops() {
@@ -89,7 +93,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     double eps, at::IntArrayRef kinds, at::TensorList weights, const at::Tensor& cos, const at::Tensor& sin,
     int64_t num_heads, int64_t num_kv_heads, double scale, at::Tensor k_pool, at::Tensor v_pool,
     const at::Tensor& out_loc, const at::Tensor& rows, const at::Tensor& page_ptr, const at::Tensor& kv_start,
-    const at::Tensor& kv_end, const at::Tensor& kv_indices, int64_t page_size, bool scatter) {
+    const at::Tensor& kv_end, const at::Tensor& kv_indices, int64_t page_size, const at::Tensor& blocks,
+    const at::Tensor& members, bool scatter) {
   TORCH_CHECK(kinds.size() == 4 && weights.size() == 4, "decode_layer: 4 projections (qkv, o, gate_up, down)");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be contiguous [T, hidden]");
   const Ops& op = ops();
@@ -108,8 +113,9 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   op.rope_.call(qk, cos, sin);
   const at::Tensor q = qk.narrow(1, 0, num_heads), k = qk.narrow(1, num_heads, num_kv_heads);
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, D});
-  at::Tensor o = std::get<0>(op.attention.call(q, k, v, out_loc, k_pool, v_pool, rows, page_ptr, kv_start, kv_end,
-                                               kv_indices, page_size, scale));
+  auto [o, lse] = op.attention.call(q, k, v, out_loc, k_pool, v_pool, rows, page_ptr, kv_start, kv_end, kv_indices,
+                                    page_size, scale);
+  if (blocks.size(0)) op.blocks.call(q, o, lse, rows, blocks, members, k_pool, v_pool, kv_indices, page_size, scale);
   TORCH_CHECK(o.size(0) == T, "decode_layer: the paged kernel must attend every row of the step");
   if (scatter) o = at::empty_like(o).index_copy_(0, rows, o);  // its rows back in token order
   h = op.add_rms_norm.call(linear(o.view({T, q_size}), kinds[1], weights[1]), residual, ln2, eps);
@@ -122,12 +128,13 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
 TORCH_LIBRARY(radixrt_layer, m) {
   // x [T, hidden] fp32 (the previous layer's output), residual [T, hidden] (updated in place; None for the
   // first layer), pools [slots, Hkv, D] (written), then the attention's arguments as in
-  // radixrt_attn::paged_attention
+  // radixrt_attn::paged_attention and block_attention (blocks [0, 6]: none)
   // -> (out [T, hidden], residual).
   m.def("decode_layer(Tensor x, Tensor? residual, Tensor ln1, Tensor ln2, float eps, int[] kinds, "
         "Tensor[] weights, Tensor cos, Tensor sin, int num_heads, int num_kv_heads, float scale, "
         "Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor out_loc, Tensor rows, Tensor page_ptr, "
-        "Tensor kv_start, Tensor kv_end, Tensor kv_indices, int page_size, bool scatter) -> (Tensor, Tensor)");
+        "Tensor kv_start, Tensor kv_end, Tensor kv_indices, int page_size, Tensor blocks, Tensor members, "
+        "bool scatter) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_layer, CPU, m) { m.impl("decode_layer", &decode_layer); }

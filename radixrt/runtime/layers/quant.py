@@ -50,6 +50,9 @@ FORMATS = ("none", "fp16", "int8", "q4")
 # 98.3/101.0 and 101.5/105.2 (wins), 96: 166.6/160.2, 128: 198.4/187.6 (loses), 1024: 1611.0/1406.5.
 # Before oneDNN ran the fp32 products (x @ w_t) these were fp16 8, int8 32, q4 1024.
 MAX_ROWS = {"none": 1 << 62, "fp16": 2, "int8": 4, "q4": 64}
+# Under q4 the LM head keeps the GGUF's Q8_0 blocks, whose kernel loses to fp32 far sooner than Q4_1's: the
+# tied SmolLM2 head [49152, 576], ms, Q8_0 vs fp32: rows 8 3.8/5.8, 16 7.3/6.8, 32 16.6/12.6, 64 30.4/18.8.
+Q8_0_HEAD_MAX_ROWS = 12
 
 
 class Fp32Linear(nn.Module):
@@ -188,8 +191,8 @@ def make_linear(fmt: str, name: str, weight: torch.Tensor, bias: torch.Tensor | 
     head = name == "lm_head"
     if fmt == "int8" or (fmt == "q4" and head):
         if blocks is not None and blocks[0] == "Q8_0":
-            return _native("Q8_0", blocks[1], bias, rows, kernel)
-        return Int8Linear(weight, bias, rows)
+            return _native("Q8_0", blocks[1], bias, Q8_0_HEAD_MAX_ROWS if fmt == "q4" else rows, kernel)
+        return Int8Linear(weight, bias, MAX_ROWS["int8"])
     if blocks is None or blocks[0] != "Q4_1":
         blocks = ("Q4_1", quantize_q4_1(weight))
     return _native("Q4_1", blocks[1], bias, rows, kernel)
