@@ -1,5 +1,7 @@
-// Paged attention for decode rows and short extends on the CPU: reads K/V straight from the pool through the
-// page table (no gather of a request's context into a padded tensor), after writing the step's new K/V.
+// Paged attention for decode rows on the CPU: reads K/V straight from the pool through the page table (no
+// gather of a request's context into a padded tensor), after writing the step's new K/V. Any row with a range
+// works (the tests give it extend rows too); in a step the block kernel (cascade_cpu.cpp) takes what many
+// rows share (shared-prefix groups, extends) and merges into this kernel's output.
 //
 // One work item is a chunk of at most CHUNK tokens of one query row, all heads: the pool stores a token's
 // heads side by side ([slot, Hkv, D]), so reading every head of a token at once walks each page's slots
@@ -8,7 +10,7 @@
 // per-thread buffer), then softmax weights applied to V: K and V are read once each, without online-softmax
 // rescaling. A row longer than CHUNK is split over several items (flash-decoding's split-K), whose partial
 // results merge exactly by their log-sum-exps; the lse is also returned, so that ranges attended elsewhere
-// (cascade levels, cascade.py) merge the same way (FlashInfer merge_state; Hydragen, arXiv 2402.05099).
+// (shared-prefix groups and extends, cascade_cpu.cpp) merge the same way (FlashInfer merge_state; Hydragen, arXiv 2402.05099).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -10,11 +10,12 @@ kv_start, kv_end, kv_indices, page_size, scale) -> (o, lse)``:
 - returns ``o [R, Hq, D]`` fp32 and ``lse [R, Hq]`` fp32, the natural log-sum-exp of the scaled scores
   (``-inf`` with ``o = 0`` for an empty range).
 
-``torch.ops.radixrt_attn.group_attention(q, o, lse, rows, groups, members, k_pool, v_pool, kv_indices,
-page_size, scale)`` (``cascade_cpu.cpp``) then attends each shared-prefix group's tokens once for all its
-members and merges the result into ``o``/``lse`` in place: ``groups`` int64 ``[Ng, 5]`` = (member begin,
-member end) into ``members`` (int64 rows of ``o``), the offset of the group's pages in ``kv_indices``,
-its tokens ``[start, end)`` (``paged_rows.plan_groups``).
+``torch.ops.radixrt_attn.block_attention(q, o, lse, rows, blocks, members, k_pool, v_pool, kv_indices,
+page_size, scale)`` (``cascade_cpu.cpp``) then attends *blocks*, many rows against the same tokens (a
+shared-prefix group's decode rows; an extend's rows, causal), and merges them into ``o``/``lse`` in place:
+``blocks`` int64 ``[Nb, 6]`` = (member begin, member end) into ``members`` (int64 rows of ``o``), the
+offset of the block's pages in ``kv_indices``, its tokens ``[start, end)``, causal (0/1)
+(``paged_rows.plan_rows``).
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ stream is carried beside each layer's output and added inside the next norm (``a
 small elementwise ops are fused (:mod:`radixrt.kernels.fused`: C++ on an fp32 CPU, torch elsewhere). The families
 differ only in the switches of :class:`~radixrt.runtime.models.args.ModelArgs`: q/k/v biases (Qwen2) and
 per-head q/k RMSNorm (Qwen3). Tokens of all requests in a step are packed along one dimension (no
-padding): every tensor below is ``[num_tokens, ...]``. When the paged kernel attends every row of a step
-(decode rows, short extends) each layer runs as one C++ op instead (:mod:`radixrt.kernels.layer`): the same
+padding): every tensor below is ``[num_tokens, ...]``. When the C++ attention kernels run a step (an fp32
+pool on the CPU: any step) each layer runs as one C++ op instead (:mod:`radixrt.kernels.layer`): the same
 ops in the same order, without the Python between them.
 
 The projections stay plain ``nn.Linear`` attributes named ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and
@@ -146,7 +146,7 @@ class LlamaForCausalLM(nn.Module):
     def _fused_step(self, attn: AttentionBackend, kv: KVCacheView, rope, x: torch.Tensor) -> tuple | None:
         """``(op, (cos, sin, heads, kv_heads, scale), per-layer flat pools, attention arguments)`` for
         ``radixrt_layer.decode_layer``, or ``None`` when this step runs layer by layer: no C++ library,
-        not fp32 on the CPU, or rows the paged kernel does not attend alone (``kernel_args``)."""
+        not fp32 on the CPU, or a backend without the C++ attention kernels (``kernel_args``)."""
         ops = layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
         args = getattr(attn, "kernel_args", lambda: None)() if ops is not None else None
         if args is None:
