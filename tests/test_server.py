@@ -443,6 +443,11 @@ def test_bad_requests_are_400(http):
     err = assert_400(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                              "guided_choice": [""]}), "guided_choice")
     assert err["message"] == "guided_choice[0]: must not be empty"
+    # a field of several accepted types names them, and the closest one's failure (break-test: it said
+    # "Input should be a valid string" for token ids 1.5)
+    err = assert_400(http.post("/v1/completions", json={"prompt": [1.5, 2], "max_tokens": 1}), "prompt")
+    assert err["message"] == ("prompt: must be one of str, list[str], list[int], list[list[int]]; as list[int], "
+                              "[0]: Input should be a valid integer"), err
     normal_request_ok(http)
 
 

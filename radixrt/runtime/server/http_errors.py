@@ -26,6 +26,11 @@ logger = logging.getLogger("radixrt.server")
 _TYPE_NAMES = ("str", "int", "float", "bool")
 
 
+def _is_member(p, out: str) -> bool:
+    # pydantic reports a failed union member by its type ("str", "list[int]"): not a field name
+    return bool(out) and isinstance(p, str) and (p in _TYPE_NAMES or "[" in p or "function" in p)
+
+
 def loc_param(loc) -> Optional[str]:
     """A pydantic error location as a field path: ``("body", "messages", 0, "role")`` -> ``messages[0].role``."""
     out = ""
@@ -34,12 +39,42 @@ def loc_param(loc) -> Optional[str]:
             continue
         if isinstance(p, int):
             out += f"[{p}]"
-        else:
-            # pydantic reports a failed union member by its type ("str", "list[int]"): not a field name
-            if out and (p in _TYPE_NAMES or "[" in str(p) or "function" in str(p)):
-                continue
+        elif not _is_member(p, out):
             out += ("." if out else "") + str(p)
     return out or None
+
+
+def _union_member(loc) -> tuple[str, Optional[str], str]:
+    """``(field path, union member, path inside the member)`` of an error location; member None when the
+    location passes through no union member."""
+    out, member, inner = "", None, ""
+    for p in loc:
+        if p == "body":
+            continue
+        if member is not None:
+            inner += f"[{p}]" if isinstance(p, int) else f".{p}"
+        elif _is_member(p, out):
+            member = p
+        else:
+            out += f"[{p}]" if isinstance(p, int) else ("." if out else "") + str(p)
+    return out, member, inner
+
+
+def _union_message(errs: list) -> Optional[str]:
+    """For a field whose every union member failed (``prompt: [1.5, 2]``): the types it may have, and the
+    failure inside the member it came closest to (the deepest error, then the member with the fewest)."""
+    field, member, _ = _union_member(errs[0].get("loc", ()))
+    if member is None:
+        return None
+    by_member: dict[str, list] = {}
+    for e in errs:
+        f, m, inner = _union_member(e.get("loc", ()))
+        if f == field and m is not None:
+            by_member.setdefault(m, []).append((inner, e.get("msg", "")))
+    msg = f"{field}: must be one of {', '.join(by_member)}"
+    best = max(by_member, key=lambda m: (max(len(i) for i, _ in by_member[m]), -len(by_member[m])))
+    inner, why = max(by_member[best], key=lambda x: len(x[0]))
+    return f"{msg}; as {best}, {inner.lstrip('.')}: {why}" if inner else msg
 
 
 def validation_error(errs: list) -> ApiError:
@@ -49,7 +84,8 @@ def validation_error(errs: list) -> ApiError:
     msg = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         return ApiError(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}")
-    return ApiError(f"{param}: {msg}" if param else msg, param=param)
+    union = _union_message(errs) if param else None
+    return ApiError(union or (f"{param}: {msg}" if param else msg), param=param)
 
 
 def from_validation(e: ValueError) -> ApiError:
