@@ -307,8 +307,8 @@ def test_kernel_splits_long_rows_exactly(page_size):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_kernel_takes_long_extends_and_prefills(page_size):
     """Extends as causal blocks: a 300-token chunk over 700 cached tokens (rows split over items, tokens
-    over chunks of 256) and a 600-token prefill from nothing, beside a shared-prefix group and a decode row
-    longer than a chunk, equal the reference."""
+    over chunks of 256), a 600-token prefill from nothing and a 2-token extend, beside a shared-prefix group
+    (640 tokens at page size 16: more than a chunk) and a loose decode row, equal the reference."""
     b = Batch(page_size, [(3, 40 * page_size if page_size > 1 else 200, None)], loose=1,
               extends=[(300, 1000), (600, 600), (2, 9)], seed=11)
     _, kbe = check(b)

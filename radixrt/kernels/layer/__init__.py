@@ -1,10 +1,10 @@
-"""A whole decoder layer as one C++ op at decode (``decoder_cpu.cpp``), built at first use (:mod:`..cpp`).
+"""A whole decoder layer as one C++ op (``decoder_cpu.cpp``), built at first use (:mod:`..cpp`).
 
 ``torch.ops.radixrt_layer.decode_layer(x, residual, ln1, ln2, eps, kinds, weights, cos, sin, num_heads,
 num_kv_heads, scale, k_pool, v_pool, out_loc, rows, page_ptr, kv_start, kv_end, kv_indices, page_size,
-groups, members, scatter)
+blocks, members, scatter)
 -> (out, residual)`` runs the Llama layer's ops (norms, the four projections, RoPE, paged attention and the
-shared-prefix groups' attention, SwiGLU)
+block attention of shared-prefix groups and extends, SwiGLU)
 through the dispatcher from C++: the same kernels in the same order as the module-by-module path, so the
 same bits, without ~80 us of Python per layer. ``kinds[i]`` says how ``weights[i]`` (qkv, o, gate_up, down)
 multiplies: one of the constants below.

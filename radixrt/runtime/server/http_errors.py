@@ -31,25 +31,13 @@ def _is_member(p, out: str) -> bool:
     return bool(out) and isinstance(p, str) and (p in _TYPE_NAMES or "[" in p or "function" in p)
 
 
-def loc_param(loc) -> Optional[str]:
-    """A pydantic error location as a field path: ``("body", "messages", 0, "role")`` -> ``messages[0].role``."""
-    out = ""
-    for p in loc:
-        if p == "body":
-            continue
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif not _is_member(p, out):
-            out += ("." if out else "") + str(p)
-    return out or None
-
-
-def _union_member(loc) -> tuple[str, Optional[str], str]:
-    """``(field path, union member, path inside the member)`` of an error location; member None when the
-    location passes through no union member."""
+def _split(loc) -> tuple[str, Optional[str], str]:
+    """``(field path, union member, path inside the member)`` of a pydantic error location, e.g.
+    ``("body", "prompt", "list[int]", 0)`` -> ``("prompt", "list[int]", "[0]")``; member None when the location
+    passes through no union member (further members inside it are dropped too)."""
     out, member, inner = "", None, ""
     for p in loc:
-        if p == "body":
+        if p == "body" or (member is not None and _is_member(p, out)):
             continue
         if member is not None:
             inner += f"[{p}]" if isinstance(p, int) else f".{p}"
@@ -60,15 +48,21 @@ def _union_member(loc) -> tuple[str, Optional[str], str]:
     return out, member, inner
 
 
+def loc_param(loc) -> Optional[str]:
+    """A pydantic error location as a field path: ``("body", "messages", 0, "role")`` -> ``messages[0].role``."""
+    out, _, inner = _split(loc)
+    return (out + inner) or None
+
+
 def _union_message(errs: list) -> Optional[str]:
     """For a field whose every union member failed (``prompt: [1.5, 2]``): the types it may have, and the
     failure inside the member it came closest to (the deepest error, then the member with the fewest)."""
-    field, member, _ = _union_member(errs[0].get("loc", ()))
+    field, member, _ = _split(errs[0].get("loc", ()))
     if member is None:
         return None
     by_member: dict[str, list] = {}
     for e in errs:
-        f, m, inner = _union_member(e.get("loc", ()))
+        f, m, inner = _split(e.get("loc", ()))
         if f == field and m is not None:
             by_member.setdefault(m, []).append((inner, e.get("msg", "")))
     msg = f"{field}: must be one of {', '.join(by_member)}"
