@@ -428,6 +428,8 @@ def test_bad_requests_are_400(http):
         assert "lone UTF-16 surrogate" in err["message"], err
         err = assert_400(http.post(route, content=b'{"text": "a", "temperature": NaN}'), None)
         assert "not valid JSON" in err["message"] and "surrogate" not in err["message"], err
+        err = assert_400(http.post(route, content=b'{"text": "a", "temperature": 1e400}'), None)
+        assert "Number out of range" in err["message"] and "surrogate" not in err["message"], err
     t = time.perf_counter()  # refused by its length in characters, before tokenizing (seconds of CPU)
     err = assert_400(http.post("/v1/completions", json={"prompt": "word " * 2_000_000, "max_tokens": 1}), "prompt")
     assert time.perf_counter() - t < 2 and "10000000 characters" in err["message"], err

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import msgspec
@@ -26,8 +27,8 @@ async def body_json(request: Request) -> Any:
 def _why(raw: bytes, e: msgspec.DecodeError) -> str:
     """msgspec reports a lone UTF-16 surrogate escape (``"\\ud800"``, no Unicode character: it cannot be
     encoded for the tokenizer) as "Input data was truncated"; say what it is. Only on the error path."""
-    try:
-        json.loads(raw, parse_constant=_no_constant)  # Python's json takes NaN/Infinity; JSON does not
+    try:  # Python's json takes NaN/Infinity and overflows 1e400 to inf; JSON (and msgspec) does not
+        json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError):
         return str(e)
     return "it holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not a Unicode character"
@@ -35,6 +36,13 @@ def _why(raw: bytes, e: msgspec.DecodeError) -> str:
 
 def _no_constant(name: str):
     raise ValueError(name)
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if math.isinf(x):
+        raise ValueError(text)
+    return x
 
 
 async def parse_body(request: Request, model_cls):
