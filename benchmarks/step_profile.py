@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 WEIGHT_OPS = ("aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "radixrt_ggml::q4_1_mm",
-              "radixrt_ggml::q4_1x8_mm", "radixrt_gemv::gemv_t", "mkldnn::_linear_pointwise",
+              "radixrt_ggml::q4_1x8_mm", "radixrt_gemv::gemv", "mkldnn::_linear_pointwise",
               "radixrt_ggml::q8_0_mm")
 DENSE_OPS = ("aten::mm", "aten::addmm")
 

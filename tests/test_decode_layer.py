@@ -92,10 +92,10 @@ def test_fused_layer_is_bit_identical(fmt, monkeypatch):
 
 
 def test_fused_layer_rows_above_the_gemv():
-    """At 5+ rows the fp32 projections run oneDNN's packed copy inside the op as well."""
+    """At 9+ rows the fp32 projections run oneDNN's packed copy inside the op as well."""
     model = _model("none")
     proj = model.layers[0].self_attn.qkv_proj
-    assert proj.kernel_weight(4)[0] == 1 and proj.kernel_weight(5)[0] == 5  # GEMV_T, ONEDNN
+    assert proj.kernel_weight(8)[0] == 1 and proj.kernel_weight(9)[0] == 5  # GEMV, ONEDNN
 
 
 def test_layers_the_op_cannot_run_stay_python(monkeypatch):
@@ -109,15 +109,15 @@ def test_layers_the_op_cannot_run_stay_python(monkeypatch):
         assert calls == expected
 
 
-@pytest.mark.parametrize("m", [1, 4, 5, 32, 300])
+@pytest.mark.parametrize("m", [1, 8, 9, 32, 300])
 def test_dense_weight_layouts(m):
-    """The C++ GEMV up to 4 rows, oneDNN's packed copy above; both equal a matmul to fp32 rounding."""
+    """The C++ GEMV up to 8 rows, oneDNN's packed copy above; both equal a matmul to fp32 rounding."""
     w, b = torch.randn(96, 80, generator=G), torch.randn(96, generator=G)
     x = torch.randn(m, 80, generator=G)
     d = DenseWeight(w)
-    assert d.kernel(m)[0] == ("gemv_t" if m <= 4 else "onednn")
+    assert d.kernel(m)[0] == ("gemv" if m <= 8 else "onednn") and d.w_t is None
     torch.testing.assert_close(d(x, b), x @ w.t() + b, rtol=1e-5, atol=1e-4)
     assert torch.equal(d.dense(), w)
     one = DenseWeight(w, gemv=False)  # a quantized module's fallback: one copy, oneDNN's
-    assert one.w_t is None and one.kernel(1)[0] == "onednn" and torch.equal(one.dense(), w)
+    assert one.w_t is None and one.panels is None and one.kernel(1)[0] == "onednn" and torch.equal(one.dense(), w)
     torch.testing.assert_close(one(x), x @ w.t(), rtol=1e-5, atol=1e-4)

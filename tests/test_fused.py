@@ -60,17 +60,65 @@ def test_other_dtypes_take_the_torch_path():
     assert torch.equal(r, x + x) and torch.equal(out, F.rms_norm(x + x, (64,), w, 1e-5))
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (3, 1536, 576), (4, 576, 3072), (2, 37, 70), (1, 5, 13)])
+@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (3, 1536, 576), (8, 576, 3072), (2, 37, 70), (5, 5, 13),
+                                   (1, 64, 40)])
 def test_fp32_gemv_matches_matmul(m, k, n):
-    """The C++ GEMV behind ``--quantization none`` at up to 4 rows (ragged K and N included); 5 rows go to
-    torch's matmul."""
-    from radixrt.kernels.gemv import MAX_ROWS, matmul_t
-    assert cpp.ops("radixrt_gemv") is not None and MAX_ROWS == 4
-    x, w = torch.randn(m, k, generator=G), torch.randn(k, n, generator=G)
-    torch.testing.assert_close(cpp.ops("radixrt_gemv").gemv_t(x, w), x @ w, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(matmul_t(x, w), x @ w, rtol=1e-5, atol=1e-4)
-    x5 = torch.randn(5, k, generator=G)
-    assert torch.equal(matmul_t(x5, w), x5 @ w)
+    """The C++ GEMV behind ``--quantization none`` at up to 8 rows, over the panel layout (ragged K and N, a
+    weight narrower than one panel, an odd row count); 9 rows go to oneDNN. A row's result is the same bits
+    whatever rows run beside it."""
+    from radixrt.kernels.gemv import MAX_ROWS, DenseWeight, pack_panels, unpack_panels
+    assert cpp.ops("radixrt_gemv") is not None and MAX_ROWS == 8
+    x, w = torch.randn(m, k, generator=G), torch.randn(n, k, generator=G)
+    w_p = pack_panels(w)
+    assert w_p.shape == (n * k,) and torch.equal(unpack_panels(w_p, n, k), w)
+    y = cpp.ops("radixrt_gemv").gemv(x, w_p)
+    torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
+    for i in range(m):
+        assert torch.equal(cpp.ops("radixrt_gemv").gemv(x[i:i + 1].contiguous(), w_p), y[i:i + 1])
+    d = DenseWeight(w)
+    assert d.kernel(m)[0] == "gemv" and d.kernel(9)[0] == "onednn" and torch.equal(d(x), y)
+    with pytest.raises(RuntimeError, match="w_p must be fp32"):
+        cpp.ops("radixrt_gemv").gemv(torch.randn(1, k + 1), w_p)
+
+
+def test_kernel_thread_pool_callers():
+    """The kernels' own thread pool (kernels/parallel.h) under every kind of caller: threads calling at once
+    (one holds the pool, the others run torch's OpenMP split), a forked child (the parent's workers do not
+    exist there: it builds its own pool), a change of torch's thread count. Every result is the same bits."""
+    import os
+    import threading
+    from radixrt.kernels.gemv import pack_panels
+    g = cpp.ops("radixrt_gemv")
+    x, w = torch.randn(3, 576, generator=G), torch.randn(3072, 576, generator=G)
+    w_p = pack_panels(w)
+    want = g.gemv(x, w_p)
+    torch.testing.assert_close(want, x @ w.t(), rtol=1e-5, atol=1e-4)
+    got, errors = [], []
+
+    def call():
+        try:
+            for _ in range(50):
+                got.append(g.gemv(x, w_p))
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(got) == 200 and all(torch.equal(y, want) for y in got)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its products are right
+        ok = all(torch.equal(g.gemv(x, w_p), want) for _ in range(20))
+        os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(g.gemv(x, w_p), want)
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(g.gemv(x, w_p), want)
 
 
 def test_build_is_keyed_by_the_kernels_contents(monkeypatch, tmp_path):

@@ -24,7 +24,7 @@
 //   lse = log sum_i exp(lse_i),  o = sum_i exp(lse_i - lse) o_i
 // Nested group levels need no order: the merge is over disjoint token ranges, every partial one more term.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "../parallel.h"
 #include <torch/library.h>
 #include <immintrin.h>
 #include "../avx2.h"
@@ -245,7 +245,7 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
   const float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   const int32_t* idx = kv_indices.data_ptr<int32_t>();
   const float sc_ = (float)scale;
-  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t a, int64_t e) {
+  radixrt::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t a, int64_t e) {
     Scratch sc;
     std::vector<int64_t> end;
     for (int64_t it = a; it < e; ++it) {
@@ -270,7 +270,7 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
   for (const Item& w : items)
     if (w.h == 0) ++per_head[w.b];
   float *od = o.data_ptr<float>(), *ld = lse.data_ptr<float>();
-  at::parallel_for(0, R, 16, [&](int64_t a, int64_t e) {
+  radixrt::parallel_for(0, R, 16, [&](int64_t a, int64_t e) {
     std::vector<std::pair<const float*, float>> src;  // (partial o, its lse)
     for (int64_t r = a; r < e; ++r) {
       if (of_row[r].empty()) continue;

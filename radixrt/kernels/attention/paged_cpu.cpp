@@ -12,7 +12,7 @@
 // results merge exactly by their log-sum-exps; the lse is also returned, so that ranges attended elsewhere
 // (shared-prefix groups and extends, cascade_cpu.cpp) merge the same way (FlashInfer merge_state; Hydragen, arXiv 2402.05099).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "../parallel.h"
 #include <torch/library.h>
 #include <immintrin.h>
 #include "../avx2.h"
@@ -29,8 +29,8 @@ using radixrt::exp256;
 
 constexpr int64_t CHUNK = 256;        // tokens per work item
 constexpr int64_t AHEAD = 4;          // tokens of software prefetch
-// Below this many token-heads a layer's attention takes a few microseconds on one core: waking a second
-// OpenMP thread costs more.
+// Below this many token-heads a layer's attention takes a few microseconds on one core: handing half of it
+// to a second thread costs more.
 constexpr int64_t PARALLEL_MIN = 1536;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
@@ -171,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
   const float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   const int32_t* idx = kv_indices.data_ptr<int32_t>();
   float *od = o.data_ptr<float>(), *ld = lse.data_ptr<float>();
-  at::parallel_for(0, items, work < PARALLEL_MIN ? items : 1, [&](int64_t a, int64_t b) {
+  radixrt::parallel_for(0, items, work < PARALLEL_MIN ? items : 1, [&](int64_t a, int64_t b) {
     std::vector<float> buf;
     for (int64_t it = a; it < b; ++it) {
       const int64_t r = item_row[it], c = it - first[r];

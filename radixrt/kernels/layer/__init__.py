@@ -14,12 +14,12 @@ from __future__ import annotations
 from radixrt.kernels import cpp
 
 DENSE_T = 0  # torch mm with w_t [in, out] fp32
-GEMV_T = 1   # radixrt_gemv.gemv_t, w_t [in, out] fp32
+GEMV = 1     # radixrt_gemv.gemv over the weight's panel layout (kernels/gemv.pack_panels)
 Q4_1X8 = 2   # radixrt_ggml.q4_1x8_mm over the 8-row Q4_1 layout
 Q4_1 = 3     # radixrt_ggml.q4_1_mm over Q4_1 blocks
 Q8_0 = 4     # radixrt_ggml.q8_0_mm over Q8_0 blocks
 ONEDNN = 5   # mkldnn._linear_pointwise over oneDNN's packed copy
-KINDS = {"dense_t": DENSE_T, "gemv_t": GEMV_T, "onednn": ONEDNN}  # by DenseWeight.kernel's names
+KINDS = {"dense_t": DENSE_T, "gemv": GEMV, "onednn": ONEDNN}  # by DenseWeight.kernel's names
 
 
 def layer_ops():

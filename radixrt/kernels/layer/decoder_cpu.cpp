@@ -12,7 +12,7 @@
 // through the dispatcher from C++, in the same order with the same kernels, so results are bit-identical
 // to the Python path, and each still shows in the torch profiler under its own name.
 //
-// A projection is (kind, weight): DENSE_T torch mm with w_t [K, N]; GEMV_T radixrt_gemv::gemv_t, w_t [K, N];
+// A projection is (kind, weight): DENSE_T torch mm with w_t [K, N]; GEMV radixrt_gemv::gemv over its panel layout;
 // Q4_1X8 / Q4_1 / Q8_0 radixrt_ggml's kernels over GGUF blocks; ONEDNN mkldnn::_linear_pointwise over its
 // packed weight. The caller picks the kind for the step's row
 // count (runtime/layers/quant.py, kernel_weight).
@@ -26,7 +26,7 @@
 
 namespace {
 
-enum Kind : int64_t { DENSE_T = 0, GEMV_T = 1, Q4_1X8 = 2, Q4_1 = 3, Q8_0 = 4, ONEDNN = 5 };
+enum Kind : int64_t { DENSE_T = 0, GEMV = 1, Q4_1X8 = 2, Q4_1 = 3, Q8_0 = 4, ONEDNN = 5 };
 
 using Mm = at::Tensor(const at::Tensor&, const at::Tensor&);
 using Norm = at::Tensor(const at::Tensor&, const at::Tensor&, double);
@@ -48,7 +48,7 @@ c10::TypedOperatorHandle<Sig> handle(const char* name) {
 
 // The handles, looked up once (the other sources of the library registered them when it was loaded).
 struct Ops {
-  c10::TypedOperatorHandle<Mm> gemv_t = handle<Mm>("radixrt_gemv::gemv_t");
+  c10::TypedOperatorHandle<Mm> gemv = handle<Mm>("radixrt_gemv::gemv");
   c10::TypedOperatorHandle<Mm> q4_1x8 = handle<Mm>("radixrt_ggml::q4_1x8_mm");
   c10::TypedOperatorHandle<Mm> q4_1 = handle<Mm>("radixrt_ggml::q4_1_mm");
   c10::TypedOperatorHandle<Mm> q8_0 = handle<Mm>("radixrt_ggml::q8_0_mm");
@@ -78,7 +78,7 @@ at::Tensor onednn(const at::Tensor& x, const at::Tensor& w) {
 at::Tensor linear(const at::Tensor& x, int64_t kind, const at::Tensor& w) {
   switch (kind) {
     case DENSE_T: return at::mm(x, w);
-    case GEMV_T: return ops().gemv_t.call(x, w);
+    case GEMV: return ops().gemv.call(x, w);
     case Q4_1X8: return ops().q4_1x8.call(x, w);
     case Q4_1: return ops().q4_1.call(x, w);
     case Q8_0: return ops().q8_0.call(x, w);

@@ -4,11 +4,11 @@
 // byte j, element j + 16 the high nibble; value = q * d + m. Q8_0 block: fp16 d, 32 int8; value = q * d.
 // The activations are quantized per 32-block to int8 (llama.cpp's Q8_1/Q8_0 trick) so the inner product is
 // an integer dot product (maddubs), as in llama.cpp's ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0.
-// Rows of the weight are split over torch's intra-op threads with at::parallel_for (large products only).
+// Rows of the weight are split over threads with radixrt::parallel_for (../parallel.h).
 // Q4_1 normally runs from an 8-row repacked layout (q4_1x8_mm below); the row-by-row kernel stays for row
 // counts that are not a multiple of 8.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "../parallel.h"
 #include <torch/library.h>
 #include <immintrin.h>
 #include "../avx2.h"
@@ -24,7 +24,7 @@ using radixrt::hsum;
 constexpr int QK = 32;
 constexpr int Q4_1_BYTES = 20;
 constexpr int Q8_0_BYTES = 34;
-constexpr int64_t PARALLEL_MIN_MACS = 8000000;
+constexpr int64_t PARALLEL_MIN_MACS = 1 << 16;
 
 inline float fp16(const uint8_t* p) {
   uint16_t h;
@@ -188,12 +188,12 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& w, int64_t N, RowFn const*
   auto out = at::empty({M, N}, x.options());
   const uint8_t* W = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  // Rows in chunks of up to 4 activations: the unpacked weight block is reused from registers. Below
-  // PARALLEL_MIN_MACS one thread does it all: waking a second OpenMP thread costs tens of microseconds on a
-  // VM, more than a batch-1 projection of a small model takes (measured on SmolLM2, 2 cores: batch-1 decode
-  // 35-44 tok/s splitting every product vs 55-58 with this bound).
+  // Rows in chunks of up to 4 activations: the unpacked weight block is reused from registers. Every
+  // product but a tiny one splits over the threads: radixrt's pool keeps its workers hot between the calls of
+  // a step. (Over OpenMP, whose sleeping workers cost tens of microseconds to wake on a VM, the bound was 8M
+  // MACs, so SmolLM2's layers ran on one thread.)
   const int64_t items = N / unit, grain = M * N * K < PARALLEL_MIN_MACS ? items : std::max<int64_t>(1, 16 / unit);
-  at::parallel_for(0, items, grain, [&](int64_t n0, int64_t n1) {
+  radixrt::parallel_for(0, items, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
       const int64_t mb = std::min<int64_t>(4, M - m0);
       fns[mb - 1](W, n0, n1, nb, qx.data() + m0 * K, dx.data() + m0 * nb, sx.data() + m0 * nb, o + m0 * N, N);

@@ -3,8 +3,8 @@
 :func:`quantize_model` replaces every projection (``nn.Linear``: fused qkv, o, fused gate/up, down) and the
 LM head with one of the modules below. Embeddings, norms, the residual stream, rotary and attention stay fp32.
 
-- ``none``  fp32: up to 4 rows radixrt's C++ GEMV over the weight stored transposed, more rows oneDNN over
-  its own packed copy (:mod:`radixrt.kernels.gemv`; two copies, twice the fp32 weight memory).
+- ``none``  fp32: up to 8 rows radixrt's C++ GEMV over the weight packed in column panels, more rows oneDNN
+  over its own packed copy (:mod:`radixrt.kernels.gemv`; two copies, twice the fp32 weight memory).
   Token-for-token parity with HF fp32.
 - ``fp16``  fp16 weights; fp32 activations cast to fp16 for the product.
 - ``int8``  per-output-channel symmetric int8 (``scale = max|w_row| / 127``), bf16 activations into
@@ -43,13 +43,13 @@ from radixrt.runtime.layers.gguf_blocks import (dequantize, quantize_q4_1, read_
 
 logger = logging.getLogger(__name__)
 FORMATS = ("none", "fp16", "int8", "q4")
-# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy (oneDNN's
-# packed layout, kernels/gemv). Measured with benchmarks/bench_quant.py (formats interleaved in each round,
-# 2-core AVX2 box), whole-model projections in ms, format vs fp32: rows 1: fp16 13.3/17.8, int8 11.6, q4 4.5;
-# 2: fp16 19.3/22.9 (wins), 3: 32.4/24.3 (loses); int8 4: 17.6/33.7 (wins), 6: 31.9/23.1 (loses); q4 64:
-# 98.3/101.0 and 101.5/105.2 (wins), 96: 166.6/160.2, 128: 198.4/187.6 (loses), 1024: 1611.0/1406.5.
-# Before oneDNN ran the fp32 products (x @ w_t) these were fp16 8, int8 32, q4 1024.
-MAX_ROWS = {"none": 1 << 62, "fp16": 2, "int8": 4, "q4": 64}
+# Largest number of rows (tokens in one product) a format runs at; more rows run the fp32 copy (the panel
+# GEMV up to 8 rows, oneDNN above, kernels/gemv). Measured with benchmarks/bench_quant.py (formats interleaved in
+# each round, 2-core AVX2 box), whole-model projections in ms, format vs fp32: rows 1: fp16 13.7/21.3 (wins),
+# 2: 25.3/18.4 (loses); int8 1: 14.2/21.3, 2: 15.1/18.4, 3: 17.2/17.1 (a tie), 4: 19.0/22.3 (wins), 6: 25.8/23.2
+# (loses); q4 1: 5.0, 8: 12.7/27.5, 12: 17.4/32.8; q4 64: 98.3/101.0 and 101.5/105.2 (wins), 96: 166.6/160.2,
+# 128: 198.4/187.6 (loses), 1024: 1611.0/1406.5 (against oneDNN).
+MAX_ROWS = {"none": 1 << 62, "fp16": 1, "int8": 4, "q4": 64}
 # Under q4 the LM head keeps the GGUF's Q8_0 blocks, whose kernel loses to fp32 far sooner than Q4_1's: the
 # tied SmolLM2 head [49152, 576], ms, Q8_0 vs fp32: rows 8 3.8/5.8, 16 7.3/6.8, 32 16.6/12.6, 64 30.4/18.8.
 Q8_0_HEAD_MAX_ROWS = 12
@@ -80,8 +80,8 @@ class Fp32Linear(nn.Module):
 
 
 class QuantLinear(Fp32Linear):
-    """A quantized product for up to ``max_rows`` rows, the fp32 copy of the same values (``fp32``, oneDNN's
-    layout only: every format's ``max_rows`` is at least the GEMV's) above that."""
+    """A quantized product for up to ``max_rows`` rows, the fp32 copy of the same values (``fp32``) above
+    that: oneDNN's layout, and the GEMV's as well where ``max_rows`` is below the GEMV's row limit."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int):
         super().__init__(weight, bias, gemv=max_rows < gemv.MAX_ROWS)
