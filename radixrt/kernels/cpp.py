@@ -30,7 +30,7 @@ _HERE = os.path.dirname(__file__)
 SOURCES = [os.path.join(_HERE, p) for p in (
     "quant/ggml_gemv.cpp", "attention/paged_cpu.cpp", "attention/cascade_cpu.cpp", "fused/fused_cpu.cpp", "gemv/fp32_gemv.cpp",
     "layer/decoder_cpu.cpp")]
-HEADERS = [os.path.join(_HERE, p) for p in ("avx2.h", "parallel.h")]
+HEADERS = [os.path.join(_HERE, p) for p in ("avx2.h", "parallel.h", "alloc.h")]
 # no FMA contraction: where a kernel mirrors torch's separate multiply and add it must round as torch does
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 _lock = threading.Lock()

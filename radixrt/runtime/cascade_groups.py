@@ -44,6 +44,8 @@ def group_decode_rows(nodes: Sequence, page_tables: Sequence[Sequence[int]], q_l
         raise ValueError("nodes, page_tables and q_lens must have one entry per batch row")
     if min_rows < 1:
         raise ValueError(f"min_rows must be >= 1, got {min_rows}")
+    if len(nodes) < min_rows:  # too few rows for any group (batch 1 at the default): skip the walk
+        return None
     paths: list[list] = []
     members: dict[int, list[int]] = {}  # id(node) -> decode rows below it, ascending
     for i, node in enumerate(nodes):

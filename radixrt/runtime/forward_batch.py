@@ -36,6 +36,7 @@ class ForwardBatch:
             suffix start (kernels/attention/prefix_groups.py). The same object is ``attn_meta``'s
             ``prefix_groups``, which the attention backend reads; None when nothing is shared or
             ``--disable-cascade-attention`` is set.
+        all_rows: ``logit_rows`` is every token row in order (a decode step): ``forward`` skips the gather.
     """
 
     input_ids: torch.Tensor
@@ -45,6 +46,7 @@ class ForwardBatch:
     sample_at: list[tuple["Req", int]] = field(default_factory=list)
     input_logprob_at: list[tuple["Req", int, int]] = field(default_factory=list)
     prefix_groups: PrefixGroups | None = None
+    all_rows: bool = False
 
     @classmethod
     def make(cls, input_ids: list[int], positions: list[int], attn_meta: AttentionMetadata,
@@ -60,7 +62,7 @@ class ForwardBatch:
             raise ValueError(f"logit_rows must lie in [0, {len(input_ids)})")
         i64 = dict(dtype=torch.int64)
         return cls(torch.tensor(input_ids, **i64), torch.tensor(positions, **i64), attn_meta,
-                   torch.tensor(logit_rows, **i64), **kw)
+                   torch.tensor(logit_rows, **i64), all_rows=logit_rows == list(range(len(input_ids))), **kw)
 
     @property
     def num_tokens(self) -> int:

@@ -160,7 +160,7 @@ class ModelRunner:
             meta = _to_device(meta, self.device)
         self.attn.plan(meta)
         hidden = self.model(ids, pos, self.attn, self.kv)
-        return self.model.compute_logits(hidden[rows])
+        return self.model.compute_logits(hidden if fb.all_rows else hidden[rows])
 
 def _to_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
     import dataclasses

@@ -78,7 +78,9 @@ class OutputProcessor:
         if not todo:
             return finished
         reqs = [req for req, _ in todo]
-        sub = logits[torch.tensor([r for _, r in todo])]
+        at = [r for _, r in todo]
+        # every row in order (a decode step): sample from logits itself, which nothing reads afterwards
+        sub = logits if at == list(range(logits.shape[0])) else logits[torch.tensor(at)]
         srows = [SampleRow(req.params, req.generator, req.input_ids, req.output_ids, self._blocked(req),
                            req.top_logprobs_num if req.return_logprob else 0, req.return_logprob)
                  for req in reqs]

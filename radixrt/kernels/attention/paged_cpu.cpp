@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include "../parallel.h"
 #include <torch/library.h>
+#include "../alloc.h"
 #include <immintrin.h>
 #include "../avx2.h"
 #include <algorithm>
@@ -149,8 +150,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(
     write_rows(v_new, out_loc, v_pool);
   }
   const int64_t R = rows.size(0);
-  auto o = at::empty({R, Hq, D}, q.options());
-  auto lse = at::empty({R, Hq}, q.options());
+  auto o = radixrt::empty_like_dtype({R, Hq, D}, q);
+  auto lse = radixrt::empty_like_dtype({R, Hq}, q);
   const int64_t *rw = rows.data_ptr<int64_t>(), *pp = page_ptr.data_ptr<int64_t>();
   const int64_t *st = kv_start.data_ptr<int64_t>(), *en = kv_end.data_ptr<int64_t>();
   // Items: (row, chunk). first[r] is row r's first item; a row of one item writes o/lse directly.

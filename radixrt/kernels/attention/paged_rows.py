@@ -53,11 +53,18 @@ class RowPlan:
         return self.decode_reqs.shape[0]
 
 
+_NO_BLOCKS = torch.zeros(0, 6, dtype=torch.int64)  # read-only: no kernel writes blocks or members
+_NO_MEMBERS = torch.zeros(0, dtype=torch.int64)
+
+
 def plan_rows(meta: AttentionMetadata, groups: PrefixGroups | None) -> RowPlan:
     """Vectorized over tokens: no Python loop over rows or pages (one over groups only)."""
-    ql = torch.tensor(meta.q_lens, dtype=torch.int64)
     kv = torch.tensor(meta.kv_lens, dtype=torch.int64)
     indptr = meta.kv_indptr.long().cpu()
+    if groups is None and max(meta.q_lens) == 1:  # a plain decode step: every row its own whole range
+        rows = torch.arange(len(meta.q_lens))
+        return RowPlan(rows, indptr[:-1], torch.zeros_like(kv), kv, rows, True, _NO_BLOCKS, _NO_MEMBERS)
+    ql = torch.tensor(meta.q_lens, dtype=torch.int64)
     B = ql.shape[0]
     start_req = torch.tensor(groups.suffix_starts, dtype=torch.int64) if groups else torch.zeros_like(ql)
     decode_reqs = (ql == 1).nonzero().squeeze(1)
@@ -90,7 +97,7 @@ def _group_blocks(groups: PrefixGroups | None, decode_reqs: torch.Tensor, batch_
     """The shared-prefix groups as blocks: ``([Ng, 6], members)``; levels need no order (their token ranges
     are disjoint), so nested groups are just more blocks. Members are kernel rows (decode-local)."""
     if groups is None or not groups.num_groups:
-        return torch.zeros(0, 6, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+        return _NO_BLOCKS, _NO_MEMBERS
     local = torch.full((batch_size,), -1, dtype=torch.int64)
     local[decode_reqs] = torch.arange(decode_reqs.shape[0])
     sizes = torch.tensor([len(m) for m in groups.rows])                       # a loop over groups, not rows

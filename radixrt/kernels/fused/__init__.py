@@ -53,3 +53,12 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch
         return x
     ops.rope_(x, cos.squeeze(1), sin_signed.squeeze(1))
     return x
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits [B, V]`` -> int64 ``[B]``, ``torch.argmax(logits, -1)`` (first index on ties, a NaN wins),
+    in one thread per row: torch splits a single row's scan over its OpenMP threads."""
+    ops = _native(logits)
+    if ops is None or logits.dim() != 2 or logits.stride(1) != 1:
+        return logits.argmax(-1)
+    return ops.argmax(logits)

@@ -1,16 +1,20 @@
 // Fused elementwise ops of a decoder layer for the CPU (fp32, AVX2): at decode batch sizes each is a few
 // hundred floats, so a step is dominated by per-op dispatch, not arithmetic. One op here replaces two to six
-// ATen ops (vLLM's fused_add_rms_norm, silu_and_mul and rotary_embedding are the same idea on GPU).
+// ATen ops (vLLM's fused_add_rms_norm, silu_and_mul and rotary_embedding are the same idea on GPU). And
+// greedy sampling's argmax, which torch splits over its OpenMP threads at a vocabulary's width, paying a
+// wake-up of ~100 us per step for a 10 us scan.
 //
 // Rounding follows the unfused torch ops (no FMA contraction where torch multiplies and adds separately),
 // so fp32 results stay within an ulp or two of transformers', which keeps greedy tokens identical.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
+#include "../alloc.h"
+#include "../parallel.h"
 #include <immintrin.h>
 #include "../avx2.h"
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace {
 
@@ -44,7 +48,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check2d(x, "x");
   const int64_t M = x.size(0), H = x.size(1);
   TORCH_CHECK(w.is_contiguous() && w.numel() == H && w.dtype() == at::kFloat, "w must be fp32 [H]");
-  auto out = at::empty({M, H}, x.options());
+  auto out = radixrt::empty_like_dtype({M, H}, x);
   for (int64_t m = 0; m < M; ++m)
     norm_row(x.data_ptr<float>() + m * x.stride(0), w.data_ptr<float>(), out.data_ptr<float>() + m * H, H, (float)eps);
   return out;
@@ -57,7 +61,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor residual, const at::Tens
               "residual must be contiguous fp32 like x");
   const int64_t M = x.size(0), H = x.size(1);
   TORCH_CHECK(w.is_contiguous() && w.numel() == H && w.dtype() == at::kFloat, "w must be fp32 [H]");
-  auto out = at::empty({M, H}, x.options());
+  auto out = radixrt::empty_like_dtype({M, H}, x);
   float* r = residual.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x.data_ptr<float>() + m * x.stride(0);
@@ -75,7 +79,7 @@ at::Tensor silu_mul(const at::Tensor& gu) {
   check2d(gu, "gate_up");
   const int64_t M = gu.size(0), I = gu.size(1) / 2;
   TORCH_CHECK(gu.size(1) == 2 * I, "gate_up must have an even width");
-  auto out = at::empty({M, I}, gu.options());
+  auto out = radixrt::empty_like_dtype({M, I}, gu);
   for (int64_t m = 0; m < M; ++m) {
     const float* g = gu.data_ptr<float>() + m * gu.stride(0);
     const float* u = g + I;
@@ -116,6 +120,40 @@ void rope_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   }
 }
 
+// x [B, V] fp32 (rows any stride) -> int64 [B]: each row's index of its largest value, the first on ties, or
+// of its first NaN if it has one (torch.argmax's rules). Rows split over threads.
+at::Tensor argmax(const at::Tensor& x) {
+  check2d(x, "logits");
+  const int64_t B = x.size(0), V = x.size(1);
+  TORCH_CHECK(V > 0, "logits must have at least one column");
+  auto out = at::Tensor(at::detail::empty_cpu({B}, at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  radixrt::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* p = x.data_ptr<float>() + b * x.stride(0);
+      __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), nan = _mm256_setzero_ps();
+      int64_t i = 0;
+      for (; i + 8 <= V; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mx = _mm256_max_ps(mx, v);
+      }
+      float lanes[8], m = -std::numeric_limits<float>::infinity();
+      _mm256_storeu_ps(lanes, mx);
+      for (float l : lanes) m = std::max(m, l);
+      bool has_nan = _mm256_movemask_ps(nan) != 0;
+      for (; i < V; ++i) {
+        has_nan = has_nan || std::isnan(p[i]);
+        m = std::max(m, p[i]);
+      }
+      int64_t at = 0;
+      while (at < V && !(has_nan ? std::isnan(p[at]) : p[at] == m)) ++at;
+      o[b] = at;
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixrt_fused, m) {
@@ -123,6 +161,7 @@ TORCH_LIBRARY(radixrt_fused, m) {
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor w, float eps) -> Tensor");  // residual += x
   m.def("silu_mul(Tensor gate_up) -> Tensor");                                  // [M, 2I] -> [M, I]
   m.def("rope_(Tensor(a!) x, Tensor cos, Tensor sin_signed) -> ()");             // x [T, H, D] in place
+  m.def("argmax(Tensor logits) -> Tensor");                                     // [B, V] -> int64 [B]
 }
 
 TORCH_LIBRARY_IMPL(radixrt_fused, CPU, m) {
@@ -130,4 +169,5 @@ TORCH_LIBRARY_IMPL(radixrt_fused, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope_", &rope_);
+  m.impl("argmax", &argmax);
 }

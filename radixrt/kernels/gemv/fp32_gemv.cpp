@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include "../parallel.h"
 #include <torch/library.h>
+#include "../alloc.h"
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
@@ -66,7 +67,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w_p) {
   TORCH_CHECK(w_p.dtype() == at::kFloat && w_p.dim() == 1 && w_p.is_contiguous() && K > 0 && w_p.numel() % K == 0,
               "w_p must be fp32 [N * K] contiguous, the panel layout of a [N, K] weight");
   const int64_t N = w_p.numel() / K, full = N / PANEL, panels = (N + PANEL - 1) / PANEL;
-  auto y = at::empty({M, N}, x.options());
+  auto y = radixrt::empty_like_dtype({M, N}, x);
   const float *xp = x.data_ptr<float>(), *wp = w_p.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t grain = N * K * 4 < PARALLEL_MIN_BYTES ? panels : 1;

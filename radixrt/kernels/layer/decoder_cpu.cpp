@@ -109,10 +109,15 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     h = op.rms_norm.call(x, ln1, eps);
   }
   at::Tensor qkv = linear(h, kinds[0], weights[0]);
-  at::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({T, num_heads + num_kv_heads, D});
+  // q, k (together, for rope) and v as strided views of qkv [T, q_size + 2 kv_size]: one op each, where
+  // narrow + view are three.
+  TORCH_CHECK(qkv.is_contiguous(), "decode_layer: the qkv product must be contiguous");
+  const int64_t row = qkv.size(1), off = qkv.storage_offset();
+  at::Tensor qk = qkv.as_strided({T, num_heads + num_kv_heads, D}, {row, D, 1}, off);
   op.rope_.call(qk, cos, sin);
-  const at::Tensor q = qk.narrow(1, 0, num_heads), k = qk.narrow(1, num_heads, num_kv_heads);
-  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, D});
+  const at::Tensor q = qkv.as_strided({T, num_heads, D}, {row, D, 1}, off);
+  const at::Tensor k = qkv.as_strided({T, num_kv_heads, D}, {row, D, 1}, off + q_size);
+  const at::Tensor v = qkv.as_strided({T, num_kv_heads, D}, {row, D, 1}, off + q_size + kv_size);
   auto [o, lse] = op.attention.call(q, k, v, out_loc, k_pool, v_pool, rows, page_ptr, kv_start, kv_end, kv_indices,
                                     page_size, scale);
   if (blocks.size(0)) op.blocks.call(q, o, lse, rows, blocks, members, k_pool, v_pool, kv_indices, page_size, scale);

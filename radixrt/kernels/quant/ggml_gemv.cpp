@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include "../parallel.h"
 #include <torch/library.h>
+#include "../alloc.h"
 #include <immintrin.h>
 #include "../avx2.h"
 #include <cstdint>
@@ -185,7 +186,7 @@ at::Tensor run(const at::Tensor& x, const at::Tensor& w, int64_t N, RowFn const*
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * nb), sx(M * nb);
   quantize_rows(x.data_ptr<float>(), M, K, qx.data(), dx.data(), sx.data());
-  auto out = at::empty({M, N}, x.options());
+  auto out = radixrt::empty_like_dtype({M, N}, x);
   const uint8_t* W = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   // Rows in chunks of up to 4 activations: the unpacked weight block is reused from registers. Every

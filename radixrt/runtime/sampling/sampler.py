@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixrt.kernels import fused
 from radixrt.runtime.io_struct import SamplingParams
 
 
@@ -74,6 +75,7 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> tor
     return logits
 
 
+@torch.inference_mode()  # logits may be the model's own (inference) tensor, changed in place here
 def sample(logits: torch.Tensor, rows: list[SampleRow], grammar_mask=None) -> SampleOut:
     """Sample one token per row.
 
@@ -95,7 +97,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow], grammar_mask=None) -> Sa
         grammar_mask.apply_(logits)
     tokens: list[int] = []
     greedy = [i for i, r in enumerate(rows) if r.params.temperature == 0.0]
-    argmax = logits.argmax(-1).tolist() if greedy else None
+    argmax = fused.argmax(logits).tolist() if greedy else None
     for i, r in enumerate(rows):
         p = r.params
         if p.temperature == 0.0:
