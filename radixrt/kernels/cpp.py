@@ -6,9 +6,9 @@ All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
 contents and the flags, and the build compiles copies of the sources inside that directory: checkouts with the
 same kernels share one build, and a changed kernel never loads a stale one. Each source registers
 its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
-``radixrt_gemv``, ``radixrt_layer``). OpenMP resolves to
-the ``libgomp.so.1`` torch has already loaded, so ``at::parallel_for`` in a kernel shares torch's thread
-pool and follows ``torch.set_num_threads``.
+``radixrt_gemv``, ``radixrt_layer``). The kernels split their work over radixrt's own thread pool
+(``parallel.h``, sized by ``torch.get_num_threads()`` at first use); OpenMP, for its fallback
+``at::parallel_for``, resolves to the ``libgomp.so.1`` torch has already loaded.
 
 :func:`ops` returns ``None``, after one logged warning, where the CPU lacks AVX2/FMA/F16C, where
 ``RADIXRT_DISABLE_CPP_KERNELS`` is set, or where the build fails (no compiler, no ninja); callers then run

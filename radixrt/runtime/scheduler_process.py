@@ -46,7 +46,8 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs."""
     # OpenMP workers that spin between parallel regions fight the main and detokenizer processes (and
     # anything else on the host) for cores: on a busy 2-core machine a decode step got ~10x slower.
-    # Sleeping workers cost nothing measurable when the cores are free. An explicit setting wins.
+    # Sleeping workers cost a wake-up per parallel op, so radixrt's C++ kernels, ~150 calls per decode step,
+    # run on radixrt's own pool instead (kernels/parallel.h: a bounded spin). An explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from radixrt.runtime.config import ServerArgs
 
