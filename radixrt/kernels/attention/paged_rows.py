@@ -61,16 +61,14 @@ def plan_rows(meta: AttentionMetadata, groups: PrefixGroups | None) -> RowPlan:
     """Vectorized over tokens: no Python loop over rows or pages (one over groups only)."""
     kv = torch.tensor(meta.kv_lens, dtype=torch.int64)
     indptr = meta.kv_indptr.long().cpu()
-    if groups is None and max(meta.q_lens) == 1:  # a plain decode step: every row its own whole range
-        rows = torch.arange(len(meta.q_lens))
-        return RowPlan(rows, indptr[:-1], torch.zeros_like(kv), kv, rows, True, _NO_BLOCKS, _NO_MEMBERS)
+    B = kv.shape[0]
+    start_req = torch.tensor(groups.suffix_starts, dtype=torch.int64) if groups else torch.zeros_like(kv)
+    if max(meta.q_lens) == 1:  # a decode step: every row, in order, is a decode row
+        rows = torch.arange(B)
+        return RowPlan(rows, indptr[:-1], start_req, kv, rows, True, *_group_blocks(groups, rows, B, indptr))
     ql = torch.tensor(meta.q_lens, dtype=torch.int64)
-    B = ql.shape[0]
-    start_req = torch.tensor(groups.suffix_starts, dtype=torch.int64) if groups else torch.zeros_like(ql)
     decode_reqs = (ql == 1).nonzero().squeeze(1)
     group_blocks = _group_blocks(groups, decode_reqs, B, indptr)
-    if max(meta.q_lens) == 1:
-        return RowPlan(torch.arange(B), indptr[:-1], start_req, kv, decode_reqs, True, *group_blocks)
     T = int(ql.sum())
     req = torch.repeat_interleave(torch.arange(B), ql)                        # [T] request of each token
     decode = (ql == 1)[req]
