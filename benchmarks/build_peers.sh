@@ -1,5 +1,5 @@
 #!/bin/sh
-# Build llama.cpp's `llama-server` and `llama-bench` once, from the llama.cpp that the llama-cpp-python sdist
+# Build llama.cpp's `llama-server`, `llama-bench` and `llama-quantize` once, from the llama.cpp that the llama-cpp-python sdist
 # vendors (PyPI publishes that project as an sdist only). About 10 minutes on 2 cores; idempotent: a second
 # run finds the binaries and exits. Run it through the CPU lock: flock /tmp/bench.lock nice -n 10 make peers
 #
@@ -11,8 +11,8 @@ VERSION=0.3.36
 PEERS=${RADIXRT_PEERS_DIR:-$HOME/.cache/radixrt/peers}
 DEST=$PEERS/llama.cpp-$VERSION
 PIP=${PIP:-python3 -m pip}
-if [ -x "$DEST/bin/llama-server" ] && [ -x "$DEST/bin/llama-bench" ]; then
-    echo "peers: $DEST/bin has llama-server and llama-bench (llama-cpp-python $VERSION)"
+if [ -x "$DEST/bin/llama-server" ] && [ -x "$DEST/bin/llama-bench" ] && [ -x "$DEST/bin/llama-quantize" ]; then
+    echo "peers: $DEST/bin has llama-server, llama-bench and llama-quantize (llama-cpp-python $VERSION)"
     exit 0
 fi
 mkdir -p "$PEERS/src"
@@ -26,9 +26,11 @@ BUILD=$PEERS/build-$VERSION
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-cmake --build "$BUILD" --target llama-server llama-bench -j "$(nproc)"
+cmake --build "$BUILD" --target llama-server llama-bench llama-quantize -j "$(nproc)"
 mkdir -p "$DEST/bin.tmp"
-cp "$BUILD/bin/llama-server" "$BUILD/bin/llama-bench" "$DEST/bin.tmp/"
+cp "$BUILD/bin/llama-server" "$BUILD/bin/llama-bench" "$BUILD/bin/llama-quantize" "$DEST/bin.tmp/"
+# convert_hf_to_gguf.py (and the gguf-py it imports) for benchmarks/real_models.py
+ln -sfn "$SRC" "$DEST/src"
 rm -rf "$DEST/bin" && mv "$DEST/bin.tmp" "$DEST/bin"
 "$DEST/bin/llama-server" --version 2>&1 | head -n 2 || true
-echo "peers: built $DEST/bin/llama-server and $DEST/bin/llama-bench"
+echo "peers: built $DEST/bin/llama-server, llama-bench and llama-quantize"

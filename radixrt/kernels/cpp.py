@@ -17,6 +17,7 @@ their torch path.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import logging
 import os
@@ -27,10 +28,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(__file__)
-SOURCES = [os.path.join(_HERE, p) for p in (
-    "quant/ggml_gemv.cpp", "attention/paged_cpu.cpp", "attention/cascade_cpu.cpp", "fused/fused_cpu.cpp", "gemv/fp32_gemv.cpp",
-    "layer/decoder_cpu.cpp")]
-HEADERS = [os.path.join(_HERE, p) for p in ("avx2.h", "parallel.h", "alloc.h")]
+# every kernel folder's sources and headers (sorted, so the build hash is the same in every checkout)
+SOURCES = sorted(glob.glob(os.path.join(_HERE, "*", "*.cpp")))
+HEADERS = sorted(glob.glob(os.path.join(_HERE, "*.h")) + glob.glob(os.path.join(_HERE, "*", "*.h")))
 # no FMA contraction: where a kernel mirrors torch's separate multiply and add it must round as torch does
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"]
 _lock = threading.Lock()
