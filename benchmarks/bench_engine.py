@@ -28,7 +28,7 @@ from roofline import matmul_gflops, read_gbps  # noqa: E402
 from step_profile import matmul_share  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model_loader import default_gguf_path, load_hf_model, load_state_dict, load_tokenizer  # noqa: E402
+from radixrt.runtime.models.loader import default_gguf_path, load_hf_model, load_state_dict, load_tokenizer  # noqa: E402
 
 
 def decode_tps(engine, prompts, new_tokens) -> float:

@@ -62,7 +62,7 @@ def main() -> None:
     traces["agent-churn long-tool"] = T.agent_churn(agents=16, calls=4, churn=8, obs_len=400)
     traces["phase-shift"] = T.phase_shift()
     if not a.no_suite:
-        from radixrt.runtime.model_loader import load_tokenizer
+        from radixrt.runtime.models.loader import load_tokenizer
         traces.update(T.suite(load_tokenizer()))
     rows = []
     for name, reqs in traces.items():

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from radixrt import Engine  # noqa: E402
 from radixrt.runtime.constrained import (GrammarCache, allocate_token_bitmask, apply_token_bitmask_,  # noqa: E402
                                          create_backend, validate_spec)
-from radixrt.runtime.server.tool_parser import plan_tools  # noqa: E402
+from radixrt.runtime.server.openai.tool_parser import plan_tools  # noqa: E402
 
 TOOLS = [
     {"type": "function", "function": {

@@ -26,7 +26,7 @@ import jsonschema  # noqa: E402
 
 import workloads as W  # noqa: E402
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.model_loader import load_tokenizer  # noqa: E402
+from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 
 
 def prompts(n: int) -> list[str]:

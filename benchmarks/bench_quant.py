@@ -17,7 +17,7 @@ from torch import nn
 
 from radixrt.kernels.gemv import DenseWeight
 from radixrt.runtime.layers.quant import QuantLinear, quantize_for_source
-from radixrt.runtime.model_loader import load_config, load_state_dict, resolve_model
+from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
 
 

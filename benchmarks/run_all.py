@@ -159,7 +159,7 @@ def make_system(name: str, tok: Any, a: argparse.Namespace) -> Any:
     if name == "hf-generate":
         return S.HFGenerate(tok, batch_size=a.hf_batch_size, threads=a.threads)
     if name in ("llama.cpp", "llama-cpp-python"):
-        from radixrt.runtime.model_loader import default_gguf_path
+        from radixrt.runtime.models.loader import default_gguf_path
         gguf = a.gguf or default_gguf_path()
         if name == "llama-cpp-python":
             return S.LlamaCpp(tok, gguf, threads=a.threads)
@@ -381,7 +381,7 @@ def build_workloads(names: list[str], words: W.Words, sizes: W.Sizes) -> list[W.
 
 def main(argv: Optional[list[str]] = None) -> dict:
     a = parse_args(argv)
-    from radixrt.runtime.model_loader import load_tokenizer
+    from radixrt.runtime.models.loader import load_tokenizer
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     for s in names:
         if s not in KNOWN_SYSTEMS:

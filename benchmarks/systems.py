@@ -95,7 +95,7 @@ def prompt_ids(tok: Any, call: Gen, eos_ids: set) -> list[int]:
 
 
 def eos_ids_of(tok: Any) -> set:
-    from radixrt.runtime.model_loader import load_config
+    from radixrt.runtime.models.loader import load_config
     try:
         e = load_config().eos_token_id
     except Exception:
@@ -484,7 +484,7 @@ class HFGenerate(System):
     def start(self, context_length: int) -> None:
         from transformers.utils import logging as hf_logging
 
-        from radixrt.runtime.model_loader import load_hf_model
+        from radixrt.runtime.models.loader import load_hf_model
         import torch
         hf_logging.set_verbosity_error()
         if self.threads:

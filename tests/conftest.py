@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixrt.runtime.model_loader import load_hf_model, load_tokenizer
+from radixrt.runtime.models.loader import load_hf_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 _ENGINES: list = []

@@ -54,7 +54,7 @@ def test_import_contracts_catch_violations(tmp_path):
     pkg = tmp_path / "radixrt"
     # One violation per contract.
     _append(pkg / "runtime/constrained/cache.py", "from radixrt.runtime import scheduler  # bottom -> middle")
-    _append(pkg / "runtime/sampling/params.py", "import radixrt.runtime.server.metrics  # middle -> server")
+    _append(pkg / "runtime/sampling/params.py", "import radixrt.runtime.server.observe.metrics  # middle -> server")
     _append(pkg / "lang/choices.py", "from radixrt.runtime.mem import radix_cache  # lang -> runtime internals")
     _append(pkg / "lang/tracer.py", "import radixrt.lang.program  # a circle tracer -> program -> tracer")
     _append(pkg / "kernels/attention/metadata.py", "import radixrt.runtime.server.launch  # bottom -> server")

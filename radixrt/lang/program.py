@@ -87,7 +87,7 @@ def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSampl
     """Run ``func(state, **kwargs)``. Never raises for an error inside the program: see ``state.error()``.
     With ``stream=True`` the function runs in a background thread and the state is returned at once.
 
-    With ``use_session`` the run opens a runtime session (runtime/session.py) that pins the program's KV
+    With ``use_session`` the run opens a runtime session (runtime/scheduler/session.py) that pins the program's KV
     between its calls, so other traffic cannot evict it while the program's own Python code runs; it is
     closed when the program ends. A backend without sessions runs the program without one."""
     exe = StreamExecutor(backend, kwargs, sp, stream=stream)

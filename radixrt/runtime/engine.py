@@ -17,12 +17,12 @@ import threading
 import time
 from typing import Any, Iterator
 
-from radixrt.runtime.build import build_scheduler
+from radixrt.runtime.scheduler.build import build_scheduler
 from radixrt.runtime.config import ServerArgs
-from radixrt.runtime.detokenizer import Detokenizer
+from radixrt.runtime.tokenizer.detokenizer import Detokenizer
 from radixrt.runtime.errors import refused
 from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut
-from radixrt.runtime.validation import Limits, ReqOutput, build_requests, max_token_chars
+from radixrt.runtime.tokenizer.validation import Limits, ReqOutput, build_requests, max_token_chars
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Engine:
         Raises:
             ValidationError: a bad spec (a ValueError; ``param`` is ``kind``).
         """
-        from radixrt.runtime.validation import GrammarCheck
+        from radixrt.runtime.tokenizer.validation import GrammarCheck
         check = GrammarCheck(self.grammar_cache)
         spec = check(kind, spec, any_whitespace)
         check.wait()
@@ -203,7 +203,7 @@ class Engine:
             ValidationError: ``session_id`` is already open, or a bad argument (a ValueError).
         """
         from radixrt.runtime.errors import ValidationError
-        from radixrt.runtime.session_args import check_open_session
+        from radixrt.runtime.tokenizer.session_args import check_open_session
         r = check_open_session(capacity_of_str_len, session_id, timeout)
         sid = self._call(lambda: self.scheduler.sessions.open_req(r))
         if sid is None:
@@ -223,7 +223,7 @@ class Engine:
 
     def get_server_info(self) -> dict:
         """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths."""
-        from radixrt.runtime.server_info import queue_stats, server_info
+        from radixrt.runtime.scheduler.server_info import queue_stats, server_info
         return self._call(lambda: server_info(self.args, queue_stats(self.scheduler), self.runner.context_length,
                                               self.limits.max_total_tokens, self.runner.source.name))
 

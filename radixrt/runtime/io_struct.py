@@ -50,7 +50,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 class SessionParams(msgspec.Struct, kw_only=True):
     """SGLang's ``session_params`` of ``/generate``: continue session ``id`` after request ``rid`` (default:
     its latest), its sequence cut at ``offset`` tokens, without its output if ``drop_previous_output``;
-    ``replace`` drops what followed ``rid``. The request's own ids are appended (see runtime/session.py)."""
+    ``replace`` drops what followed ``rid``. The request's own ids are appended (see runtime/scheduler/session.py)."""
 
     id: str
     rid: Optional[str] = None

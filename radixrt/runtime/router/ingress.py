@@ -42,7 +42,7 @@ def _err(status: int, message: str, param: Optional[str] = None, typ: str = "inv
 @serve.ingress(app)
 class RouterIngress:
     def __init__(self, replicas, model: Optional[str], api_key: Optional[str], policy: str):
-        from radixrt.runtime.model_loader import load_tokenizer
+        from radixrt.runtime.models.loader import load_tokenizer
         self.replicas, self.policy = replicas, policy
         self.routed: dict[str, int] = {}   # replica id -> requests it answered, since the last policy swap
         self.tokenizer = load_tokenizer(model)

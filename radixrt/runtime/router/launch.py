@@ -51,7 +51,7 @@ def serve_dp(args: ServerArgs) -> int:
     except ImportError:
         print("radixrt: error: --dp needs Ray Serve: pip install 'radixrt[cluster]'", file=sys.stderr)
         return 2
-    from radixrt.runtime.model_loader import resolve_model
+    from radixrt.runtime.models.loader import resolve_model
     name = resolve_model(args.model).name
     if args.ray_address:
         ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)

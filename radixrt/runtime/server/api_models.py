@@ -11,7 +11,6 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixrt.runtime.server.openai_protocol import ChatCompletionRequest, CompletionRequest
 
 
 class _Out(BaseModel):
@@ -197,8 +196,9 @@ class ServerInfo(_Out):
     process_ids: dict[str, int] = Field(default_factory=dict)
 
 
-# Models that describe request bodies (routes read them by hand, so FastAPI does not list them itself).
-REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, GenerateRequest, AbortRequest, OpenSessionRequest,
+# Models that describe the native request bodies (routes read them by hand, so FastAPI does not list them
+# itself); the OpenAI routes' request models are openai/protocol.py's, added by http_server.
+REQUEST_MODELS = (GenerateRequest, AbortRequest, OpenSessionRequest,
                   CloseSessionRequest)
 _ERRORS = {400: "bad input", 503: "the model is loading, or a child process died"}
 
@@ -224,10 +224,11 @@ def doc(response=None, request=None, stream: bool = False, errors=(400, 503), te
     return out
 
 
-def add_request_schemas(schema: dict) -> dict:
-    """Put :data:`REQUEST_MODELS` (and the models they use) into an OpenAPI document's components."""
+def add_request_schemas(schema: dict, models: tuple = REQUEST_MODELS) -> dict:
+    """Put ``models`` (pydantic request models; :data:`REQUEST_MODELS` and the OpenAI routes' own) and the
+    models they use into an OpenAPI document's components."""
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
-    for m in REQUEST_MODELS:
+    for m in models:
         js = m.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, sub in js.pop("$defs", {}).items():
             comps.setdefault(name, sub)

@@ -2,14 +2,16 @@
 ``app.state.ctx`` so that routers are plain module-level :class:`fastapi.APIRouter` s."""
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fastapi import Request
 
-from radixrt.runtime.server.openai_protocol import TokenTexts, now
+from radixrt.runtime.tokenizer.token_texts import TokenTexts
 
-START_TIME = now()  # the ``created`` of /v1/models (seconds since the epoch)
+START_TIME = int(time.time())  # the ``created`` of /v1/models (seconds since the epoch)
 
 
 @dataclass
@@ -25,6 +27,14 @@ class ServerContext:
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tm.tokenizer)
         return self._token_texts
+
+
+def model_info(args) -> dict:
+    """``GET /get_model_info``: the model file or folder (``.gguf`` path when the model is one)."""
+    from radixrt.runtime.models.loader import resolve_model
+    src = resolve_model(args.model)
+    path = os.path.join(src.directory, src.gguf_file) if src.gguf_file else src.directory
+    return {"model_path": path, "tokenizer_path": path, "is_generation": True}
 
 
 def ctx(request: Request) -> ServerContext:

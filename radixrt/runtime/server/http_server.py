@@ -25,12 +25,15 @@ import hmac
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from radixrt.runtime.server import chat, completions, dashboard, model_routes, native, session_routes
-from radixrt.runtime.server.api_models import add_request_schemas
+from radixrt.runtime.server.native import routes as native, session_routes
+from radixrt.runtime.server.observe import dashboard
+from radixrt.runtime.server.openai import chat, completions, model_routes
+from radixrt.runtime.server.api_models import REQUEST_MODELS, add_request_schemas
 from radixrt.runtime.server.context import ServerContext
-from radixrt.runtime.server.http_errors import add_error_handlers
-from radixrt.runtime.server.openai_protocol import error_body
-from radixrt.runtime.server.responses import JSONResp
+from radixrt.runtime.server.http.errors import add_error_handlers
+from radixrt.runtime.server.http.errors import error_body
+from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.runtime.server.http.responses import JSONResp
 
 
 class AuthMiddleware:
@@ -78,8 +81,9 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            app.openapi_schema = add_request_schemas(get_openapi(title=app.title, version=app.version,
-                                                                 routes=app.routes))
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            models = (ChatCompletionRequest, CompletionRequest) + REQUEST_MODELS
+            app.openapi_schema = add_request_schemas(schema, models)
         return app.openapi_schema
     app.openapi = openapi
     return app

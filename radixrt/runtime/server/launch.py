@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run the server: OpenAI-compatible and SGLang-native HTTP APIs, "
                                        "plus the DSL's ZMQ socket.")
     ServerArgs.add_cli_args(serve)
-    from radixrt.runtime.server.profile_cmd import add_parser as add_profile_parser
+    from radixrt.runtime.server.cli.profile_cmd import add_parser as add_profile_parser
     add_profile_parser(sub)
     return parser
 
@@ -49,7 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "profile":
-        from radixrt.runtime.server.profile_cmd import run as run_profile
+        from radixrt.runtime.server.cli.profile_cmd import run as run_profile
         return run_profile(ns)
     if ns.command != "serve":
         parser.print_help()
@@ -65,7 +65,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.tp > 1 and rank > 0:  # torchrun: ranks > 0 run only a lockstep scheduler; rank 0 serves
         import msgspec
 
-        from radixrt.runtime.tp_worker import run_worker
+        from radixrt.runtime.scheduler.tp_lockstep import run_worker
         run_worker(msgspec.json.encode(args), rank, args.tp, None)
         return 0
     return serve(args)
@@ -73,10 +73,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
-    from radixrt.runtime.model_loader import resolve_model
-    from radixrt.runtime.server.dsl_socket import DslServer
+    from radixrt.runtime.models.loader import resolve_model
+    from radixrt.runtime.server.native.dsl_socket import DslServer
     from radixrt.runtime.server.http_server import create_app
-    from radixrt.runtime.server.tokenizer_manager import TokenizerManager
+    from radixrt.runtime.server.manager.tokenizer_manager import TokenizerManager
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
@@ -87,7 +87,7 @@ def serve(args: ServerArgs) -> int:
         return 2
     metrics = None
     if args.enable_metrics:
-        from radixrt.runtime.server.metrics import Metrics
+        from radixrt.runtime.server.observe.metrics import Metrics
         metrics = Metrics(args.served_model_name or src.name)
     tm = TokenizerManager(args, src.name, metrics)
     holder: dict = {}

@@ -1,0 +1,169 @@
+"""ModelRunner: loads the model and the KV pool; ``prepare`` packs a scheduled step into a ForwardBatch,
+``forward`` runs it and returns the logits rows asked for."""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixrt.kernels.attention import get_backend
+from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.executor.forward_batch import ForwardBatch
+from radixrt.runtime.executor.cascade_groups import group_decode_rows
+from radixrt.runtime.layers.quant import quantize_for_source
+from radixrt.runtime.mem.kv_pool import KVPool
+from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
+from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.rope import Rotary
+
+if TYPE_CHECKING:
+    from radixrt.runtime.scheduler.request import Req
+
+logger = logging.getLogger(__name__)
+CPU_DEFAULT_TOTAL_TOKENS = 32768
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """``auto`` device is cuda when available; ``auto`` dtype is bf16 on cuda, fp32 on cpu.
+
+    Raises:
+        ValueError: ``cuda`` asked for on a machine without CUDA.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch.cuda.is_available() is False")
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    return torch.device(device), _DTYPES[dtype]
+
+
+class ModelRunner:
+    """Owns the model weights, the KV pool and the attention backend.
+
+    Attributes:
+        num_pages: KV pool size in pages; ``num_pages * page_size`` tokens.
+        context_length: the longest prompt + output, in tokens.
+    """
+
+    def __init__(self, args: ServerArgs, tp=None):
+        """``tp``: this rank's ``TPGroup`` under ``--tp``; the model is sharded after loading (layers/tp_shard.py)."""
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        self.args, self.tp = args, tp
+        self.device, self.dtype = resolve_device_dtype(args.device, args.dtype)
+        if tp is not None:  # one GPU per rank of this node
+            from radixrt.runtime.layers.parallel import rank_device
+            self.device = rank_device(self.device, tp.rank)
+        self.source = resolve_model(args.model)
+        cfg = load_config(args.model)
+        self.config = cfg
+        margs = ModelArgs.from_hf(cfg)
+        self.context_length = min(args.context_length or margs.max_position_embeddings,
+                                  margs.max_position_embeddings)
+        with torch.device("meta"):
+            model = LlamaForCausalLM(margs)
+        model = model.to_empty(device="cpu")
+        model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
+        model.load_hf_state_dict(load_state_dict(args.model))
+        num_heads, num_kv_heads = margs.num_heads, margs.num_kv_heads
+        if tp is not None and tp.size > 1:
+            from radixrt.runtime.layers.tp_shard import local_heads, shard_model
+            shard_model(model, tp)
+            num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.model.rotary.to(self.device)  # tables stay fp32; cast per use
+        self.quantization = quantize_for_source(self.model, args.quantization, self.source, self.device)
+        self.vocab_size = margs.vocab_size
+        self.page_size = args.page_size
+        self.num_pages = self._pool_pages(margs.num_layers, num_kv_heads, margs.head_dim)
+        self.kv = KVPool(self.num_pages, self.page_size, margs.num_layers, num_kv_heads,
+                         margs.head_dim, self.dtype, self.device)
+        self.attn = get_backend(args.attention_backend, self.device, self.dtype)
+        if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtype up front
+            self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype)
+        self.cascade_steps = 0  # steps that attended shared prefixes once per group
+        self.cascade_rows = 0   # decode rows served by a group, summed over those steps
+        self.graph_runner = None
+        # under --tp, decode runs eagerly: collectives inside captured graphs are not wired here
+        if (self.device.type == "cuda" and not args.disable_cuda_graph and hasattr(self.attn, "cuda_graph")
+                and (tp is None or tp.size == 1)):
+            from radixrt.runtime.executor.cuda_graph_runner import CudaGraphRunner
+            self.graph_runner = CudaGraphRunner(self)
+        logger.info("model %s on %s/%s: %d KV pages x %d tokens", self.source.name, self.device,
+                    self.dtype, self.num_pages, self.page_size)
+
+    def _pool_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+        """KV pages from --max-total-tokens, or from free GPU memory (the minimum over the tp ranks, whose
+        schedulers must agree on the pool)."""
+        per_token = KVPool.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+        total = self.args.max_total_tokens
+        if total is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                used = torch.cuda.memory_allocated(self.device)
+                budget = (free + used) * self.args.mem_fraction_static - used
+                total = max(int(budget // per_token), self.page_size)
+                if self.tp is not None and self.tp.size > 1:
+                    total = min(self.tp.gather_json(total))
+            else:
+                total = CPU_DEFAULT_TOTAL_TOKENS
+        return max(total // self.page_size, 1)
+
+    def prepare(self, batch: list[tuple["Req", int]]) -> ForwardBatch:
+        """Pack one scheduled step: ``(req, n)`` computes tokens ``[num_computed, num_computed + n)`` of
+        ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
+        (to sample) and of every prompt position whose input logprob is wanted."""
+        ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
+        sample_at, lp_at = [], []
+        for req, n in batch:
+            s, e = req.num_computed, req.num_computed + n
+            base = len(ids)
+            ids.extend(req.fill_ids[s:e])
+            pos.extend(range(s, e))
+            tables.append(req.page_table)
+            q_lens.append(n)
+            kv_lens.append(e)
+            if req.wants_input_logprobs:
+                first = max(req.logprob_start_len - 1, 0)
+                for p in range(max(s, first), min(e, len(req.input_ids) - 1)):
+                    lp_at.append((req, len(rows), p + 1))
+                    rows.append(base + p - s)
+            if e == req.seq_len:
+                sample_at.append((req, len(rows)))
+                rows.append(base + n - 1)
+        groups = None
+        if not self.args.disable_cascade_attention:  # the tree match made at admission groups the rows
+            groups = group_decode_rows([req.last_node for req, _ in batch], tables, q_lens, self.page_size)
+        if groups is not None:
+            self.cascade_steps += 1
+            self.cascade_rows += len({r for members in groups.rows for r in members})
+        meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size, prefix_groups=groups)
+        return ForwardBatch.make(ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at,
+                                 prefix_groups=groups)
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """One step. Returns fp32 logits ``[len(fb.logit_rows), vocab]``, rows in ``fb.logit_rows`` order.
+
+        A pure decode step that fits a captured CUDA graph replays it; anything else runs eagerly."""
+        rows = fb.logit_rows.to(self.device, non_blocking=True)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb.attn_meta):
+            return self.graph_runner.replay(fb)[rows]
+        ids = fb.input_ids.to(self.device, non_blocking=True)
+        pos = fb.positions.to(self.device, non_blocking=True)
+        meta = fb.attn_meta
+        if meta.qo_indptr.device != self.device:
+            meta = _to_device(meta, self.device)
+        self.attn.plan(meta)
+        hidden = self.model(ids, pos, self.attn, self.kv)
+        return self.model.compute_logits(hidden if fb.all_rows else hidden[rows])
+
+def _to_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    import dataclasses
+    return dataclasses.replace(meta, **{k: getattr(meta, k).to(device, non_blocking=True)
+                                        for k in ("qo_indptr", "kv_indptr", "kv_indices",
+                                                  "kv_last_page_len", "out_cache_loc")})

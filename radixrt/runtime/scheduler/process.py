@@ -1,0 +1,168 @@
+"""The scheduler process of ``radixrt serve``: model, KV pool, radix tree.
+
+    main (TokenizerManager) --PUSH/PULL GenerateReq|AbortReq|FlushCacheReq|GetInfoReq|Open/CloseSessionReq--> scheduler
+    scheduler --PUSH/PULL BatchTokenOut|InfoOut|ReadyOut--> detokenizer (InfoOut/ReadyOut pass through)
+
+Every message is a msgspec msgpack Struct (tagged union); nothing is pickled. Info and flush replies go
+through the same pipe as the token outputs, so they reach the main process in order with them (a reply
+to a GetInfoReq sent after a request finished comes after that request's last output).
+
+The process exits when its parent dies (it polls ``os.getppid()``), so no orphan survives a killed server.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Union
+
+import msgspec
+import zmq
+
+from radixrt.runtime.child import IDLE_POLL_MS, parent_alive, setup_child
+from radixrt.runtime.io_struct import (AbortReq, BatchTokenOut, CloseSessionReq, FlushCacheReq, GenerateReq,
+                                      GetInfoReq, InfoOut, OpenSessionReq, ReadyOut, TokenOut)
+
+logger = logging.getLogger("radixrt.scheduler_process")
+
+GRAMMAR_POLL_MS = 2       # only requests waiting for a grammar compile: poll often, but do not spin
+
+
+def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_pid: int) -> None:
+    """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs."""
+    # OpenMP workers that spin between parallel regions fight the main and detokenizer processes (and
+    # anything else on the host) for cores: on a busy 2-core machine a decode step got ~10x slower.
+    # Sleeping workers cost a wake-up per parallel op, so radixrt's C++ kernels, ~150 calls per decode step,
+    # run on radixrt's own pool instead (kernels/parallel.h: a bounded spin). An explicit setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from radixrt.runtime.config import ServerArgs
+
+    args = msgspec.json.decode(args_json, type=ServerArgs)
+    setup_child(args.log_level, "scheduler")
+    ctx = zmq.Context(1)
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(in_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(out_addr)
+    enc = msgspec.msgpack.Encoder()
+    tp, workers = None, []
+    try:
+        from radixrt.runtime.scheduler.build import build_scheduler
+        if args.tp > 1:
+            tp, workers = _start_tp(args, args_json)
+        sched = build_scheduler(args, tp)
+    except BaseException as e:  # tell the main process why, then exit
+        logger.error("model load failed:\n%s", traceback.format_exc())
+        push.send(enc.encode(ReadyOut(error=f"{type(e).__name__}: {e}")))
+        push.close(linger=2000)
+        ctx.term()
+        sys.exit(1)
+    runner = sched.runner
+    push.send(enc.encode(ReadyOut(model_name=runner.source.name, context_length=runner.context_length,
+                                  vocab_size=runner.vocab_size, max_total_tokens=runner.num_pages * runner.page_size,
+                                  page_size=runner.page_size)))
+    try:
+        _loop(sched, pull, push, enc, parent_pid, tp, workers)
+    except RuntimeError as e:
+        if tp is None:
+            raise
+        from radixrt.runtime.scheduler.tp_lockstep import peer_failure
+        err = peer_failure(workers, e)
+        logger.error("scheduler loop died: %s", err)
+        raise err from e
+    except BaseException:
+        logger.error("scheduler loop died:\n%s", traceback.format_exc())
+        raise
+    finally:
+        if sched.grammar_cache is not None:
+            sched.grammar_cache.shutdown(wait=False)
+
+
+def _start_tp(args, args_json: bytes):
+    """Rank 0 of ``--tp``: under torchrun the other ranks exist already (``env://``); else spawn them here."""
+    from radixrt.runtime.layers.parallel import init_tp, rank_device
+    from radixrt.runtime.executor.model_runner import resolve_device_dtype
+    from radixrt.runtime.scheduler.tp_lockstep import spawn_workers
+    device = rank_device(resolve_device_dtype(args.device, args.dtype)[0], 0)
+    if "WORLD_SIZE" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != args.tp:
+            raise ValueError(f"tp ({args.tp}) must equal torchrun's WORLD_SIZE ({os.environ['WORLD_SIZE']})")
+        return init_tp(0, args.tp, device), []
+    init, workers = spawn_workers(args_json, args.tp)
+    return init_tp(0, args.tp, device, init), workers
+
+
+def _info(sched, flushed=None, tp=None, top: int = 0) -> InfoOut:
+    from radixrt.runtime.mem.tree_summary import summarize_tree
+    from radixrt.runtime.scheduler.server_info import queue_stats
+    stats = queue_stats(sched)
+    if tp is not None:  # every rank's tree, to check that they agree (the workers gather too)
+        stats["cache"]["tp_ranks"] = tp.gather_json(sched.cache_stats())
+    tree = summarize_tree(sched.tree, top) if top > 0 and sched.tree is not None else None
+    return InfoOut(**stats, flushed=flushed, tree=tree)
+
+
+def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
+    from radixrt.runtime.scheduler.tp_lockstep import TpStep, check_workers, grammar_ready, lockstep, name_sessions, share_step
+    clock = lockstep(sched) if tp is not None else None
+    dec = msgspec.msgpack.Decoder(Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq, OpenSessionReq,
+                                        CloseSessionReq])
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    while True:
+        if not parent_alive(parent_pid):
+            logger.info("the parent process is gone; exiting")
+            if tp is not None:
+                share_step(tp, TpStep(stop=True))
+            return
+        if sched.running or sched.waiting or sched.finished_outs:
+            timeout = 0
+        elif sched.grammar_queue:
+            timeout = GRAMMAR_POLL_MS
+        else:
+            timeout = IDLE_POLL_MS
+        msgs = []
+        if poller.poll(timeout):
+            while True:
+                try:
+                    msgs.append(dec.decode(pull.recv(zmq.NOBLOCK)))
+                except zmq.Again:
+                    break
+        if tp is not None:  # lockstep: every rank applies these messages, then runs the same step
+            check_workers(workers)
+            name_sessions(msgs)
+            ready, clock.now = grammar_ready(sched), time.monotonic()
+            share_step(tp, TpStep(msgs, ready, clock.now))
+            sched.grammar_gate = set(ready)
+        for msg in msgs:
+            _handle(sched, msg, push, enc, tp)
+        sched.sessions.expire()  # session TTLs run out while idle too (under --tp: on rank 0's clock)
+        if sched.has_work:
+            outs = sched.step()
+            if outs:
+                push.send(enc.encode(BatchTokenOut(outs)))
+
+
+def _handle(sched, msg, push, enc, tp=None) -> None:
+    if isinstance(msg, GenerateReq):
+        try:
+            sched.add_request(msg)
+        except Exception as e:  # validated in the main process; never let one request kill the loop
+            logger.exception("add_request failed for %s", msg.rid)
+            push.send(enc.encode(BatchTokenOut([TokenOut(
+                rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids),
+                finished_reason={"type": "abort", "message": f"{type(e).__name__}: {e}"})])))
+    elif isinstance(msg, AbortReq):
+        sched.abort(msg.rid)
+    elif isinstance(msg, FlushCacheReq):
+        push.send(enc.encode(_info(sched, sched.flush_cache(), tp)))
+    elif isinstance(msg, GetInfoReq):
+        push.send(enc.encode(_info(sched, None, tp, top=msg.top)))
+    elif isinstance(msg, OpenSessionReq):
+        info = _info(sched, None, tp)
+        info.session_id = sched.sessions.open_req(msg)
+        push.send(enc.encode(info))
+    elif isinstance(msg, CloseSessionReq):
+        push.send(enc.encode(_info(sched, sched.sessions.close(msg.session_id), tp)))

@@ -1,0 +1,251 @@
+"""The scheduler: it decides who runs each step; others do the work.
+
+    step():  schedule()                  -> [(req, num_new_tokens)]   admissions, chunks, preemptions
+             runner.prepare(batch)       -> ForwardBatch              model_runner.py
+             runner.forward(fb)          -> logits                    model_runner.py
+             outputs.process(fb, logits) -> finished requests         output_processor.py
+             mem.cache / mem.release                                  mem/req_pages.py
+
+One step holds every running decode plus as many prefill (extend) tokens as ``max_num_batched_tokens``
+allows; prompts longer than ``chunked_prefill_size`` are prefilled over several steps (chunked
+prefill, Sarathi / SGLang). When decode runs out of pages, the newest request is preempted by recompute:
+its computed prefix goes into the radix tree, its own pages are freed and it goes back to the queue.
+
+Page ownership is stated in mem/req_pages.py, the tree's invariants in mem/radix_cache.py.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from radixrt.runtime.errors import ValidationError, refusal
+from radixrt.runtime.io_struct import GenerateReq, TokenOut, room
+from radixrt.runtime.constrained.grammar_step import make_matcher
+from radixrt.runtime.mem.req_pages import ReqPages
+from radixrt.runtime.scheduler.request_log import RequestLog
+from radixrt.runtime.scheduler.output_processor import OutputProcessor, eos_ids, make_out
+from radixrt.runtime.scheduler.request import Req
+from radixrt.runtime.sampling.params import grammar_of
+from radixrt.runtime.scheduler.schedule_policy import order_waiting, shares_uncached
+from radixrt.runtime.scheduler.session import SessionManager
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args, runner, tokenizer, grammar_cache=None):
+        self.args, self.runner, self.tokenizer = args, runner, tokenizer
+        self.P = runner.page_size
+        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
+        self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
+        self.allocator, self.tree = self.mem.allocator, self.mem.tree
+        self.grammar_cache = grammar_cache
+        self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
+        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
+                                       jump_forward=not args.disable_jump_forward)
+        self.waiting: list[Req] = []
+        self.grammar_queue: list[Req] = []
+        self.running: list[Req] = []
+        self.finished_outs: list[TokenOut] = []
+        self.by_rid: dict[str, Req] = {}
+        self.arrivals = 0
+        self.step_count = 0
+        self.hit_tokens = 0
+        self.query_tokens = 0
+        self.sched_time = 0.0
+        self.step_time = 0.0
+        self.num_preemptions = 0
+        self.req_forward_passes = 0  # summed over requests: one per step a request takes part in
+        self.sessions = SessionManager(self.tree, args.max_pinned_tokens)
+        self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
+
+    # ---- requests in -------------------------------------------------------------------------------
+    def add_request(self, r: GenerateReq) -> None:
+        """Queue a validated request (see ``build_requests``); a session request gets its history first."""
+        ctx, error = self.runner.context_length, None
+        try:
+            session, ids = self.sessions.resolve(r.session_id, r.session_params, r.input_ids)
+        except ValueError as e:
+            session, ids, error = None, r.input_ids, e
+        max_new = r.sampling_params.max_new_tokens
+        if max_new is None:
+            max_new = room(len(ids), ctx, self.runner.num_pages * self.runner.page_size)
+        self.arrivals += 1
+        req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
+        req.input_ids, req.session = list(ids), session
+        req.t_arrival = time.time()
+        if r.return_logprob and r.logprob_start_len >= 0:
+            req.input_logprobs, req.input_top_logprobs = [], []
+        self.by_rid[req.rid] = req
+        if error is None and len(ids) >= ctx:
+            error = ValidationError(f"the session's context ({len(ids)} tokens) reaches the context length "
+                                    f"{ctx}", "session_params")
+        if error is not None:  # a bad session field: the caller gets a 400 naming it
+            self._finish(req, refusal(error))
+            return
+        g = grammar_of(r.sampling_params)
+        if g is not None and self.grammar_cache is not None:
+            req.grammar_future = self.grammar_cache.submit(g[0], g[1], r.sampling_params.any_whitespace)
+            self.grammar_queue.append(req)
+        else:
+            self.waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        req = self.by_rid.get(rid)
+        if req is None or req.finished_reason is not None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+            self.mem.release(req)
+        for q in (self.waiting, self.grammar_queue):
+            if req in q:
+                q.remove(req)
+        self._finish(req, {"type": "abort", "message": "aborted"})
+
+    def flush_cache(self) -> bool:
+        """Drop every unlocked cached page. Returns False (nothing done) while requests are running."""
+        if self.tree is None:
+            return True
+        if self.running or self.waiting:
+            return False
+        self.tree.flush()
+        if self.request_log is not None:
+            self.request_log.write_flush(time.time())
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.grammar_queue or self.finished_outs)
+
+    # ---- memory ------------------------------------------------------------------------------------
+    def _preempt(self, req: Req) -> None:
+        self.running.remove(req)
+        self.mem.release(req)
+        if req.input_logprobs is not None and not req.input_logprobs_done:
+            req.input_logprobs, req.input_top_logprobs = [], []  # recomputed from the start
+        self.num_preemptions += 1
+        self.waiting.append(req)  # keeps its arrival number, so it goes first under fcfs
+
+    def cache_stats(self) -> dict:
+        return {**self.mem.stats(self.running), "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
+                "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
+                "num_preemptions": self.num_preemptions, "req_forward_passes": self.req_forward_passes,
+                "jump_forward_tokens": self.outputs.jump_forward_tokens, **self.sessions.stats()}
+
+    # ---- scheduling --------------------------------------------------------------------------------
+    def _promote_grammar_ready(self) -> None:
+        gate = self.grammar_gate  # under --tp: the rids rank 0 promotes this step (waited for here)
+        for req in [r for r in self.grammar_queue
+                    if (r.rid in gate if gate is not None else r.grammar_future.done())]:
+            self.grammar_queue.remove(req)
+            try:
+                req.grammar = make_matcher(req.grammar_future.result(), req.params.reasoning_end_ids)
+            except Exception as e:  # validated before queueing; a backend failure still ends cleanly
+                self._finish(req, {"type": "abort", "message": f"grammar: {e}"})
+                continue
+            req.grammar_future = None
+            self.waiting.append(req)
+
+    def schedule(self) -> list[tuple[Req, int]]:
+        """Pick this step's work: ``(req, num_new_tokens)`` pairs, decodes first."""
+        self._promote_grammar_ready()
+        budget = self.args.max_num_batched_tokens
+        batch: list[tuple[Req, int]] = []
+        for req in sorted([r for r in self.running if r.extend_len == 1], key=lambda r: r.arrival):
+            if req in self.running and self._grow_or_preempt(req, 1, batch):
+                batch.append((req, 1))
+                budget -= 1
+        for req in [r for r in self.running if r.extend_len > 1]:
+            n = min(req.extend_len, self.args.chunked_prefill_size, budget)
+            if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
+                batch.append((req, n))
+                budget -= n
+        if budget <= 0 or not self.waiting:
+            return batch
+        admitted: list[Req] = [r for r, _ in batch if r.extend_len > 1]
+        for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.max_wait_steps):
+            if budget <= 0 or len(self.running) >= self.args.max_running_requests:
+                break
+            if self.tree is not None and shares_uncached(self.tree, req, admitted, self.P):
+                continue
+            matched = self.mem.admit(req)
+            n = min(req.extend_len, self.args.chunked_prefill_size, budget)
+            if not self.mem.grow(req, n):
+                self.mem.release(req)
+                break
+            if req.t_admit is None:
+                req.t_admit, req.cacheable_len = time.time(), req.max_cacheable_prefix()
+            if not req.output_ids and req.cached_tokens == 0:
+                req.cached_tokens = matched
+                self.hit_tokens += matched
+                self.query_tokens += len(req.input_ids)
+            self.waiting.remove(req)
+            self.running.append(req)
+            batch.append((req, n))
+            admitted.append(req)
+            budget -= n
+        for req in self.waiting:
+            req.wait_steps += 1
+        return batch
+
+    def _grow_or_preempt(self, req: Req, n: int, batch: list[tuple[Req, int]]) -> bool:
+        """Make room for ``n`` more tokens of ``req``, preempting the newest running request not already
+        in this step's ``batch`` until the pages fit. Returns False when ``req`` itself was preempted.
+
+        Decodes are visited oldest first, so the newest request gives way: recompute preemption, as in
+        vLLM and SGLang."""
+        in_batch = {r for r, _ in batch}
+        while not self.mem.grow(req, n):
+            victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def step(self) -> list[TokenOut]:
+        """Run one iteration. Returns the outputs produced (deltas), finished requests included."""
+        t0 = time.perf_counter()
+        self.sessions.expire()
+        batch = self.schedule()
+        if batch:
+            fb = self.runner.prepare(batch)
+            self.sched_time += time.perf_counter() - t0
+            logits = self.runner.forward(fb)
+            self.req_forward_passes += len(batch)
+            t1 = time.perf_counter()
+            now = time.time()
+            for req, n in batch:
+                req.advance(n, now)
+            for req, reason in self.outputs.process(fb, logits):
+                self._finish_running(req, reason)
+            for req, n in batch:
+                if req.finished_reason is None and n > 1:
+                    self.mem.cache(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
+            self.sched_time += time.perf_counter() - t1
+            self.step_time += time.perf_counter() - t0
+        self.step_count += 1
+        if self.step_count % self.args.log_interval == 0 and self.query_tokens:
+            logger.info("step %d: running=%d waiting=%d hit_rate=%.3f free_pages=%d", self.step_count,
+                        len(self.running), len(self.waiting), self.hit_tokens / self.query_tokens,
+                        self.allocator.num_free)
+        outs, self.finished_outs = self.finished_outs, []
+        return outs + [o for o in map(make_out, self.running) if o is not None]
+
+    # ---- results -------------------------------------------------------------------------------------
+    def _finish_running(self, req: Req, reason: dict) -> None:
+        self.running.remove(req)
+        if req.session is None:
+            self.mem.release(req)
+        else:  # the request's lock on its deepest cached node passes to its session
+            self.sessions.take_over(req, self.mem)
+        self._finish(req, reason)
+
+    def _finish(self, req: Req, reason: dict) -> None:
+        req.finished_reason = reason
+        if req.session is not None:
+            self.sessions.done(req.session)
+        self.by_rid.pop(req.rid, None)
+        if self.request_log is not None:
+            self.request_log.write_req(req, time.time())
+        self.finished_outs.append(make_out(req, force=True))

@@ -1,0 +1,43 @@
+"""Reading a request body: JSON whatever the content type, then a pydantic model (errors name the field)."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import msgspec
+from fastapi import Request
+
+from radixrt.runtime.server.http.errors import ApiError
+
+
+async def body_json(request: Request) -> Any:
+    """The request body as JSON whatever its content type ({} when empty). Raises ApiError 400."""
+    raw = await request.body()
+    try:
+        return msgspec.json.decode(raw) if raw else {}
+    except msgspec.DecodeError as e:
+        raise ApiError(f"the request body is not valid JSON: {_why(raw, e)}") from None
+    except RecursionError:  # msgspec refuses deep nesting this way, not with a DecodeError
+        raise ApiError("the request body is nested too deeply") from None
+
+
+def _why(raw: bytes, e: msgspec.DecodeError) -> str:
+    """msgspec reports a lone UTF-16 surrogate escape (``"\\ud800"``, no Unicode character: it cannot be
+    encoded for the tokenizer) as "Input data was truncated"; say what it is. Only on the error path."""
+    try:  # Python's json takes NaN/Infinity and overflows 1e400 to inf; JSON (and msgspec) does not
+        json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError):
+        return str(e)
+    return "it holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not a Unicode character"
+
+
+def _no_constant(name: str):
+    raise ValueError(name)
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if math.isinf(x):
+        raise ValueError(text)
+    return x

@@ -1,0 +1,60 @@
+"""One client call's requests (one HTTP request, one DSL generate) and their accumulating outputs."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from radixrt.runtime.errors import refused
+from radixrt.runtime.io_struct import GenerateReq, StrOut
+from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.tokenizer.validation import ReqOutput
+
+
+class ReqBatch:
+    """The requests of one client call; they share one asyncio queue that the receive loop fills with the
+    detokenizer's :class:`StrOut` s (or an exception when the runtime dies). ``outs[i]`` accumulates
+    request i's output. ``owner`` is the TokenizerManager (its ``tokenizer`` and ``abort``)."""
+
+    def __init__(self, owner, reqs: list[GenerateReq], lp_text: bool):
+        self.owner = owner
+        self.reqs = reqs
+        self.index = {r.rid: i for i, r in enumerate(reqs)}
+        self.outs = [ReqOutput(r.rid, owner.tokenizer, lp_text) for r in reqs]
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.unfinished = len(reqs)
+        self.t_submit = time.perf_counter()
+        self.t_last = {r.rid: None for r in reqs}  # perf_counter seconds of each request's last token
+
+    @property
+    def finished(self) -> bool:
+        return self.unfinished == 0
+
+    async def next(self) -> tuple[int, StrOut]:
+        """The next output of any of the requests: ``(index, StrOut)``; it is already added to ``outs``.
+
+        Raises:
+            ApiError: 503, the scheduler or detokenizer process died; 400, the scheduler refused a request
+                (a bad session field: its finish reason carries ``status_code`` 400 and ``param``).
+        """
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        i = self.index[item.rid]
+        self.outs[i].add(item)
+        if item.token.finished_reason is not None:
+            self.unfinished -= 1
+            error = refused(item.token.finished_reason)
+            if error is not None:
+                raise ApiError(str(error), param=error.param)
+        return i, item
+
+    async def wait(self) -> list[ReqOutput]:
+        while not self.finished:
+            await self.next()
+        return self.outs
+
+    def abort_unfinished(self) -> None:
+        """Abort every request of the call that has not finished (client gone). Synchronous, idempotent."""
+        for o in self.outs:
+            if not o.finished:
+                self.owner.abort(o.rid)

@@ -1,0 +1,309 @@
+"""The main process's side of the runtime: validate and tokenize, send to the scheduler, fan results out.
+
+- Requests are validated with :func:`build_requests` (the Engine's rules), including grammar specs, which
+  are compiled by this process's own :class:`GrammarCache`: a bad spec is a 400 before anything is queued.
+- One :class:`ReqBatch` per client call (one HTTP request, one DSL generate): its requests share one
+  asyncio queue that the receive loop (:mod:`.ipc`) fills with the detokenizer's :class:`StrOut` s.
+- The children are managed by :mod:`.child_processes`. If the scheduler or the detokenizer process dies,
+  every pending request and every later one fails with :class:`ApiError` 503 and a message; nothing hangs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from typing import Any, Optional
+
+from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.errors import ValidationError
+from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
+                                      ReadyOut, StrOut)
+from radixrt.runtime.server.manager.child_processes import ChildProcesses
+from radixrt.runtime.server.manager.ipc import Ipc
+from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.manager.req_batch import ReqBatch
+from radixrt.runtime.server.observe.latency import LatencyWindow
+from radixrt.runtime.scheduler.server_info import server_info
+from radixrt.runtime.tokenizer.validation import GrammarCheck, Limits, build_requests, max_token_chars
+
+logger = logging.getLogger("radixrt.server")
+EARLY_ABORT_S = 30.0  # how long an abort of a rid not yet submitted is kept
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, model_name: str, metrics=None):
+        self.args = args
+        self.model_name = args.served_model_name or model_name
+        self.metrics = metrics
+        self.latency = LatencyWindow()  # recent TTFT / ITL samples for /cache_tree and the dashboard
+        self.tokenizer = None
+        self.limits: Optional[Limits] = None
+        self.grammar_cache = None
+        self.ready_info: Optional[ReadyOut] = None
+        self.ready: Optional[asyncio.Event] = None
+        self.dead: Optional[str] = None   # why the runtime cannot serve (a child died, or the model failed)
+        self.fatal: Optional[str] = None  # a start-up failure: the server should exit
+        self.on_fatal = None              # callback set by launch (stops uvicorn)
+        self.states: dict[str, ReqBatch] = {}
+        self.early_aborts: dict[str, float] = {}  # rid -> monotonic time of an abort that came before it
+        self.session_ids: set[str] = set()  # opened here and not closed (the scheduler also expires TTLs)
+        self.children: Optional[ChildProcesses] = None
+        self.ipc: Optional[Ipc] = None
+        self.closing = False
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bind the IPC sockets, spawn the scheduler and detokenizer processes, start the receive loop."""
+        self.ready = asyncio.Event()
+        self.children = ChildProcesses(self.args)
+        self.ipc = Ipc(self.children.addr["scheduler"], self.children.addr["main"])
+        self.children.start(self._on_child_exit)
+        on_ready = (lambda r: self._tasks.append(asyncio.create_task(self._on_ready(r))))
+        self._tasks.append(asyncio.create_task(self.ipc.recv_loop(self._dispatch, on_ready), name="radixrt-recv"))
+        self._tokenizer_task = asyncio.create_task(asyncio.to_thread(self._load_tokenizer))
+
+    def _load_tokenizer(self) -> None:
+        from radixrt.runtime.models.loader import load_tokenizer
+        self.tokenizer = load_tokenizer(self.args.model)
+
+    def _make_grammar_cache(self, vocab_size: int) -> None:
+        from radixrt.runtime.scheduler.build import make_grammar_cache
+        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size)
+
+    async def _on_ready(self, r: ReadyOut) -> None:
+        if r.error is not None:
+            self._set_fatal(f"the model failed to load: {r.error}")
+            return
+        try:
+            await self._tokenizer_task
+            await asyncio.to_thread(self._make_grammar_cache, r.vocab_size)
+        except Exception as e:
+            logger.exception("tokenizer / grammar set-up failed")
+            self._set_fatal(f"tokenizer or grammar backend set-up failed: {type(e).__name__}: {e}")
+            return
+        self.limits = Limits(r.context_length, r.vocab_size, r.max_total_tokens, max_token_chars(self.tokenizer))
+        self.ready_info = r
+        if not self.args.served_model_name:
+            self.model_name = r.model_name
+        self.ready.set()
+
+    def _set_fatal(self, msg: str) -> None:
+        logger.error("%s", msg)
+        self.fatal = msg
+        self._fail(msg)
+        if self.on_fatal is not None:
+            self.on_fatal()
+
+    def _on_child_exit(self, name: str) -> None:
+        code = self.children.reap(name)
+        if self.closing:
+            return
+        msg = f"the {name} process exited unexpectedly (exit code {code}); restart the server"
+        logger.error("%s", msg)
+        if self.ready is not None and not self.ready.is_set():
+            self._set_fatal(msg)
+        else:
+            self._fail(msg)
+
+    def _fail(self, msg: str) -> None:
+        """Mark the runtime dead and wake every waiter with a 503."""
+        if self.dead is None:
+            self.dead = msg
+        err = ApiError(msg, status=503, type="service_unavailable")
+        for batch in {id(b): b for b in self.states.values()}.values():
+            batch.queue.put_nowait(err)
+        self.states.clear()
+        if self.ipc is not None:
+            self.ipc.fail_waiters(err)
+
+    def begin_shutdown(self) -> None:
+        """Signal received: fail pending requests so open streams end, then uvicorn stops."""
+        self.closing = True
+        self._fail("the server is shutting down")
+
+    async def shutdown(self) -> None:
+        self.closing = True
+        for t in self._tasks:
+            t.cancel()
+        self._fail("the server is shutting down")
+        self.stop_processes()
+        if self.ipc is not None:
+            self.ipc.close()
+
+    def stop_processes(self, timeout: float = 5.0) -> None:
+        """Terminate the children (SIGTERM, then SIGKILL) and remove the IPC folder. Idempotent, sync."""
+        self.closing = True
+        if self.children is not None:
+            self.children.stop(timeout)
+        if self.grammar_cache is not None:
+            self.grammar_cache.shutdown(wait=False)
+            self.grammar_cache = None
+
+    # ---- receiving ---------------------------------------------------------------------------------
+    def _dispatch(self, outs: list[StrOut]) -> None:
+        """Route each StrOut to its call's queue; record TTFT / ITL / finish metrics (seconds)."""
+        now = time.perf_counter()
+        m, lat = self.metrics, self.latency
+        for s in outs:
+            batch = self.states.get(s.rid)
+            if batch is None:
+                continue  # an aborted call whose client is gone
+            t = s.token
+            if t.new_token_ids:
+                last = batch.t_last[s.rid]
+                if last is None:
+                    lat.ttft(now - batch.t_submit)
+                    if m is not None:
+                        m.observe_ttft(now - batch.t_submit)
+                        if len(t.new_token_ids) > 1:
+                            m.observe_itl(0.0, len(t.new_token_ids) - 1)
+                else:
+                    lat.itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
+                    if m is not None:
+                        m.observe_itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
+                batch.t_last[s.rid] = now
+            if t.finished_reason is not None:
+                del self.states[s.rid]
+                if m is not None:
+                    m.observe_finish(now - batch.t_submit, t.prompt_tokens, t.completion_tokens,
+                                     t.cached_tokens, t.finished_reason.get("type", "stop"))
+            batch.queue.put_nowait(s)
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def check_ready(self) -> None:
+        """Raises ApiError 503 when the runtime cannot take requests."""
+        if self.dead is not None:
+            raise ApiError(self.dead, status=503, type="service_unavailable")
+        if self.ready is None or not self.ready.is_set():
+            raise ApiError("the model is still loading; retry when GET /health returns 200", status=503,
+                           type="service_unavailable")
+
+    async def build(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
+                    logprob_start_len=None, top_logprobs_num=0, stream=False, rid=None,
+                    cache_salt=None, session_params=None, session_id=None) -> tuple[list[GenerateReq], bool]:
+        """Validate and tokenize (the Engine's rules); grammar specs are compiled here first.
+
+        Raises:
+            ValidationError: bad input (``param`` names the field).
+            ApiError: 503 when not ready.
+        """
+        self.check_ready()
+        check = GrammarCheck(self.grammar_cache)
+        reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
+                                      return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
+                                      cache_salt, check, session_params, session_id)
+        sp = reqs[0].session_params if reqs else None
+        sid = sp.id if sp is not None else session_id
+        if sid is not None and sid not in self.session_ids:
+            param = "session_params" if sp is not None else "session_id"
+            raise ValidationError(f"{param}: no open session {sid!r} (POST /open_session first)", param)
+        if not reqs:
+            field = "text" if prompt is not None else "input_ids"
+            raise ValidationError(f"{field}: the batch is empty", field)
+        await check.wait_async()
+        return reqs, single
+
+    async def submit(self, reqs: list[GenerateReq], lp_text: bool = False) -> ReqBatch:
+        """Queue validated requests. Raises ValidationError (rid in use) or ApiError 503."""
+        self.check_ready()
+        rids = [r.rid for r in reqs]
+        if len(set(rids)) != len(rids):
+            raise ValidationError(f"rid: the ids of one call must differ: {rids}", "rid")
+        if any(r in self.states for r in rids):
+            raise ValidationError(f"rid: a request id is already in use: {rids}", "rid")
+        batch = ReqBatch(self, reqs, lp_text)
+        for r in reqs:
+            self.states[r.rid] = batch
+        for r in reqs:
+            await self.ipc.send(r)
+            if self.early_aborts.pop(r.rid, None) is not None:  # aborted while still being validated
+                self.abort(r.rid)
+        return batch
+
+    def abort(self, rid: str) -> None:
+        """Ask the scheduler to abort ``rid`` (its pages are freed); synchronous, never raises. A rid not
+        yet submitted (its call still validating) is remembered for ``EARLY_ABORT_S`` seconds."""
+        if self.dead is not None:
+            return
+        if rid not in self.states:
+            now = time.monotonic()
+            self.early_aborts = {k: t for k, t in self.early_aborts.items() if now - t < EARLY_ABORT_S}
+            if len(self.early_aborts) < 10_000:
+                self.early_aborts[rid] = now
+            return
+        try:
+            self.ipc.send_nowait(AbortReq(rid))
+        except Exception:
+            logger.exception("could not send abort for %s", rid)
+
+    async def _ask(self, msg, timeout: float = 60.0) -> InfoOut:
+        if self.dead is not None:
+            raise ApiError(self.dead, status=503, type="service_unavailable")
+        try:
+            return await self.ipc.ask(msg, timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(f"the scheduler did not answer within {timeout:.0f} s", status=503,
+                           type="service_unavailable") from None
+
+    async def get_info(self, top: int = 0) -> InfoOut:
+        """The scheduler's state; ``top`` > 0 adds the tree summary (``InfoOut.tree``)."""
+        self.check_ready()
+        return await self._ask(GetInfoReq(top=top))
+
+    async def flush_cache(self) -> bool:
+        self.check_ready()
+        return bool((await self._ask(FlushCacheReq())).flushed)
+
+    async def server_info(self) -> dict:
+        """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths (the Engine's shape), the
+        version and the pid of each process."""
+        info = await self.get_info()
+        r = self.ready_info
+        stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting}
+        return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
+                           version=_version(), process_ids={"main": os.getpid(), **self.children.pids()})
+
+    async def open_session(self, body: Any) -> str:
+        """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.
+
+        Raises:
+            ValidationError: a bad field, or ``session_id`` already open.
+        """
+        from radixrt.runtime.tokenizer.session_args import open_session_body
+        r = open_session_body(body)
+        self.check_ready()
+        sid = (await self._ask(r)).session_id
+        if sid is None:
+            raise ValidationError(f"session {r.session_id!r} is already open", "session_id")
+        self.session_ids.add(sid)
+        return sid
+
+    async def close_session(self, session_id: Any) -> bool:
+        """SGLang's /close_session; its pinned pages become evictable. False when it was not open."""
+        from radixrt.runtime.tokenizer.session_args import check_session_id
+        if check_session_id(session_id) is None:
+            raise ValidationError("session_id is required", "session_id")
+        self.check_ready()
+        self.session_ids.discard(session_id)
+        return bool((await self._ask(CloseSessionReq(session_id=session_id))).flushed)
+
+    async def health_generate(self, timeout: float = 30.0) -> dict:
+        """Run a 1-token greedy generation; returns its output. Raises ApiError 503 on failure."""
+        reqs, _ = await self.build(input_ids=[1], sampling_params={"max_new_tokens": 1, "temperature": 0},
+                                   rid=f"health-{uuid.uuid4().hex}")
+        batch = await self.submit(reqs)
+        try:
+            outs = await asyncio.wait_for(batch.wait(), timeout)
+        except asyncio.TimeoutError:
+            batch.abort_unfinished()
+            raise ApiError(f"a 1-token generation did not finish within {timeout:.0f} s", status=503,
+                           type="service_unavailable") from None
+        return outs[0].to_dict(False)
+
+
+def _version() -> str:
+    import radixrt
+    return radixrt.__version__
