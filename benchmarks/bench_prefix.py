@@ -32,7 +32,7 @@ def workload(groups: int, per_group: int, sys_len: int, q_len: int, seed: int = 
 def run(engine, reqs, new_tokens: int) -> dict:
     sp = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
     s = engine.scheduler
-    s.sched_time = s.step_time = 0.0
+    s.stats.step_time = s.stats.forward_time = 0.0
     t = time.perf_counter()
     outs = engine.generate(input_ids=reqs, sampling_params=sp)
     wall = time.perf_counter() - t
@@ -42,7 +42,7 @@ def run(engine, reqs, new_tokens: int) -> dict:
     ttft = [o["meta_info"]["ttft"] for o in outs]
     return {"wall_s": wall, "total_tps": (prompt + out_tok) / wall, "output_tps": out_tok / wall,
             "ttft_mean": sum(ttft) / len(ttft), "ttft_p99": percentile(ttft, 99),
-            "hit_rate": cached / prompt, "overhead_share": s.sched_time / max(s.step_time, 1e-9)}
+            "hit_rate": cached / prompt, "overhead_share": s.stats.sched_time / max(s.stats.step_time, 1e-9)}
 
 
 def main() -> None:

@@ -84,7 +84,7 @@ def suite(tok: Any, names: tuple[str, ...] | None = None, seed: int = 0) -> dict
     """One trace per workload of the benchmark suite at its default sizes (json-decode-free is the same
     prompts as json-decode, so it is left out)."""
     import workloads as W
-    from systems import prompt_ids, select_boundaries
+    from systems.base import prompt_ids, select_boundaries
 
     words = W.Words(tok)
     z = W.sizes_from("default", {"seed": seed})

@@ -7,8 +7,8 @@
 Systems: radixrt, radixrt-nocache (``--disable-radix-cache``), hf-generate (transformers, static batches, in
 process), llama.cpp (llama.cpp's ``llama-server``, built by ``make peers``; skipped with a notice when absent),
 and on request llama-cpp-python (its Python server, the ``[peers]`` extra). Workloads and metrics: see
-``workloads.py``, ``target_workloads.py`` (``--workloads all`` adds them) and ``metrics.py``; systems:
-``systems.py``, ``llama_server.py``.
+``workloads.py``, ``target_workloads.py`` (``--workloads all`` adds them) and ``metrics.py``; systems: the
+``systems/`` package, one module per system.
 
 Prints a table per workload, every comparison as a ratio radixrt / peer measured in the same run, and the
 issue's targets as met / missed. Writes ``bench.json`` (every figure, plus the TTFT and ITL samples) and one
@@ -163,8 +163,7 @@ def make_system(name: str, tok: Any, a: argparse.Namespace) -> Any:
         gguf = a.gguf or default_gguf_path()
         if name == "llama-cpp-python":
             return S.LlamaCpp(tok, gguf, threads=a.threads)
-        from llama_server import LlamaServer
-        return LlamaServer(tok, gguf, threads=a.threads)
+        return S.LlamaServer(tok, gguf, threads=a.threads)
     raise ValueError(f"unknown system {name!r}; known: {KNOWN_SYSTEMS}")
 
 

@@ -2,7 +2,7 @@
 
 A *program* is a Python generator: it yields calls (:class:`Gen` or :class:`Select`) and receives each call's
 :class:`~metrics.Record` back, so a later prompt can be built from an earlier answer (agent loop, chat). The
-systems in ``systems.py`` drive the same programs: the servers run all programs concurrently (one task per
+systems in ``systems/`` drive the same programs: the servers run all programs concurrently (one task per
 program); HF ``generate`` advances a static batch of programs in lockstep.
 
 Everything is deterministic given ``seed``: prompts are built from a seeded ``random.Random`` and a word list

@@ -1,7 +1,9 @@
 """The import contracts of pyproject.toml ``[tool.importlinter]`` hold, and they catch a violation.
 
 ``lint-imports`` (import-linter) builds the import graph statically (grimp) and checks: the runtime's
-layers (server over the rest of runtime over mem | constrained | kernels), that ``radixrt.lang`` reaches
+layers by role (server > profile > engine | router > scheduler > executor | tokenizer > models | sampling |
+layers | parsers > mem | constrained | kernels), the server's layers by API (launch > http_server > cli >
+openai | native > manager > observe > api_models | context | http), that ``radixrt.lang`` reaches
 the runtime only through Engine, io_struct and load_tokenizer, and that no two sibling modules or
 packages import each other in a circle.
 """
@@ -16,7 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = [
-    "runtime: server over the rest of runtime over mem | constrained | kernels",
+    "runtime: layers by role",
+    "server: layers by API",
     "runtime: nothing below the server imports it",
     "runtime: mem, constrained and kernels import nothing else of radixrt",
     "lang: uses the runtime only through Engine, io_struct and load_tokenizer",
@@ -58,6 +61,8 @@ def test_import_contracts_catch_violations(tmp_path):
     _append(pkg / "lang/choices.py", "from radixrt.runtime.mem import radix_cache  # lang -> runtime internals")
     _append(pkg / "lang/tracer.py", "import radixrt.lang.program  # a circle tracer -> program -> tracer")
     _append(pkg / "kernels/attention/metadata.py", "import radixrt.runtime.server.launch  # bottom -> server")
+    _append(pkg / "runtime/executor/forward_batch.py", "import radixrt.runtime.scheduler.scheduler  # executor -> scheduler")
+    _append(pkg / "runtime/server/http/body.py", "import radixrt.runtime.server.openai.chat  # http -> openai")
     rc, verdicts = _lint(tmp_path)
     assert verdicts == {name: "BROKEN" for name in CONTRACTS}
     assert rc == 1

@@ -66,10 +66,8 @@ class Engine:
                         block = False
                 except queue.Empty:
                     pass
-                self.scheduler.sessions.expire()  # TTLs run out while idle too
-                if self.scheduler.has_work:
-                    for o in self.scheduler.step():
-                        self._deliver(self.detokenizer.handle_one(o))
+                for o in self.scheduler.run_once():
+                    self._deliver(self.detokenizer.handle_one(o))
         except BaseException as e:  # surface the failure to every waiting caller instead of hanging
             logger.exception("scheduler thread died")
             self._error = e

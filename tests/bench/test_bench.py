@@ -144,7 +144,7 @@ def test_workloads_are_deterministic_and_sized(tok):
 
 
 def test_continuation_ids_extend_the_previous_call(tok):
-    from systems import eos_ids_of, prompt_ids
+    from systems.base import eos_ids_of, prompt_ids
     eos = eos_ids_of(tok)
     first = W.Gen(W.chatml([("system", "S"), ("user", "Q")]), 8)
     prev = M.Record("w", "s", 0, 0, "gen", 0.0, 1.0)
@@ -164,7 +164,7 @@ def test_continuation_ids_extend_the_previous_call(tok):
 
 
 def test_hf_select_fast_path_matches_full_scoring(tok):
-    from systems import HFGenerate
+    from systems.hf_generate import HFGenerate
     hf = HFGenerate(tok, batch_size=4, threads=None)
     hf.start(1024)
     calls = [W.Select("Review: The lamp is wonderful and the box is lovely.\nSentiment:", list(W.CHOICES)),
@@ -223,7 +223,7 @@ def test_llamacpp_client_against_a_fake_server(tok):
 
     from tqdm import tqdm
 
-    from systems import LlamaCpp
+    from systems.llama_cpp_python import LlamaCpp
     bodies = []
 
     class H(BaseHTTPRequestHandler):

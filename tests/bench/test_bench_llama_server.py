@@ -1,4 +1,4 @@
-"""The llama-server peer (benchmarks/llama_server.py) against a stand-in for its native ``/completion`` stream,
+"""The llama-server peer (benchmarks/systems/llama_server.py) against a stand-in for its native ``/completion`` stream,
 and issue 12's two target workloads (benchmarks/target_workloads.py). ``make peers`` builds the real server;
 ``make bench`` runs it (not part of ``make test``)."""
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_target_workloads_shapes(tok):
 def test_llama_server_client_against_a_fake_server(tok):
     from tqdm import tqdm
 
-    from llama_server import LlamaServer
+    from systems.llama_server import LlamaServer
     bodies = []
 
     class H(BaseHTTPRequestHandler):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
 
 import torch
 
@@ -11,6 +11,7 @@ from radixrt.kernels.attention import get_backend
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.executor.forward_batch import ForwardBatch
+from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.executor.cascade_groups import group_decode_rows
 from radixrt.runtime.layers.quant import quantize_for_source
 from radixrt.runtime.mem.kv_pool import KVPool
@@ -18,9 +19,6 @@ from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.rope import Rotary
-
-if TYPE_CHECKING:
-    from radixrt.runtime.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
 CPU_DEFAULT_TOTAL_TOKENS = 32768
@@ -88,6 +86,7 @@ class ModelRunner:
             self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype)
         self.cascade_steps = 0  # steps that attended shared prefixes once per group
         self.cascade_rows = 0   # decode rows served by a group, summed over those steps
+        self.forward_time = 0.0  # seconds in forward(), summed (the scheduler's StepStats read it)
         self.graph_runner = None
         # under --tp, decode runs eagerly: collectives inside captured graphs are not wired here
         if (self.device.type == "cuda" and not args.disable_cuda_graph and hasattr(self.attn, "cuda_graph")
@@ -114,8 +113,8 @@ class ModelRunner:
                 total = CPU_DEFAULT_TOTAL_TOKENS
         return max(total // self.page_size, 1)
 
-    def prepare(self, batch: list[tuple["Req", int]]) -> ForwardBatch:
-        """Pack one scheduled step: ``(req, n)`` computes tokens ``[num_computed, num_computed + n)`` of
+    def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
+        """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)`` of
         ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
         (to sample) and of every prompt position whose input logprob is wanted."""
         ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
@@ -149,7 +148,15 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """One step. Returns fp32 logits ``[len(fb.logit_rows), vocab]``, rows in ``fb.logit_rows`` order.
 
-        A pure decode step that fits a captured CUDA graph replays it; anything else runs eagerly."""
+        A pure decode step that fits a captured CUDA graph replays it; anything else runs eagerly. Adds
+        its seconds to :attr:`forward_time` (the scheduler's StepStats read it)."""
+        t0 = time.perf_counter()
+        try:
+            return self._forward(fb)
+        finally:
+            self.forward_time += time.perf_counter() - t0
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         rows = fb.logit_rows.to(self.device, non_blocking=True)
         if self.graph_runner is not None and self.graph_runner.can_run(fb.attn_meta):
             return self.graph_runner.replay(fb)[rows]

@@ -15,6 +15,9 @@ The projections stay plain ``nn.Linear`` attributes named ``qkv_proj``, ``o_proj
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,6 +43,34 @@ class RMSNorm(nn.Module):
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual += x`` (in place), then the norm of the sum."""
         return fused.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One layer's own arguments of ``radixrt_layer.decode_layer`` at a row count."""
+    ln1: torch.Tensor          # input_layernorm weight [hidden] fp32
+    ln2: torch.Tensor          # post_attention_layernorm weight [hidden] fp32
+    eps: float                 # both norms' epsilon
+    kinds: list[int]           # how each of qkv, o, gate_up, down multiplies (kernels/layer constants)
+    weights: list[torch.Tensor]  # the four weights, each in its kind's layout
+
+
+@dataclass(frozen=True)
+class FusedStep:
+    """What every layer's ``decode_layer`` call shares in one step; ``step(i, w, x, residual)`` runs layer i."""
+    op: Callable               # torch.ops.radixrt_layer.decode_layer
+    cos: torch.Tensor          # the step's rotary tables [T, head_dim / 2] fp32
+    sin: torch.Tensor
+    num_heads: int
+    num_kv_heads: int
+    scale: float               # head_dim ** -0.5
+    pools: list                # per layer, the flat K and V pools, each [slots, num_kv_heads, head_dim]
+    attn_args: tuple           # the backend's kernel_args(): slots written, rows and blocks attended
+
+    def __call__(self, i: int, w: LayerWeights, x: torch.Tensor, residual: torch.Tensor | None):
+        k_pool, v_pool = self.pools[i]
+        return self.op(x, residual, w.ln1, w.ln2, w.eps, w.kinds, w.weights, self.cos, self.sin, self.num_heads,
+                       self.num_kv_heads, self.scale, k_pool, v_pool, *self.attn_args)
 
 
 class Attention(nn.Module):
@@ -100,9 +131,9 @@ class DecoderLayer(nn.Module):
         h = self.post_attention_layernorm.add(self.self_attn(h, rope, attn, kv), residual)
         return self.mlp(h), residual
 
-    def fused_args(self, rows: int) -> tuple | None:
+    def fused_args(self, rows: int) -> LayerWeights | None:
         """The layer's own arguments of ``radixrt_layer.decode_layer`` (:mod:`radixrt.kernels.layer`) at
-        ``rows`` tokens: ``(ln1, ln2, eps, kinds, weights)``; ``None`` where that op cannot run this layer
+        ``rows`` tokens; ``None`` where that op cannot run this layer
         (per-head q/k norms, a bias, a weight format without a C++ kernel). Cached per row count."""
         cache = self.__dict__.setdefault("_fused", {})
         if rows not in cache:
@@ -110,8 +141,8 @@ class DecoderLayer(nn.Module):
             lins = [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
             kw = [getattr(lin, "kernel_weight", lambda _: None)(rows) for lin in lins]
             ok = a.q_norm is None and all(w is not None for w in kw)
-            cache[rows] = (self.input_layernorm.weight, self.post_attention_layernorm.weight,
-                           self.input_layernorm.eps, [k for k, _ in kw], [w for _, w in kw]) if ok else None
+            cache[rows] = LayerWeights(self.input_layernorm.weight, self.post_attention_layernorm.weight,
+                                       self.input_layernorm.eps, [k for k, _ in kw], [w for _, w in kw]) if ok else None
         return cache[rows]
 
 
@@ -136,16 +167,16 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary.tables(positions, x.dtype)  # once per step, not per layer
         step = self._fused_step(attn, kv, rope, x)
         for i, layer in enumerate(self.layers):
-            own = step and layer.fused_args(x.shape[0])
-            if own:  # the whole layer in one C++ op: same kernels, same bits, no Python per op
-                x, residual = step[0](x, residual, *own, *step[1], *step[2][i], *step[3])
+            weights = step and layer.fused_args(x.shape[0])
+            if weights:  # the whole layer in one C++ op: same kernels, same bits, no Python per op
+                x, residual = step(i, weights, x, residual)
             else:
                 x, residual = layer(x, residual, rope, attn, kv)
         return self.norm.add(x, residual)
 
-    def _fused_step(self, attn: AttentionBackend, kv: KVCacheView, rope, x: torch.Tensor) -> tuple | None:
-        """``(op, (cos, sin, heads, kv_heads, scale), per-layer flat pools, attention arguments)`` for
-        ``radixrt_layer.decode_layer``, or ``None`` when this step runs layer by layer: no C++ library,
+    def _fused_step(self, attn: AttentionBackend, kv: KVCacheView, rope, x: torch.Tensor) -> FusedStep | None:
+        """The step's shared arguments of ``radixrt_layer.decode_layer``, or ``None`` when this step runs
+        layer by layer: no C++ library,
         not fp32 on the CPU, or a backend without the C++ attention kernels (``kernel_args``)."""
         ops = layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
         args = getattr(attn, "kernel_args", lambda: None)() if ops is not None else None
@@ -155,8 +186,8 @@ class LlamaForCausalLM(nn.Module):
         if getattr(self, "_pools", (None,))[0] is not kv:  # flat [slots, Hkv, D] views, made once per pool
             self._pools = kv, [(kv.k_buffer(i).view(-1, a.nkv, a.hd), kv.v_buffer(i).view(-1, a.nkv, a.hd))
                                for i in range(len(self.layers))]
-        consts = (rope[0].squeeze(1), rope[1].squeeze(1), a.nh, a.nkv, a.scale)
-        return ops.decode_layer, consts, self._pools[1], args
+        return FusedStep(ops.decode_layer, rope[0].squeeze(1), rope[1].squeeze(1), a.nh, a.nkv, a.scale,
+                         self._pools[1], tuple(args))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from radixrt.runtime.parsers.tool_formats import ToolFormat
+from radixrt.runtime.parsers.tool_styles import StyleFormat, default_content_target
 
 
 def new_call_id() -> str:
@@ -47,12 +48,23 @@ def sent_message(content: str, ids: list[str], calls: list) -> tuple[Optional[st
 
 @dataclass
 class ToolCallStream:
-    fmt: ToolFormat
+    """Model text fed in deltas -> OpenAI chat deltas, for a model family's :class:`ToolFormat` or a tool
+    plan's scanning style (:class:`StyleFormat`, or its name: ``tagged``, ``array``, ``object``).
+
+    Raises:
+        ValueError: an unknown style name.
+    """
+
+    fmt: Union[ToolFormat, StyleFormat, str]
     text: str = ""
     sent_content: str = ""
     ids: list = field(default_factory=list)          # per emitted call: its id
     sent_args: list = field(default_factory=list)    # per emitted call: characters of arguments sent
     _calls: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if isinstance(self.fmt, str):
+            self.fmt = StyleFormat(self.fmt)
 
     def feed(self, delta: str) -> list[dict]:
         """Append model text; returns the deltas to send now."""
@@ -67,8 +79,10 @@ class ToolCallStream:
         content, calls = self.fmt.scan(self.text, final)
         self._calls = calls
         out: list[dict] = []
-        # trailing whitespace before a call is held back while streaming (it is dropped if a call follows)
-        target = content if final and not any(c.name for c in calls) else content.rstrip()
+        if isinstance(self.fmt, StyleFormat):
+            target = self.fmt.content_target(self.text, content, calls, final, len(self.ids))
+        else:
+            target = default_content_target(content, calls, final)
         if len(target) > len(self.sent_content) and target.startswith(self.sent_content):
             out.append({"content": target[len(self.sent_content):]})
             self.sent_content = target
@@ -97,7 +111,7 @@ def parse_tool_output(fmt: ToolFormat, text: str, base_finish: Optional[str]) ->
 
 
 def parse_with(st: Any, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
-    """Run a fresh stream (this module's or server/tool_scan.py's) over a whole output, exactly as streaming
+    """Run a fresh stream over a whole output, exactly as streaming
     would: ``(message, finish_reason)``."""
     st.feed(text)
     st.finish()

@@ -138,11 +138,9 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
             sched.grammar_gate = set(ready)
         for msg in msgs:
             _handle(sched, msg, push, enc, tp)
-        sched.sessions.expire()  # session TTLs run out while idle too (under --tp: on rank 0's clock)
-        if sched.has_work:
-            outs = sched.step()
-            if outs:
-                push.send(enc.encode(BatchTokenOut(outs)))
+        outs = sched.run_once()  # under --tp, session TTLs run on rank 0's clock
+        if outs:
+            push.send(enc.encode(BatchTokenOut(outs)))
 
 
 def _handle(sched, msg, push, enc, tp=None) -> None:

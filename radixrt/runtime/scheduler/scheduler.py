@@ -1,10 +1,13 @@
 """The scheduler: it decides who runs each step; others do the work.
 
-    step():  schedule()                  -> [(req, num_new_tokens)]   admissions, chunks, preemptions
-             runner.prepare(batch)       -> ForwardBatch              model_runner.py
-             runner.forward(fb)          -> logits                    model_runner.py
-             outputs.process(fb, logits) -> finished requests         output_processor.py
-             mem.cache / mem.release                                  mem/req_pages.py
+    step():  schedule()                  -> ScheduledBatch            admissions, chunks, preemptions
+             runner.prepare(batch)       -> ForwardBatch              executor/model_runner.py
+             runner.forward(fb)          -> logits                    executor/model_runner.py
+             conclude(batch, fb, logits) -> finished requests         output_processor.py, mem/req_pages.py
+             collect_outputs()           -> TokenOut deltas
+
+``run_once`` is what every driver loop calls once per turn (the Engine's thread, the scheduler process,
+each --tp rank): session expiry, then a step when there is work, timed into :class:`StepStats`.
 
 One step holds every running decode plus as many prefill (extend) tokens as ``max_num_batched_tokens``
 allows; prompts longer than ``chunked_prefill_size`` are prefilled over several steps (chunked
@@ -21,6 +24,7 @@ import time
 from radixrt.runtime.errors import ValidationError, refusal
 from radixrt.runtime.io_struct import GenerateReq, TokenOut, room
 from radixrt.runtime.constrained.grammar_step import make_matcher
+from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.mem.req_pages import ReqPages
 from radixrt.runtime.scheduler.request_log import RequestLog
 from radixrt.runtime.scheduler.output_processor import OutputProcessor, eos_ids, make_out
@@ -28,6 +32,7 @@ from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.scheduler.schedule_policy import order_waiting, shares_uncached
 from radixrt.runtime.scheduler.session import SessionManager
+from radixrt.runtime.scheduler.step_stats import StepStats
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +54,12 @@ class Scheduler:
         self.finished_outs: list[TokenOut] = []
         self.by_rid: dict[str, Req] = {}
         self.arrivals = 0
-        self.step_count = 0
         self.hit_tokens = 0
         self.query_tokens = 0
-        self.sched_time = 0.0
-        self.step_time = 0.0
         self.num_preemptions = 0
-        self.req_forward_passes = 0  # summed over requests: one per step a request takes part in
+        self.stats = StepStats()
         self.sessions = SessionManager(self.tree, args.max_pinned_tokens)
+        self._last_batch_size = 0
         self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 
     # ---- requests in -------------------------------------------------------------------------------
@@ -129,7 +132,7 @@ class Scheduler:
     def cache_stats(self) -> dict:
         return {**self.mem.stats(self.running), "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
                 "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
-                "num_preemptions": self.num_preemptions, "req_forward_passes": self.req_forward_passes,
+                "num_preemptions": self.num_preemptions, "req_forward_passes": self.stats.req_forward_passes,
                 "jump_forward_tokens": self.outputs.jump_forward_tokens, **self.sessions.stats()}
 
     # ---- scheduling --------------------------------------------------------------------------------
@@ -146,19 +149,20 @@ class Scheduler:
             req.grammar_future = None
             self.waiting.append(req)
 
-    def schedule(self) -> list[tuple[Req, int]]:
-        """Pick this step's work: ``(req, num_new_tokens)`` pairs, decodes first."""
+    def schedule(self) -> ScheduledBatch:
+        """Pick this step's work (:class:`ScheduledBatch`): decodes first, then extend chunks, then
+        admissions, within ``--max-num-batched-tokens``."""
         self._promote_grammar_ready()
         budget = self.args.max_num_batched_tokens
-        batch: list[tuple[Req, int]] = []
+        batch = ScheduledBatch()
         for req in sorted([r for r in self.running if r.extend_len == 1], key=lambda r: r.arrival):
             if req in self.running and self._grow_or_preempt(req, 1, batch):
-                batch.append((req, 1))
+                batch.add(req, 1)
                 budget -= 1
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
-                batch.append((req, n))
+                batch.add(req, n)
                 budget -= n
         if budget <= 0 or not self.waiting:
             return batch
@@ -181,20 +185,20 @@ class Scheduler:
                 self.query_tokens += len(req.input_ids)
             self.waiting.remove(req)
             self.running.append(req)
-            batch.append((req, n))
+            batch.add(req, n)
             admitted.append(req)
             budget -= n
         for req in self.waiting:
             req.wait_steps += 1
         return batch
 
-    def _grow_or_preempt(self, req: Req, n: int, batch: list[tuple[Req, int]]) -> bool:
+    def _grow_or_preempt(self, req: Req, n: int, batch: ScheduledBatch) -> bool:
         """Make room for ``n`` more tokens of ``req``, preempting the newest running request not already
         in this step's ``batch`` until the pages fit. Returns False when ``req`` itself was preempted.
 
         Decodes are visited oldest first, so the newest request gives way: recompute preemption, as in
         vLLM and SGLang."""
-        in_batch = {r for r, _ in batch}
+        in_batch = set(batch.reqs)
         while not self.mem.grow(req, n):
             victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
             self._preempt(victim)
@@ -203,32 +207,42 @@ class Scheduler:
         return True
 
     # ---- one step ------------------------------------------------------------------------------------
+    def run_once(self) -> list[TokenOut]:
+        """One turn of a driver loop: sessions whose TTL ran out end (idle turns too), then one timed
+        :meth:`step` when there is work. Returns the step's outputs (none when idle)."""
+        self.sessions.expire()
+        if not self.has_work:
+            return []
+        t0, f0 = time.perf_counter(), self.runner.forward_time
+        outs = self.step()
+        self.stats.record(time.perf_counter() - t0, self.runner.forward_time - f0, self._last_batch_size)
+        self.stats.log_every(self.args.log_interval, self)
+        return outs
+
     def step(self) -> list[TokenOut]:
         """Run one iteration. Returns the outputs produced (deltas), finished requests included."""
-        t0 = time.perf_counter()
-        self.sessions.expire()
         batch = self.schedule()
         if batch:
             fb = self.runner.prepare(batch)
-            self.sched_time += time.perf_counter() - t0
             logits = self.runner.forward(fb)
-            self.req_forward_passes += len(batch)
-            t1 = time.perf_counter()
-            now = time.time()
-            for req, n in batch:
-                req.advance(n, now)
-            for req, reason in self.outputs.process(fb, logits):
-                self._finish_running(req, reason)
-            for req, n in batch:
-                if req.finished_reason is None and n > 1:
-                    self.mem.cache(req)  # a prefill chunk's KV goes to the tree at once, for others to hit
-            self.sched_time += time.perf_counter() - t1
-            self.step_time += time.perf_counter() - t0
-        self.step_count += 1
-        if self.step_count % self.args.log_interval == 0 and self.query_tokens:
-            logger.info("step %d: running=%d waiting=%d hit_rate=%.3f free_pages=%d", self.step_count,
-                        len(self.running), len(self.waiting), self.hit_tokens / self.query_tokens,
-                        self.allocator.num_free)
+            self.conclude(batch, fb, logits)
+        self._last_batch_size = len(batch)
+        return self.collect_outputs()
+
+    def conclude(self, batch: ScheduledBatch, fb, logits) -> None:
+        """After the forward: advance each request by its tokens, sample and finish (output processor),
+        and put every unfinished prefill chunk's KV in the tree at once, for others to hit."""
+        now = time.time()
+        for req, n in batch:
+            req.advance(n, now)
+        for req, reason in self.outputs.process(fb, logits):
+            self._finish_running(req, reason)
+        for req, n in batch:
+            if req.finished_reason is None and n > 1:
+                self.mem.cache(req)
+
+    def collect_outputs(self) -> list[TokenOut]:
+        """This step's TokenOut deltas: finished requests' last ones, then each running request's new tokens."""
         outs, self.finished_outs = self.finished_outs, []
         return outs + [o for o in map(make_out, self.running) if o is not None]
 

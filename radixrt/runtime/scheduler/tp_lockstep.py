@@ -188,9 +188,7 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
                 return
             clock.now = step.now
             apply_step(sched, tp, step)
-            sched.sessions.expire()
-            if sched.has_work:
-                sched.step()
+            sched.run_once()
     except Exception as e:  # a dead peer: say so and leave (the server reports rank 0's exit)
         logger.error("tp rank %d stops: %s: %s", rank, type(e).__name__, e)
         sys.exit(1)

@@ -1,14 +1,15 @@
-"""``radixrt serve``: the multi-process server (see :mod:`.launch`).
+"""``radixrt serve``: the multi-process server, by API (see :mod:`.launch`).
 
-- :mod:`.launch`: the CLI and process lifecycle; :mod:`.child_processes`: the scheduler and detokenizer
-  processes; :mod:`.ipc`: the ZMQ sockets to them;
-- :mod:`.tokenizer_manager`: validation, tokenization and fan-out of results (:mod:`.req_batch`);
-  :mod:`.native_body`: the /generate body;
-- :mod:`.http_server`: the FastAPI app, assembled from :mod:`.native`, :mod:`.model_routes`, :mod:`.chat`
-  and :mod:`.completions` (which share :mod:`.openai_serving`), with :mod:`.http_errors`,
-  :mod:`.responses` and :mod:`.request_body`;
-- :mod:`.openai_protocol`: OpenAI request models and response building; :mod:`.openai_sampling`: an
-  OpenAI request as sampling params; :mod:`.tool_parser` / :mod:`.tool_scan`: tool calling;
-- :mod:`.dsl_socket`: the DSL's ZMQ ROUTER;
-- :mod:`.metrics`: Prometheus metrics.
+- ``launch``: the CLI and process lifecycle; ``http_server``: the FastAPI app over one router per family;
+  ``context``: what every route needs; ``api_models``: every route's documented models (``/openapi.json``).
+- ``openai/``: OpenAI's chat, completions and models routes, their protocol, sampling mapping, tool calling
+  and chat formats (the scope of docs/compatibility.md).
+- ``native/``: SGLang's native API (``/generate``, health, info, flush, sessions) and the DSL's ZMQ socket.
+- ``manager/``: the main process's own runtime: the TokenizerManager, the ZMQ sockets to the children, the
+  child processes, one call's requests.
+- ``observe/``: Prometheus metrics, latency windows, the dashboard; ``cli/``: ``radixrt profile``;
+  ``http/``: errors, request bodies and responses shared by every route.
+
+The top layer: nothing else in radixrt imports it. Its own layers: launch > http_server > cli > openai |
+native > manager > observe > api_models | context | http.
 """

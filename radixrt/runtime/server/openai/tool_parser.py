@@ -57,9 +57,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from radixrt.runtime.parsers.tool_stream import parse_with
+from radixrt.runtime.parsers.tool_stream import ToolCallStream, parse_with
 from radixrt.runtime.server.openai.protocol import ApiError
-from radixrt.runtime.server.openai.tool_scan import TOOL_CALL_BEGIN, TOOL_CALL_END, ToolCallStream, scan  # noqa: F401
+from radixrt.runtime.parsers.tool_styles import TOOL_CALL_BEGIN, TOOL_CALL_END  # noqa: F401 - re-exported
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MAX_WS_IN_TAG = 1  # JSON whitespace characters allowed between tokens inside an auto-mode call
@@ -283,7 +283,7 @@ def render_tool_history(msgs: list[dict]) -> list[dict]:
     return out
 
 
-# ---- parsing (the scanning itself is in tool_scan.py) -------------------------------------------------
+# ---- parsing (the scanning itself is in parsers/tool_styles.py) -------------------------------------------------
 def parse_output(plan: ToolPlan, text: str, base_finish: Optional[str]) -> tuple[dict, Optional[str]]:
     """A finished non-streamed choice: ``(message, finish_reason)``, parsed exactly as a stream would be."""
     return parse_with(plan.stream(), text, base_finish)

@@ -1,4 +1,4 @@
-"""llama.cpp's own ``llama-server`` (built by ``make peers``) as a benchmark peer on the same GGUF.
+"""``llama.cpp``: llama.cpp's own ``llama-server`` (built by ``make peers``) as a benchmark peer on the same GGUF.
 
 It runs the file's Q4_1 weights natively, with ``--threads`` compute threads, the prompt cache on
 (``--cache-prompt``, ``cache_prompt`` per request, and the RAM cache of idle slots), and ``--parallel``
@@ -15,20 +15,15 @@ Cached tokens are the server's ``timings.cache_n``; output tokens its ``timings.
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-from metrics import Record
 from peers import LLAMA_CPP_PYTHON_VERSION, llama_binary, missing_notice
-from systems import HTTPSystem, eos_ids_of, gbnf_literal, now, prompt_ids, sse_lines
-from workloads import Select
+
+from .base import (HTTPSystem, Record, Select, choices_grammar, eos_ids_of, finish_grammar_select, now, prompt_ids,
+                   stream_json)
+from .process import Server, free_port
 
 CONCURRENT_SLOTS = 16
 
@@ -41,7 +36,7 @@ class LlamaServer(HTTPSystem):
         super().__init__(tokenizer)
         self.gguf, self.threads = gguf, threads or os.cpu_count() or 1
         self.exe = llama_binary("llama-server")
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[Server] = None
         self.context_length, self.slots = 2048, CONCURRENT_SLOTS
         self.eos_ids = eos_ids_of(tokenizer)
 
@@ -64,40 +59,16 @@ class LlamaServer(HTTPSystem):
                 "llama_cpp_python_sdist": LLAMA_CPP_PYTHON_VERSION}
 
     def start(self, context_length: int) -> None:
-        from server_util import free_port
         self.context_length = context_length
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.logdir = tempfile.mkdtemp(prefix="bench-llama-server-")
-        with open(os.path.join(self.logdir, "stdout"), "w") as out, \
-                open(os.path.join(self.logdir, "stderr"), "w") as err:
-            self.proc = subprocess.Popen(self._cmd(port), stdout=out, stderr=err, start_new_session=True)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                tail = Path(self.logdir, "stderr").read_text()[-3000:]
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}:\n{tail}")
-            try:   # /health answers 503 while the model loads
-                if httpx.get(self.url + "/health", timeout=5, trust_env=False).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError("llama-server not ready after 300 s")
+        self.proc = Server(self._cmd(port), "llama-server", "bench-llama-server-")
+        self.proc.wait_ready(self.url + "/health", timeout=300)   # /health answers 503 while the model loads
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
-        if p is None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        if p is not None:
+            p.stop()
 
     def reset(self) -> bool:
         """A restart (under a second): a cold cache, and the slot count :meth:`configure` chose."""
@@ -112,7 +83,7 @@ class LlamaServer(HTTPSystem):
         if isinstance(call, Select):
             rec.sent_ids = self.tok.encode(call.context, add_special_tokens=False)
             body.update(n_predict=max(len(self.tok.encode(c, add_special_tokens=False)) for c in call.choices) + 2,
-                        grammar="root ::= " + " | ".join(gbnf_literal(c) for c in call.choices))
+                        grammar=choices_grammar(call.choices))
         else:
             rec.sent_ids = prompt_ids(self.tok, call, self.eos_ids)
             body["n_predict"] = call.max_new_tokens
@@ -122,23 +93,15 @@ class LlamaServer(HTTPSystem):
                 body["json_schema"] = call.json_schema
         body["prompt"] = rec.sent_ids
         text, ids, final = "", [], None
-        async with client.stream("POST", "/completion", json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-            async for data in sse_lines(resp):
-                t = now()
-                d = json.loads(data)
-                if "error" in d:
-                    raise RuntimeError(f"stream error: {d['error']}")
-                if d.get("content") or d.get("tokens"):
-                    text += d.get("content") or ""
-                    ids += d.get("tokens") or []
-                    rec.chunk_times.append(t)
-                    if rec.t_first is None:
-                        rec.t_first = t
-                if d.get("stop"):
-                    final = d
+        async for t, d in stream_json(client, "/completion", body):
+            if d.get("content") or d.get("tokens"):
+                text += d.get("content") or ""
+                ids += d.get("tokens") or []
+                rec.chunk_times.append(t)
+                if rec.t_first is None:
+                    rec.t_first = t
+            if d.get("stop"):
+                final = d
         rec.t_end = now()
         if final is None:
             raise RuntimeError("the stream ended without a final chunk")
@@ -149,12 +112,7 @@ class LlamaServer(HTTPSystem):
         rec.finish_reason = {"eos": "stop", "word": "stop", "limit": "length"}.get(final.get("stop_type"),
                                                                                   final.get("stop_type"))
         if isinstance(call, Select):
-            rec.kind, rec.label = "select", call.label
-            rec.decision = next((c for c in call.choices if text == c), None) or \
-                next((c for c in call.choices if text.startswith(c) or c.startswith(text)), text)
-            rec.output_text = text
-            rec.t_first, rec.chunk_times = None, []   # a select's TTFT is its latency on every system
-            return
+            return finish_grammar_select(rec, call, text)
         rec.output_text = text
         if final.get("stop_type") == "eos" and not (ids and ids[-1] in self.eos_ids):
             ids.append(self.tok.eos_token_id)   # the EOS it stopped on is not streamed; radixrt counts it
