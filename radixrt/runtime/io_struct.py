@@ -108,6 +108,7 @@ class InfoOut(msgspec.Struct, tag=True):
     flushed: Optional[bool] = None
     session_id: Optional[str] = None   # the answer to an OpenSessionReq (None: the id was taken)
     tree: Optional[dict] = None  # mem/tree_summary.py, when asked with GetInfoReq.top > 0
+    memory: Optional[dict] = None  # ModelRunner.memory_stats(): weight and KV pool bytes, RSS (bytes)
 
 
 # A logprob entry: (logprob, token_id). Top logprobs: a list of such pairs per position.

@@ -19,6 +19,7 @@ Q4_1X8 = 2   # radixrt_ggml.q4_1x8_mm over the 8-row Q4_1 layout
 Q4_1 = 3     # radixrt_ggml.q4_1_mm over Q4_1 blocks
 Q8_0 = 4     # radixrt_ggml.q8_0_mm over Q8_0 blocks
 ONEDNN = 5   # mkldnn._linear_pointwise over oneDNN's packed copy
+GGML_BASE = 100  # + a GGMLQuantizationType value: radixrt_ggml.mm over that type's GGUF blocks
 KINDS = {"dense_t": DENSE_T, "gemv": GEMV, "onednn": ONEDNN}  # by DenseWeight.kernel's names
 
 

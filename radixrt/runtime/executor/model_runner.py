@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -10,18 +11,20 @@ import torch
 from radixrt.kernels.attention import get_backend
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.executor import memory
 from radixrt.runtime.executor.forward_batch import ForwardBatch
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.executor.cascade_groups import group_decode_rows
 from radixrt.runtime.layers.quant import quantize_for_source
+from radixrt.runtime.layers.tp_shard import local_heads, shard_model
 from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.gguf_load import build_from_gguf
 from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.rope import Rotary
 
 logger = logging.getLogger(__name__)
-CPU_DEFAULT_TOTAL_TOKENS = 32768
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -63,19 +66,15 @@ class ModelRunner:
         margs = ModelArgs.from_hf(cfg)
         self.context_length = min(args.context_length or margs.max_position_embeddings,
                                   margs.max_position_embeddings)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(margs)
-        model = model.to_empty(device="cpu")
-        model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
-        model.load_hf_state_dict(load_state_dict(args.model))
         num_heads, num_kv_heads = margs.num_heads, margs.num_kv_heads
-        if tp is not None and tp.size > 1:
-            from radixrt.runtime.layers.tp_shard import local_heads, shard_model
-            shard_model(model, tp)
-            num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
-        self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        self.model.rotary.to(self.device)  # tables stay fp32; cast per use
-        self.quantization = quantize_for_source(self.model, args.quantization, self.source, self.device)
+        if self._direct_gguf(tp):  # the file's tensors, layer by layer, in their kernels' layouts
+            path = os.path.join(self.source.directory, self.source.gguf_file)
+            self.model = build_from_gguf(path, margs, args.quantization)
+            self.quantization = "gguf" if args.quantization == "auto" else args.quantization
+        else:
+            self.model = self._dense_model(margs, tp)
+            if tp is not None and tp.size > 1:
+                num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
         self.vocab_size = margs.vocab_size
         self.page_size = args.page_size
         self.num_pages = self._pool_pages(margs.num_layers, num_kv_heads, margs.head_dim)
@@ -93,8 +92,32 @@ class ModelRunner:
                 and (tp is None or tp.size == 1)):
             from radixrt.runtime.executor.cuda_graph_runner import CudaGraphRunner
             self.graph_runner = CudaGraphRunner(self)
-        logger.info("model %s on %s/%s: %d KV pages x %d tokens", self.source.name, self.device,
-                    self.dtype, self.num_pages, self.page_size)
+        self._weight_bytes = None
+        m = self.memory_stats() if self.device.type == "cpu" else None
+        logger.info("model %s on %s/%s (%s): %d KV pages x %d tokens%s", self.source.name, self.device,
+                    self.dtype, self.quantization, self.num_pages, self.page_size,
+                    "" if m is None else f"; weights {m['weight_bytes'] / 2**20:.0f} MiB, KV pool "
+                    f"{m['kv_pool_bytes'] / 2**20:.0f} MiB, RSS {m['rss_bytes'] / 2**20:.0f} MiB, "
+                    f"available {memory.available_bytes() / 2**20:.0f} MiB")
+
+    def _direct_gguf(self, tp) -> bool:
+        """A GGUF on the CPU, unsharded: loaded from the file (gguf_load), never through fp32."""
+        return (self.source.gguf_file is not None and self.device.type == "cpu" and (tp is None or tp.size == 1)
+                and self.dtype == torch.float32)
+
+    def _dense_model(self, margs: ModelArgs, tp) -> LlamaForCausalLM:
+        """The fp32 state-dict path (safetensors directories, --tp, CUDA): load, shard, move, quantize."""
+        with torch.device("meta"):
+            model = LlamaForCausalLM(margs)
+        model = model.to_empty(device="cpu")
+        model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
+        model.load_hf_state_dict(load_state_dict(self.args.model))
+        if tp is not None and tp.size > 1:
+            shard_model(model, tp)
+        model = model.to(device=self.device, dtype=self.dtype).eval()
+        model.rotary.to(self.device)  # tables stay fp32; cast per use
+        self.quantization = quantize_for_source(model, self.args.quantization, self.source, self.device)
+        return model
 
     def _pool_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """KV pages from --max-total-tokens, or from free GPU memory (the minimum over the tp ranks, whose
@@ -109,9 +132,19 @@ class ModelRunner:
                 total = max(int(budget // per_token), self.page_size)
                 if self.tp is not None and self.tp.size > 1:
                     total = min(self.tp.gather_json(total))
-            else:
-                total = CPU_DEFAULT_TOTAL_TOKENS
+            else:  # the memory left after the weights, split between the ranks of this machine
+                ranks = self.tp.size if self.tp is not None else 1
+                total = int(memory.available_bytes() * self.args.mem_fraction_static / ranks // per_token)
+                total = max(total, self.page_size)
         return max(total // self.page_size, 1)
+
+    def memory_stats(self) -> dict:
+        """Bytes: ``weight_bytes`` (as held, every layout), ``kv_pool_bytes``, and this process's
+        ``rss_bytes`` / ``peak_rss_bytes``."""
+        if self._weight_bytes is None:
+            self._weight_bytes = memory.weight_bytes(self.model)
+        return {"weight_bytes": self._weight_bytes, "kv_pool_bytes": self.kv.nbytes,
+                "rss_bytes": memory.rss_bytes(), "peak_rss_bytes": memory.peak_rss_bytes()}
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
         """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)`` of

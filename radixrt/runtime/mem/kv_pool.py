@@ -5,7 +5,19 @@ the radix tree; the allocator hands out page ids.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+_NP = {torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _zeros(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros that take no memory until written: on the CPU numpy's ``zeros`` is ``calloc``, whose large
+    blocks are the kernel's zero pages (``torch.zeros`` writes every byte, so a pool sized from free memory
+    would be resident at once)."""
+    if torch.device(device).type == "cpu" and dtype in _NP:
+        return torch.from_numpy(np.zeros(shape, dtype=_NP[dtype]))
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 class KVPool:
@@ -17,8 +29,9 @@ class KVPool:
             raise ValueError(f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
         self.num_pages, self.page_size = num_pages, page_size
         shape = (num_pages, page_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.nbytes = 2 * sum(t.numel() * t.element_size() for t in self.k)
 
     def k_buffer(self, layer: int) -> torch.Tensor:
         return self.k[layer]

@@ -1,4 +1,7 @@
-"""Resolve a ``model`` argument and load config, tokenizer and weights through transformers.
+"""Resolve a ``model`` argument; load its config and tokenizer (through transformers) and its weights.
+
+A GGUF's weights are read from the file itself (:mod:`.gguf_load`, by ``ModelRunner``); transformers reads
+only its metadata here (config, tokenizer), which is cached as small files. Nothing is ever written in fp32.
 
 Accepted forms:
 - ``None`` / ``"smollm2-135m"`` / ``"SmolLM2-135M-Instruct"``: the GGUF file shipped in the
@@ -73,41 +76,38 @@ def _kw(src: ModelSource) -> dict:
 
 
 def _cache_dir(src: ModelSource) -> str | None:
-    """Where a GGUF's dequantized weights, config and tokenizer are kept after the first load.
-
-    Dequantizing the GGUF through transformers takes ~20 s; the cached safetensors load in ~1 s. The key
-    holds the file's size and mtime, so a changed file is converted again. ``RADIXRT_CACHE_DIR``
-    overrides the location (default ``~/.cache/radixrt``).
-    """
+    """Where a GGUF's config and tokenizer, converted by transformers, are kept after the first load (a
+    128k-token vocabulary takes seconds to convert). No weights are kept. The key holds the file's size
+    and mtime, so a changed file is converted again. ``RADIXRT_CACHE_DIR`` overrides the location (default
+    ``~/.cache/radixrt``)."""
     if src.gguf_file is None:
         return None
     path = os.path.join(src.directory, src.gguf_file)
     st = os.stat(path)
     root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
-    return os.path.join(root, f"{src.gguf_file}-{st.st_size}-{int(st.st_mtime)}")
+    return os.path.join(root, "meta", f"{src.gguf_file}-{st.st_size}-{int(st.st_mtime)}")
 
 
 def _converted(model: str | None) -> tuple[ModelSource, str | None]:
-    """Convert a GGUF once into the cache dir (config.json, tokenizer, model.safetensors)."""
+    """Convert a GGUF's metadata once into the cache dir (config.json and the tokenizer's files)."""
     src = resolve_model(model)
     cache = _cache_dir(src)
-    if cache is None or os.path.isfile(os.path.join(cache, "model.safetensors")):
+    if cache is None or os.path.isfile(os.path.join(cache, "config.json")):
         return src, cache
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     tmp = f"{cache}.tmp{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
-    AutoTokenizer.from_pretrained(src.directory, **_kw(src)).save_pretrained(tmp)
-    m = AutoModelForCausalLM.from_pretrained(src.directory, dtype=torch.float32, **_kw(src))
-    from safetensors.torch import save_file
-
-    sd = m.state_dict()
-    if m.config.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)  # shares memory with the embedding; safetensors refuses shared tensors
-    save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(tmp, "model.safetensors"))
-    cfg = m.config
+    try:
+        AutoTokenizer.from_pretrained(src.directory, **_kw(src)).save_pretrained(tmp)
+        cfg = AutoConfig.from_pretrained(src.directory, **_kw(src))
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which, not the reader's trace
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"{os.path.join(src.directory, src.gguf_file)}: cannot read its metadata "
+                         f"({type(e).__name__}: {str(e)[:200]})") from None
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
     cfg.save_pretrained(tmp)
@@ -157,13 +157,19 @@ def load_config(model: str | None = None):
 
 @lru_cache(maxsize=1)
 def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
-    """fp32 weights in transformers' naming, shared by every engine of this process (read-only)."""
+    """fp32 weights in transformers' naming, shared by every engine of this process (read-only): what
+    ``--tp`` and CUDA load (they shard or move a dense model). A GGUF is dequantized from the file
+    (``gguf.quants``, as transformers does), never cached on disk."""
     from safetensors.torch import load_file
 
-    load_config(model)
-    d, kw = _hf_dir(model)
-    if kw:  # no cache possible: let transformers read it
-        return load_hf_model(model).state_dict()
+    cfg = load_config(model)
+    src = resolve_model(model)
+    if src.gguf_file is not None:
+        from radixrt.runtime.models.gguf_weights import GGUF_TYPES, GGUFWeights
+        a = ModelArgs.from_hf(cfg)
+        w = GGUFWeights(os.path.join(src.directory, src.gguf_file), a.num_heads, a.num_kv_heads, GGUF_TYPES)
+        return w.hf_state_dict(a.num_layers, a.tie_word_embeddings)
+    d = src.directory
     files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
     if not files:
         raise ValueError(f"{d} holds no .safetensors weights")
@@ -180,5 +186,5 @@ def load_hf_model(model: str | None = None, dtype: torch.dtype = torch.float32):
 
     load_config(model)
     hf_logging.disable_progress_bar()
-    d, kw = _hf_dir(model)
-    return AutoModelForCausalLM.from_pretrained(d, dtype=dtype, **kw).eval()
+    src = resolve_model(model)
+    return AutoModelForCausalLM.from_pretrained(src.directory, dtype=dtype, **_kw(src)).eval()

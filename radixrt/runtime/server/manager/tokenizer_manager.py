@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any, Optional
 
+from radixrt.runtime.executor.memory import process_peak_rss
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
@@ -262,9 +263,12 @@ class TokenizerManager:
         version and the pid of each process."""
         info = await self.get_info()
         r = self.ready_info
-        stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting}
+        pids = {"main": os.getpid(), **self.children.pids()}
+        memory = {**(info.memory or {}), "peak_rss_by_process": process_peak_rss(pids)}
+        stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting,
+                 "memory": memory}
         return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
-                           version=_version(), process_ids={"main": os.getpid(), **self.children.pids()})
+                           version=_version(), process_ids=pids)
 
     async def open_session(self, body: Any) -> str:
         """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.

@@ -105,4 +105,5 @@ async def get_metrics(request: Request):
     tm = c.tm
     if tm.dead is None and tm.ready is not None and tm.ready.is_set():
         c.metrics.update(await tm.get_info())
+        c.metrics.update_memory((await tm.server_info())["memory"])
     return Response(c.metrics.render(), media_type=CONTENT_TYPE)

@@ -39,6 +39,7 @@ class _SchedulerState:
         self.running = self.waiting = 0
         self.usage = self.cached_ratio = 0.0
         self.query = self.hit = 0
+        self.memory: dict = {}
 
     def collect(self):
         names = list(self.labels)
@@ -53,6 +54,14 @@ class _SchedulerState:
                 ("vllm:kv_cache_usage_perc", "KV pages held by requests or pinned in the tree, over all", self.usage),
                 ("radixrt:kv_cache_cached_ratio", "evictable cached KV pages over all pages", self.cached_ratio),
                 ("sglang:cache_hit_rate", "prompt tokens served from the prefix cache over those looked up", rate)):
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(vals, v)
+            yield g
+        m = self.memory
+        for name, doc, v in (("radixrt:weight_bytes", "bytes of the model's weights as held", m.get("weight_bytes", 0)),
+                             ("radixrt:kv_pool_bytes", "bytes of the KV pool", m.get("kv_pool_bytes", 0)),
+                             ("radixrt:peak_rss_bytes", "peak resident set of every server process, summed (bytes)",
+                              m.get("peak_rss_by_process", {}).get("total", 0))):
             g = GaugeMetricFamily(name, doc, labels=names)
             g.add_metric(vals, v)
             yield g
@@ -114,6 +123,10 @@ class Metrics:
         s.usage = (total - c.get("free_pages", 0) - c.get("evictable_pages", 0)) / total
         s.cached_ratio = c.get("evictable_pages", 0) / total
         s.query, s.hit = c.get("query_tokens", 0), c.get("hit_tokens", 0)
+
+    def update_memory(self, memory: dict) -> None:
+        """Refresh the memory gauges from ``get_server_info``'s ``memory`` dict."""
+        self.state.memory = memory
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,147 @@
+"""Build the decoder's weights from a GGUF file, one layer at a time, in the layout each kernel runs from.
+
+``--quantization auto`` (the default for a GGUF) keeps every projection in the file's own blocks and runs
+it through the block kernel of its type for every row count (:mod:`radixrt.kernels.quant`): the same
+arithmetic whether a row runs alone or among hundreds, and no fp32 copy. ``none`` dequantizes each
+projection to fp32 (a layer's transient copy at a time, never the whole model), for HF parity; ``fp16``,
+``int8`` and ``q4`` re-quantize from that fp32 copy (:mod:`radixrt.runtime.layers.quant`).
+
+Peak memory while loading: the weights built so far, plus one layer's transient copies, plus the pages of
+the memory map read since the last :func:`_drop_mapped` (released after every layer).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+
+import torch
+from torch import nn
+
+from radixrt.runtime.layers import ggml_ops as ggml
+from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLEmbedding, GGMLLinear
+from radixrt.runtime.layers.quant import FORMATS, Fp32Linear, make_linear
+from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.gguf_weights import GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor
+from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.rope import Rotary
+
+logger = logging.getLogger(__name__)
+LOAD_FORMATS = ("auto",) + FORMATS
+
+
+def _drop_mapped(w: GGUFWeights) -> None:
+    """Give back the mapped file pages read so far (they stay in the page cache, not in our RSS)."""
+    m = getattr(getattr(w, "mapping", None), "_mmap", None)
+    if m is not None and hasattr(m, "madvise"):
+        m.madvise(mmap.MADV_DONTNEED)
+
+
+def _bias(parts: list[RawTensor] | None) -> torch.Tensor | None:
+    return None if parts is None else torch.cat([p.fp32() for p in parts])
+
+
+def _native(t: RawTensor, bias: torch.Tensor | None) -> nn.Module:
+    """One matrix in its own format: fp32 as is, F16/BF16 widened to fp32, block types in their blocks."""
+    if t.type_name in ggml.SUPPORTED:
+        return GGMLLinear(t.type_name, t.torch_bytes(), t.shape[1], bias)
+    return Fp32Linear(t.fp32(), bias)
+
+
+def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fmt: str, name: str) -> nn.Module:
+    """The module of one fused projection (parts in order, ``[out_i, in]`` each) in format ``fmt``."""
+    bias = _bias(biases)
+    if fmt == "auto":
+        kinds = {w.type_name for w in weights}
+        if len(kinds) == 1:  # one tensor of the parts' rows, stacked (blocks run along the input)
+            t = weights[0]
+            if len(weights) > 1:
+                import numpy as np
+                data = np.concatenate([np.asarray(w.data) for w in weights])
+                t = RawTensor(name, t.type_name, t.type_id, (data.shape[0],) + t.shape[1:], data)
+            return _native(t, bias)
+        # a Q4_K_M file mixes types inside one fused module (attn_v in Q6_K beside Q4_K q and k)
+        cuts = [0]
+        for w in weights:
+            cuts.append(cuts[-1] + w.shape[0])
+        return ConcatLinear([_native(w, None if bias is None else bias[cuts[i]:cuts[i + 1]])
+                             for i, w in enumerate(weights)])
+    dense = torch.cat([w.fp32() for w in weights])
+    blocks = None
+    if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_1", "Q8_0"):
+        blocks = (weights[0].type_name, torch.cat([w.torch_bytes() for w in weights]))
+    return make_linear(fmt, name, dense, bias, blocks, ggml.legacy_ops() if fmt in ("q4", "int8") else None)
+
+
+def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module) -> nn.Module:
+    """The LM head; a tied head in blocks reads the embedding's own bytes (one copy)."""
+    if margs.tie_word_embeddings and isinstance(embedding, GGMLEmbedding) and embedding.type_name in ggml.SUPPORTED:
+        return GGMLLinear(embedding.type_name, embedding.blocks, embedding.hidden, None)
+    t = w.need("token_embd.weight" if margs.tie_word_embeddings else "output.weight")
+    return make_projection([t], None, fmt, "lm_head")
+
+
+def _embedding(t: RawTensor, fmt: str) -> nn.Module:
+    if fmt == "auto" and t.type_name != "F32":
+        return GGMLEmbedding(t.type_name, t.torch_bytes(), t.shape[1])
+    return nn.Embedding.from_pretrained(t.fp32(), freeze=True)
+
+
+_CACHE: dict = {}
+
+
+def load_gguf_weights(path: str, margs: ModelArgs, fmt: str) -> dict:
+    """Every module and tensor of the decoder, by its name in :class:`LlamaForCausalLM`. Cached per process
+    (the modules are read-only; every engine's model shares them).
+
+    Raises:
+        ValueError: ``fmt`` not in :data:`LOAD_FORMATS`; a bad file, a missing tensor, or a weight type
+            without a kernel (the message names the file, the tensor and the supported types).
+    """
+    if fmt not in LOAD_FORMATS:
+        raise ValueError(f"quantization must be one of {LOAD_FORMATS}, got {fmt!r}")
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, fmt)
+    if key not in _CACHE:
+        while len(_CACHE) >= 2:  # two formats of one model (a test's none and auto engines) stay loaded
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = _load(path, margs, fmt)
+    return _CACHE[key]
+
+
+def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
+    w = GGUFWeights(path, margs.num_heads, margs.num_kv_heads, GGUF_TYPES)
+    out: dict = {}
+    for i in range(margs.num_layers):
+        for module in PROJECTIONS:
+            out[f"layers.{i}.{module}"] = make_projection(*w.projection(i, module), fmt, f"layers.{i}.{module}")
+        for module, part in NORMS.items():
+            v = w.vector(f"blk.{i}.{part}.weight")
+            if v is not None:
+                out[f"layers.{i}.{module}.weight"] = v
+        _drop_mapped(w)
+    out["embed_tokens"] = _embedding(w.need("token_embd.weight"), fmt)
+    out["lm_head"] = _head(w, margs, fmt, out["embed_tokens"])
+    out["norm.weight"] = w.need("output_norm.weight").fp32()
+    _drop_mapped(w)
+    logger.info("weights from %s: %s, %.1f MiB as stored", path, fmt, w.nbytes() / 2**20)
+    return out
+
+
+def build_from_gguf(path: str, margs: ModelArgs, fmt: str) -> LlamaForCausalLM:
+    """A :class:`LlamaForCausalLM` on the CPU over :func:`load_gguf_weights` (shared modules, own layers)."""
+    parts = load_gguf_weights(path, margs, fmt)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(margs)
+    for name, value in parts.items():
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        if isinstance(value, nn.Module):
+            setattr(owner, attr, value)
+        else:
+            setattr(owner, attr, nn.Parameter(value, requires_grad=False))
+    model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise ValueError(f"{path}: no tensor for {left[:4]}")
+    return model.eval()
