@@ -127,7 +127,7 @@ def test_bad_inputs(ops, case):
     with pytest.raises(RuntimeError, match=r"Q4_K\): K = 288 is not a multiple of the block size 256"):
         ops.mm(torch.zeros(1, 288), w, 12)
     with pytest.raises(RuntimeError, match=r"Q4_K\): w must be contiguous uint8 \[N, K / 256 \* 144\] = \[N, 288\]"):
-        ops.mm(x, w[:, :288].contiguous(), 12)
+        ops.mm(x, w[:, :144].contiguous(), 12)
     with pytest.raises(RuntimeError, match=r"Q8_0\): w must be contiguous uint8"):
         ops.mm(x, ws["Q8_0"].view(torch.int8), 8)
     assert ops.mm(x[:0], w, 12).shape == (0, N)
@@ -140,7 +140,8 @@ def test_fallback_matches(ops, case, monkeypatch):
     for t in TYPES:
         out = quant.mm(x[:3], ws[t.name], t.ggml_type)
         torch.testing.assert_close(out, x[:3] @ quant.dequantize(ws[t.name], t.ggml_type).T)
-        torch.testing.assert_close(out, ops.mm(x[:3].contiguous(), ws[t.name], t.ggml_type), rtol=0.02, atol=0.05)
+        # the kernel differs by its int8 activations only (bounded in test_matches_dequantized_reference)
+        assert (out - ops.mm(x[:3].contiguous(), ws[t.name], t.ggml_type)).abs().max() <= 0.03 * out.abs().max()
     with pytest.raises(ValueError, match="K = 288 is not a multiple"):
         quant.mm(torch.zeros(1, 288), ws["Q4_K"], 12)
     with pytest.raises(ValueError, match="no kernel for ggml type 10"):
