@@ -3,7 +3,8 @@
 //
 // Super-blocks (llama.cpp ggml-common.h block_q4_K etc., dequantize_row_q4_K etc. in ggml-quants.c):
 //   Q4_K, 144 bytes: fp16 d, fp16 dmin, scales[12] (8 6-bit scales sc and 8 6-bit mins mn), qs[128].
-//        Sub-block j (32 elements) is the low (j even) or high (j odd) nibbles of qs[32 (j/2) ..]; w = d sc_j q - dmin mn_j.
+//        Sub-block j (32 elements) is the low (j even) or high (j odd) nibbles of qs[32 (j/2) ..];
+//        w = d sc_j q - dmin mn_j.
 //   Q5_K, 176 bytes: as Q4_K with qh[32] before qs: bit j of qh[i] is the fifth bit of element i of sub-block j.
 //   Q6_K, 210 bytes: ql[128], qh[64], int8 scales[16] (one per 16), fp16 d; w = d sc_g (q - 32), q 6 bits.
 // The integer part runs as in llama.cpp's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c): maddubs per
@@ -42,7 +43,11 @@ inline void scales_k4(const uint8_t* p, Decoded& o) {
   std::memcpy(sc + 4, &s_hi, 4);
   std::memcpy(mn, &m_lo, 4);
   std::memcpy(mn + 4, &m_hi, 4);
-  for (int j = 0; j < 8; ++j) o.sc[j] = _mm256_set1_epi16(sc[j]);
+  uint64_t s8;
+  std::memcpy(&s8, sc, 8);
+  const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s8)));
+  for (int j = 0; j < 8; ++j)  // int16 j broadcast
+    o.sc[j] = _mm256_shuffle_epi8(s16, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
   uint64_t m8;
   std::memcpy(&m8, mn, 8);
   const __m128i mv = _mm_cvtsi64_si128((long long)m8);
@@ -94,6 +99,9 @@ struct Q6_K {
     const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
     o.d = fp16(p + 208);
     o.dmin = 0.0f;
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+    const __m256i s16[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8)),
+                            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_unpackhi_epi64(s8, s8)))};
     for (int h = 0; h < 2; ++h) {
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
       for (int k = 0; k < 4; ++k) {
@@ -101,16 +109,20 @@ struct Q6_K {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32 * (k & 1)));
         const __m256i l4 = k < 2 ? _mm256_and_si256(v, lo) : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
         o.q[j] = _mm256_or_si256(l4, _mm256_and_si256(shift_to(qh, 2 * k, 4), hi2));
-        o.sc[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+        // low 128 bits: scale 2j for elements 0..15, high: scale 2j + 1 for 16..31
+        const int i = 4 * k;
+        o.sc[j] = _mm256_shuffle_epi8(s16[h], _mm256_set_m128i(_mm_set1_epi16((short)(((i + 3) << 8) | (i + 2))),
+                                                                _mm_set1_epi16((short)(((i + 1) << 8) | i))));
       }
     }
     // sum sc (q - 32) y = sum sc q y - 32 sum_g sc_g bsum_g
-    o.aux = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), 5);
+    o.aux = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5);
   }
 };
 
 template <class T>
 struct KQuant {
+  static constexpr int MAX_MB = 8;
   template <int RB, int MB>
   static void tile(const Ctx& c, int64_t n, int64_t m0) {
     const int64_t ns = c.K / 256;
@@ -129,7 +141,8 @@ struct KQuant {
         for (int m = 0; m < MB; ++m) {
           const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[m] + 32 * j));
           for (int r = 0; r < RB; ++r)
-            isum[r][m] = _mm256_add_epi32(isum[r][m], _mm256_madd_epi16(_mm256_maddubs_epi16(w[r].q[j], yv), w[r].sc[j]));
+            isum[r][m] = _mm256_add_epi32(isum[r][m],
+                                          _mm256_madd_epi16(_mm256_maddubs_epi16(w[r].q[j], yv), w[r].sc[j]));
         }
       for (int m = 0; m < MB; ++m) {
         const int64_t a = (m0 + m) * ns + s;

@@ -80,6 +80,7 @@ inline __m256i dot(__m256i q, __m256i y) {
 
 template <class T>
 struct Legacy {
+  static constexpr int MAX_MB = 4;
   // Outputs (m0 + m, n + r), r < RB, m < MB. Per output: a float accumulator (8 lanes) over the blocks in
   // order, one horizontal sum at the end, plus the minimum's scalar sum.
   template <int RB, int MB>

@@ -58,14 +58,30 @@ inline __m256i bit4_from_bits32(uint32_t bits) {
 
 template <class Kern, int MB>
 void row_range(const Ctx& c, int64_t n0, int64_t n1, int64_t m0) {
-  constexpr int RB = MB <= 2 ? 4 : 2;  // RB * MB accumulators fit the 16 ymm registers
+  constexpr int RB = MB <= 2 ? 4 : MB <= 4 ? 2 : 1;  // RB * MB accumulators fit the 16 ymm registers
   int64_t n = n0;
   for (; n + RB <= n1; n += RB) Kern::template tile<RB, MB>(c, n, m0);
   for (; n < n1; ++n) Kern::template tile<1, MB>(c, n, m0);
 }
 
-// Rows of the weight in groups that stay in L2 (~256 KB) while every 4-row activation tile passes over them;
-// each activation tile (4 x K bytes) stays in L1. Every product but a tiny one splits over the threads.
+// Activation rows [m0, m1) over weight rows [n0, n1) in tiles of up to Kern::MAX_MB rows (8 where the
+// kernel's accumulators allow: each weight block is then decoded once per 8 rows), the rest by 4, then 1-3.
+template <class Kern>
+void m_range(const Ctx& c, int64_t n0, int64_t n1, int64_t M) {
+  int64_t m0 = 0;
+  if (Kern::MAX_MB >= 8)
+    for (; m0 + 8 <= M; m0 += 8) row_range<Kern, Kern::MAX_MB >= 8 ? 8 : 4>(c, n0, n1, m0);
+  for (; m0 + 4 <= M; m0 += 4) row_range<Kern, 4>(c, n0, n1, m0);
+  switch (M - m0) {
+    case 1: row_range<Kern, 1>(c, n0, n1, m0); break;
+    case 2: row_range<Kern, 2>(c, n0, n1, m0); break;
+    case 3: row_range<Kern, 3>(c, n0, n1, m0); break;
+    default: break;
+  }
+}
+
+// Rows of the weight in groups that stay in L2 (~256 KB) while every activation tile passes over them;
+// each activation tile (8 x K bytes) stays in L1. Every product but a tiny one splits over the threads.
 template <class Kern>
 void run(const Ctx& c, int64_t M) {
   const int64_t group = std::max<int64_t>(8, (256 << 10) / std::max<int64_t>(1, c.row_bytes) / 8 * 8);
@@ -73,14 +89,7 @@ void run(const Ctx& c, int64_t M) {
   radixrt::parallel_for(0, c.N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t g = n0; g < n1; g += group) {
       const int64_t ge = std::min(n1, g + group);
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        switch (std::min<int64_t>(4, M - m0)) {
-          case 1: row_range<Kern, 1>(c, g, ge, m0); break;
-          case 2: row_range<Kern, 2>(c, g, ge, m0); break;
-          case 3: row_range<Kern, 3>(c, g, ge, m0); break;
-          default: row_range<Kern, 4>(c, g, ge, m0); break;
-        }
-      }
+      m_range<Kern>(c, g, ge, M);
     }
   });
 }
