@@ -1,0 +1,180 @@
+// GGUF's K-quants (256-element super-blocks) on int8 activations quantized per 256 (q8_act.h, Q8_K-style),
+// in the file's own layout.
+//
+// Super-blocks (llama.cpp ggml-common.h block_q4_K etc., dequantize_row_q4_K etc. in ggml-quants.c):
+//   Q4_K, 144 bytes: fp16 d, fp16 dmin, scales[12] (8 6-bit scales sc and 8 6-bit mins mn), qs[128].
+//        Sub-block j (32 elements) is the low (j even) or high (j odd) nibbles of qs[32 (j/2) ..];
+//        w = d sc_j q - dmin mn_j.
+//   Q5_K, 176 bytes: as Q4_K with qh[32] before qs: bit j of qh[i] is the fifth bit of element i of sub-block j.
+//   Q6_K, 210 bytes: ql[128], qh[64], int8 scales[16] (one per 16), fp16 d; w = d sc_g (q - 32), q 6 bits.
+// The integer part runs as in llama.cpp's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c): maddubs per
+// sub-block, then madd with the sub-block scale, summed in int32 over the super-block (exact); the minimum
+// (Q4_K/Q5_K) and Q6_K's offset of 32 come from the activations' per-16 sums. One float accumulator per output.
+//
+// Each weight row's super-block is decoded once per tile into 8 byte vectors and 8 scale vectors (L1 scratch),
+// then used by the MB activation rows of the tile.
+#include <ATen/ATen.h>
+#include <immintrin.h>
+#include "../avx2.h"
+#include "mm_driver.h"
+
+namespace radixrt {
+namespace ggml {
+namespace {
+
+struct Decoded {
+  __m256i q[8];   // unsigned element values of the 8 sub-blocks of 32
+  __m256i sc[8];  // int16 multipliers of each sub-block's 16 maddubs lanes
+  __m256i aux;    // int16 x 16, paired with the 16 bsums: Q4_K/Q5_K mins, Q6_K 32 * scale
+  float d, dmin;
+};
+
+inline __m256i shift_to(__m256i v, int from, int to) {  // bit `from` of every byte to bit `to` (others junk)
+  return from > to ? _mm256_srli_epi16(v, from - to) : _mm256_slli_epi16(v, to - from);
+}
+
+// The 12 bytes of 6-bit scales and mins (get_scale_min_k4's packing) -> Decoded::sc, Decoded::aux.
+inline void scales_k4(const uint8_t* p, Decoded& o) {
+  const uint32_t u0 = load_u32(p), u1 = load_u32(p + 4), u2 = load_u32(p + 8);
+  uint8_t sc[8], mn[8];
+  const uint32_t s_lo = u0 & 0x3f3f3f3f, s_hi = (u2 & 0x0f0f0f0f) | ((u0 >> 2) & 0x30303030);
+  const uint32_t m_lo = u1 & 0x3f3f3f3f, m_hi = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 2) & 0x30303030);
+  std::memcpy(sc, &s_lo, 4);
+  std::memcpy(sc + 4, &s_hi, 4);
+  std::memcpy(mn, &m_lo, 4);
+  std::memcpy(mn + 4, &m_hi, 4);
+  uint64_t s8;
+  std::memcpy(&s8, sc, 8);
+  const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s8)));
+  for (int j = 0; j < 8; ++j)  // int16 j broadcast
+    o.sc[j] = _mm256_shuffle_epi8(s16, _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))));
+  uint64_t m8;
+  std::memcpy(&m8, mn, 8);
+  const __m128i mv = _mm_cvtsi64_si128((long long)m8);
+  o.aux = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));  // mn_j for both 16-halves of sub-block j
+}
+
+struct Q4_K {
+  static constexpr int BYTES = 144;
+  static constexpr bool MIN = true;
+  static inline void decode(const uint8_t* p, Decoded& o) {
+    const __m256i lo = _mm256_set1_epi8(0x0F);
+    o.d = fp16(p);
+    o.dmin = fp16(p + 2);
+    scales_k4(p + 4, o);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * k));
+      o.q[2 * k] = _mm256_and_si256(v, lo);
+      o.q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+    }
+  }
+};
+
+struct Q5_K {
+  static constexpr int BYTES = 176;
+  static constexpr bool MIN = true;
+  static inline void decode(const uint8_t* p, Decoded& o) {
+    const __m256i lo = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+    o.d = fp16(p);
+    o.dmin = fp16(p + 2);
+    scales_k4(p + 4, o);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 48 + 32 * k));
+      const __m256i h0 = _mm256_and_si256(shift_to(qh, 2 * k, 4), b4);
+      const __m256i h1 = _mm256_and_si256(shift_to(qh, 2 * k + 1, 4), b4);
+      o.q[2 * k] = _mm256_or_si256(_mm256_and_si256(v, lo), h0);
+      o.q[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo), h1);
+    }
+  }
+};
+
+struct Q6_K {
+  static constexpr int BYTES = 210;
+  static constexpr bool MIN = false;
+  // Sub-block j = 4 h + k (elements 128 h + 32 k ..): low 4 bits from the low (k < 2) or high nibbles of
+  // ql[64 h + 32 (k & 1) ..], high 2 bits from bits 2k, 2k + 1 of qh[32 h ..].
+  static inline void decode(const uint8_t* p, Decoded& o) {
+    const __m256i lo = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+    o.d = fp16(p + 208);
+    o.dmin = 0.0f;
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+    const __m256i s16[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8)),
+                            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_unpackhi_epi64(s8, s8)))};
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * h + k;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32 * (k & 1)));
+        const __m256i l4 = k < 2 ? _mm256_and_si256(v, lo) : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo);
+        o.q[j] = _mm256_or_si256(l4, _mm256_and_si256(shift_to(qh, 2 * k, 4), hi2));
+        // low 128 bits: scale 2j for elements 0..15, high: scale 2j + 1 for 16..31
+        const int i = 4 * k;
+        o.sc[j] = _mm256_shuffle_epi8(s16[h], _mm256_set_m128i(_mm_set1_epi16((short)(((i + 3) << 8) | (i + 2))),
+                                                                _mm_set1_epi16((short)(((i + 1) << 8) | i))));
+      }
+    }
+    // sum sc (q - 32) y = sum sc q y - 32 sum_g sc_g bsum_g
+    o.aux = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5);
+  }
+};
+
+template <class T>
+struct KQuant {
+  static constexpr int MAX_MB = 8;
+  template <int RB, int MB>
+  static void tile(const Ctx& c, int64_t n, int64_t m0) {
+    const int64_t ns = c.K / 256;
+    __m256 acc[RB][MB];
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < MB; ++m) acc[r][m] = _mm256_setzero_ps();
+    Decoded w[RB];
+    for (int64_t s = 0; s < ns; ++s) {
+      for (int r = 0; r < RB; ++r) T::decode(c.W + (n + r) * c.row_bytes + s * T::BYTES, w[r]);
+      const int8_t* y[MB];
+      for (int m = 0; m < MB; ++m) y[m] = c.q + (m0 + m) * c.K + s * 256;
+      __m256i isum[RB][MB];
+      for (int r = 0; r < RB; ++r)
+        for (int m = 0; m < MB; ++m) isum[r][m] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j)
+        for (int m = 0; m < MB; ++m) {
+          const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[m] + 32 * j));
+          for (int r = 0; r < RB; ++r)
+            isum[r][m] = _mm256_add_epi32(isum[r][m],
+                                          _mm256_madd_epi16(_mm256_maddubs_epi16(w[r].q[j], yv), w[r].sc[j]));
+        }
+      for (int m = 0; m < MB; ++m) {
+        const int64_t a = (m0 + m) * ns + s;
+        const float dy = c.d[a];
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.bsums + a * 16));
+        for (int r = 0; r < RB; ++r) {
+          const __m256i corr = _mm256_madd_epi16(bs, w[r].aux);
+          if (T::MIN) {
+            acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][m]), _mm256_set1_ps(w[r].d * dy), acc[r][m]);
+            acc[r][m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(w[r].dmin * dy), acc[r][m]);
+          } else {
+            acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][m], corr)),
+                                        _mm256_set1_ps(w[r].d * dy), acc[r][m]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < MB; ++m) c.out[(m0 + m) * c.N + n + r] = hsum(acc[r][m]);
+  }
+};
+
+}  // namespace
+
+bool kquant_run(int64_t type, const Ctx& c, int64_t M) {
+  switch (type) {  // gguf's GGMLQuantizationType numbering
+    case 12: run<KQuant<Q4_K>>(c, M); return true;
+    case 13: run<KQuant<Q5_K>>(c, M); return true;
+    case 14: run<KQuant<Q6_K>>(c, M); return true;
+    default: return false;
+  }
+}
+
+}  // namespace ggml
+}  // namespace radixrt

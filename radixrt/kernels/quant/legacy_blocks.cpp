@@ -1,0 +1,129 @@
+// GGUF's 32-element block types on int8 activations (q8_act.h, 32-blocks), in the file's own layout.
+//
+// Blocks (llama.cpp ggml-common.h, dequantize_row_* in ggml-quants.c); element j < 16 is the low nibble of
+// qs[j], element j + 16 its high nibble:
+//   Q4_0, 18 bytes: fp16 d, qs[16];             w = (q - 8) d
+//   Q4_1, 20 bytes: fp16 d, fp16 m, qs[16];     w = q d + m
+//   Q5_0, 22 bytes: fp16 d, qh (u32), qs[16];   w = (q - 16) d, bit j of qh the fifth bit of element j
+//   Q5_1, 24 bytes: fp16 d, fp16 m, qh, qs[16]; w = q d + m
+//   Q8_0, 34 bytes: fp16 d, int8 q[32];         w = q d
+// The zero-point types are run as minimum types, m = -8 d or -16 d (exact), so one kernel covers four:
+// sum_j w_j x_j ~ d dy sum_j q_j qy_j + m dy sum_j qy_j, the integer part a maddubs dot product as in
+// llama.cpp's ggml_vec_dot_q4_1_q8_1 (ggml-cpu/arch/x86/quants.c); Q8_0 moves the weight's sign onto the
+// activation (ggml_vec_dot_q8_0_q8_0's trick) since maddubs wants one unsigned operand.
+#include <ATen/ATen.h>
+#include <immintrin.h>
+#include "../avx2.h"
+#include "mm_driver.h"
+
+namespace radixrt {
+namespace ggml {
+namespace {
+
+struct Q4_0 {
+  static constexpr int BYTES = 18;
+  static constexpr bool MIN = true;
+  static inline __m256i decode(const uint8_t* b, float& d, float& m) {
+    d = fp16(b);
+    m = -8.0f * d;
+    return nibbles16(b + 2);
+  }
+};
+
+struct Q4_1 {
+  static constexpr int BYTES = 20;
+  static constexpr bool MIN = true;
+  static inline __m256i decode(const uint8_t* b, float& d, float& m) {
+    d = fp16(b);
+    m = fp16(b + 2);
+    return nibbles16(b + 4);
+  }
+};
+
+struct Q5_0 {
+  static constexpr int BYTES = 22;
+  static constexpr bool MIN = true;
+  static inline __m256i decode(const uint8_t* b, float& d, float& m) {
+    d = fp16(b);
+    m = -16.0f * d;
+    return _mm256_or_si256(nibbles16(b + 6), bit4_from_bits32(load_u32(b + 2)));
+  }
+};
+
+struct Q5_1 {
+  static constexpr int BYTES = 24;
+  static constexpr bool MIN = true;
+  static inline __m256i decode(const uint8_t* b, float& d, float& m) {
+    d = fp16(b);
+    m = fp16(b + 2);
+    return _mm256_or_si256(nibbles16(b + 8), bit4_from_bits32(load_u32(b + 4)));
+  }
+};
+
+struct Q8_0 {
+  static constexpr int BYTES = 34;
+  static constexpr bool MIN = false;
+  static inline __m256i decode(const uint8_t* b, float& d, float& m) {
+    d = fp16(b);
+    m = 0.0f;
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  }
+};
+
+// int32 x 8 partial sums of q . y over one block.
+template <class T>
+inline __m256i dot(__m256i q, __m256i y) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if (T::MIN) return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones);
+}
+
+template <class T>
+struct Legacy {
+  static constexpr int MAX_MB = 4;
+  // Outputs (m0 + m, n + r), r < RB, m < MB. Per output: a float accumulator (8 lanes) over the blocks in
+  // order, one horizontal sum at the end, plus the minimum's scalar sum.
+  template <int RB, int MB>
+  static void tile(const Ctx& c, int64_t n, int64_t m0) {
+    const int64_t nb = c.K / 32;
+    __m256 acc[RB][MB];
+    float mins[RB][MB];
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < MB; ++m) { acc[r][m] = _mm256_setzero_ps(); mins[r][m] = 0.0f; }
+    const uint8_t* rows[RB];
+    for (int r = 0; r < RB; ++r) rows[r] = c.W + (n + r) * c.row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i q[RB];
+      float d[RB], mn[RB];
+      for (int r = 0; r < RB; ++r) q[r] = T::decode(rows[r] + b * T::BYTES, d[r], mn[r]);
+      for (int m = 0; m < MB; ++m) {
+        const int64_t a = (m0 + m) * nb + b;
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.q + a * 32));
+        const float dy = c.d[a];
+        for (int r = 0; r < RB; ++r) {
+          acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot<T>(q[r], y)), _mm256_set1_ps(d[r] * dy), acc[r][m]);
+          if (T::MIN) mins[r][m] += mn[r] * c.s[a];
+        }
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < MB; ++m)
+        c.out[(m0 + m) * c.N + n + r] = T::MIN ? hsum(acc[r][m]) + mins[r][m] : hsum(acc[r][m]);
+  }
+};
+
+}  // namespace
+
+bool legacy_run(int64_t type, const Ctx& c, int64_t M) {
+  switch (type) {  // gguf's GGMLQuantizationType numbering
+    case 2: run<Legacy<Q4_0>>(c, M); return true;
+    case 3: run<Legacy<Q4_1>>(c, M); return true;
+    case 6: run<Legacy<Q5_0>>(c, M); return true;
+    case 7: run<Legacy<Q5_1>>(c, M); return true;
+    case 8: run<Legacy<Q8_0>>(c, M); return true;
+    default: return false;
+  }
+}
+
+}  // namespace ggml
+}  // namespace radixrt
