@@ -29,7 +29,8 @@ namespace {
 
 using namespace radixrt::dense;
 
-constexpr int64_t STREAM_ROWS = 2;  // up to here rows stream the weight; above, the blocked driver
+constexpr int64_t STREAM_ROWS = 8;  // up to here rows stream the weight; above, the blocked driver
+constexpr int64_t KC_STREAM = 512;  // the streaming driver's K block past 2 rows: 64 KB of fp32 panel
 constexpr int64_t KC = 256;         // K block: a half panel block (KC x 64 B fp32) plus an x block fit L1
 // Below this much work one thread does it all: waking the others costs more than it saves.
 constexpr int64_t PARALLEL_MIN_BYTES = 1 << 20, PARALLEL_MIN_MACS = 1 << 22;
@@ -63,9 +64,11 @@ template <class T>
 void widen_block(const T* w, int64_t kc, float* out) {
   for (int64_t k = 0; k < kc; ++k)
     for (int h = 0; h < 2; ++h) {
+      __m256 lo, hi;
+      widen16(w + k * PANEL + 16 * h, lo, hi);
+      order16<T>(lo, hi);
       float* o = out + h * kc * 16 + k * 16;
-      _mm256_storeu_ps(o, widen8(w + k * PANEL + 16 * h));
-      _mm256_storeu_ps(o + 8, widen8(w + k * PANEL + 16 * h + 8));
+      _mm256_storeu_ps(o, lo), _mm256_storeu_ps(o + 8, hi);
     }
 }
 
@@ -74,12 +77,23 @@ template <class T>
 void panels(const Job& j, const T* w, int64_t p0, int64_t p1) {
   const int64_t M = j.M, K = j.K, ldy = j.ldy;
   if (j.xp == nullptr) {
+    // Rows in pairs; past 2 rows in K blocks, so that the later pairs find the block in L2.
+    const int64_t kcs = M <= 2 ? K : KC_STREAM;
     for (int64_t p = p0; p < p1; ++p) {
       const T* wp = w + p * K * PANEL;
       float* yp = j.y + p * PANEL;
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) stream_tile<2, T>(j.x + m * K, K, wp, K, yp + m * ldy, ldy, true);
-      if (m < M) stream_tile<1, T>(j.x + m * K, K, wp, K, yp + m * ldy, ldy, true);
+      if (M == 1 && p + 1 < p1) {
+        stream_tile_pair<T>(j.x, wp, K * PANEL, K, yp);
+        ++p;
+        continue;
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += kcs) {
+        const int64_t kc = std::min(kcs, K - k0);
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2)
+          stream_tile<2, T>(j.x + m * K + k0, K, wp + k0 * PANEL, kc, yp + m * ldy, ldy, k0 == 0);
+        if (m < M) stream_tile<1, T>(j.x + m * K + k0, K, wp + k0 * PANEL, kc, yp + m * ldy, ldy, k0 == 0);
+      }
     }
     return;
   }
@@ -142,13 +156,13 @@ void run(const at::Tensor& x, const at::Tensor& w_p, at::Tensor& y) {
 // x [M, K] fp32 contiguous, w_p [N * K] fp32 / fp16 / bf16 in the panel layout above -> [M, N] fp32.
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w_p) {
   TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
-              "x must be fp32 [M, K] contiguous, got ", x.dtype(), " ", x.sizes());
+              "x must be fp32 [M, K] contiguous, got ", x.scalar_type(), " ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1);
   const auto dt = w_p.scalar_type();
   TORCH_CHECK((dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16) && w_p.dim() == 1 && w_p.is_contiguous() &&
                   K > 0 && w_p.numel() % K == 0,
               "w_p must be fp32, fp16 or bf16 [N * K] contiguous, the panel layout of a [N, K] weight; got ",
-              w_p.dtype(), " ", w_p.sizes(), " for x ", x.sizes());
+              w_p.scalar_type(), " ", w_p.sizes(), " for x ", x.sizes());
   auto y = radixrt::empty_like_dtype({M, w_p.numel() / K}, x);
   if (M == 0 || y.size(1) == 0) return y;
   if (dt == at::kFloat) run<float>(x, w_p, y);

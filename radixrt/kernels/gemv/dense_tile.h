@@ -9,28 +9,54 @@
 #include <ATen/ATen.h>
 #include <immintrin.h>
 #include <cstdint>
+#include <type_traits>
 
 namespace radixrt::dense {
 
 constexpr int64_t PANEL = 32;  // output columns per weight panel (kernels/gemv/__init__.py: pack_panels)
 constexpr int MR = 6;          // rows of x per packed block: 6 x 2 accumulators + 2 weights + 1 broadcast
 
-inline __m256 widen8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 widen8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// 16 weights widened to fp32, into (lo, hi). fp32 and fp16: columns 0-7 and 8-15. bf16 is the top half
+// of an fp32, so one 32-byte load and two interleaves with zero widen 16 at once (where a zero-extend and a
+// shift per 8 cost twice the instructions: measured, batch-1 bf16 at half of fp16's speed from cache); the
+// interleave leaves columns 0-3, 8-11 in lo and 4-7, 12-15 in hi, which order16 puts back in place. The
+// FMA chains do not care which lane holds a column, so accumulators stay in that order until stored.
+inline void widen16(const float* p, __m256& lo, __m256& hi) { lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8); }
+inline void widen16(const at::Half* p, __m256& lo, __m256& hi) {
+  lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
 }
-// bf16 is the top half of an fp32: zero-extend to 32 bits, shift into place.
-inline __m256 widen8(const at::BFloat16* p) {
-  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+inline void widen16(const at::BFloat16* p, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), z = _mm256_setzero_si256();
+  lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v)), hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v));
+}
+// bf16's lane order <-> column order (its own inverse); nothing for the others.
+template <class T>
+inline void order16(__m256& lo, __m256& hi) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    const __m256 a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
+    lo = a, hi = b;
+  }
 }
 inline float widen1(float v) { return v; }
 inline float widen1(at::Half v) { return static_cast<float>(v); }
 inline float widen1(at::BFloat16 v) { return static_cast<float>(v); }
 
-// The accumulators are named variables, not an array: GCC keeps an array of __m256 in memory and stores
-// it on every k (measured: 30 vs 80 GFLOP/s for oneDNN), where named variables stay in registers.
+// Accumulators are named variables, not an array: GCC keeps an array of __m256 in memory and stores it on
+// every k (measured: 30 vs 80 GFLOP/s for oneDNN), where named variables stay in registers.
 #define RADIXRT_ACC_INIT(v, off) v = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + (off))
+
+// 32 accumulators' worth of y at y (lane order of T) <- / -> memory.
+template <class T>
+inline void load32(const float* y, bool first, __m256& a0, __m256& a1, __m256& a2, __m256& a3) {
+  RADIXRT_ACC_INIT(a0, 0), RADIXRT_ACC_INIT(a1, 8), RADIXRT_ACC_INIT(a2, 16), RADIXRT_ACC_INIT(a3, 24);
+  order16<T>(a0, a1), order16<T>(a2, a3);
+}
+template <class T>
+inline void store32(float* y, __m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  order16<T>(a0, a1), order16<T>(a2, a3);
+  _mm256_storeu_ps(y, a0), _mm256_storeu_ps(y + 8, a1), _mm256_storeu_ps(y + 16, a2), _mm256_storeu_ps(y + 24, a3);
+}
 
 // Few rows (decode): R <= 2 rows of x (ldx apart, k contiguous) times a whole panel block w [kc, 32] of T,
 // widened as it is read. 4 accumulators per row keep 4 chains in flight, which a memory-bound stream needs
@@ -39,14 +65,11 @@ template <int R, class T>
 inline void stream_tile(const float* x, int64_t ldx, const T* w, int64_t kc, float* y, int64_t ldy, bool first) {
   static_assert(R == 1 || R == 2);
   __m256 a0, a1, a2, a3, b0, b1, b2, b3;
-  RADIXRT_ACC_INIT(a0, 0); RADIXRT_ACC_INIT(a1, 8); RADIXRT_ACC_INIT(a2, 16); RADIXRT_ACC_INIT(a3, 24);
-  if constexpr (R == 2) {
-    RADIXRT_ACC_INIT(b0, ldy); RADIXRT_ACC_INIT(b1, ldy + 8); RADIXRT_ACC_INIT(b2, ldy + 16);
-    RADIXRT_ACC_INIT(b3, ldy + 24);
-  }
+  load32<T>(y, first, a0, a1, a2, a3);
+  if constexpr (R == 2) load32<T>(y + ldy, first, b0, b1, b2, b3);
   for (int64_t k = 0; k < kc; ++k) {
-    const T* wk = w + k * PANEL;
-    const __m256 w0 = widen8(wk), w1 = widen8(wk + 8), w2 = widen8(wk + 16), w3 = widen8(wk + 24);
+    __m256 w0, w1, w2, w3;
+    widen16(w + k * PANEL, w0, w1), widen16(w + k * PANEL + 16, w2, w3);
     const __m256 xa = _mm256_broadcast_ss(x + k);
     a0 = _mm256_fmadd_ps(xa, w0, a0), a1 = _mm256_fmadd_ps(xa, w1, a1);
     a2 = _mm256_fmadd_ps(xa, w2, a2), a3 = _mm256_fmadd_ps(xa, w3, a3);
@@ -56,12 +79,28 @@ inline void stream_tile(const float* x, int64_t ldx, const T* w, int64_t kc, flo
       b2 = _mm256_fmadd_ps(xb, w2, b2), b3 = _mm256_fmadd_ps(xb, w3, b3);
     }
   }
-  _mm256_storeu_ps(y, a0), _mm256_storeu_ps(y + 8, a1), _mm256_storeu_ps(y + 16, a2), _mm256_storeu_ps(y + 24, a3);
-  if constexpr (R == 2) {
-    float* yb = y + ldy;
-    _mm256_storeu_ps(yb, b0), _mm256_storeu_ps(yb + 8, b1), _mm256_storeu_ps(yb + 16, b2);
-    _mm256_storeu_ps(yb + 24, b3);
+  store32<T>(y, a0, a1, a2, a3);
+  if constexpr (R == 2) store32<T>(y + ldy, b0, b1, b2, b3);
+}
+
+// One row (batch-1 decode) times two panels at once, the second `next` elements after the first: 8 chains
+// in flight instead of 4, so that widening and the FMA latency stay hidden under the memory read.
+template <class T>
+inline void stream_tile_pair(const float* x, const T* w, int64_t next, int64_t kc, float* y) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  const T* v = w + next;
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 xk = _mm256_broadcast_ss(x + k);
+    __m256 w0, w1, w2, w3, v0, v1, v2, v3;
+    widen16(w + k * PANEL, w0, w1), widen16(w + k * PANEL + 16, w2, w3);
+    a0 = _mm256_fmadd_ps(xk, w0, a0), a1 = _mm256_fmadd_ps(xk, w1, a1);
+    a2 = _mm256_fmadd_ps(xk, w2, a2), a3 = _mm256_fmadd_ps(xk, w3, a3);
+    widen16(v + k * PANEL, v0, v1), widen16(v + k * PANEL + 16, v2, v3);
+    b0 = _mm256_fmadd_ps(xk, v0, b0), b1 = _mm256_fmadd_ps(xk, v1, b1);
+    b2 = _mm256_fmadd_ps(xk, v2, b2), b3 = _mm256_fmadd_ps(xk, v3, b3);
   }
+  store32<T>(y, a0, a1, a2, a3);
+  store32<T>(y + PANEL, b0, b1, b2, b3);
 }
 
 // Many rows: R <= MR rows of a packed x block (xp [kc, MR], the MR values of one k adjacent) times a half
