@@ -105,7 +105,7 @@ def test_dense_weight_one_copy(dtype):
     forced = DenseWeight(w.float(), torch.bfloat16)
     assert forced.dtype == torch.bfloat16 and forced.nbytes == 70 * 40 * 2
     assert torch.equal(forced.dense(), w.float().bfloat16().float())
-    assert DenseWeight(w, True).dtype == dtype  # the old gemv= flag, positional: ignored
+    assert DenseWeight(w, True).dtype == dtype and DenseWeight(w, gemv=False).panels.dtype == dtype  # old flag
     with pytest.raises(ValueError, match=r"x must be fp32 \[M, 40\], got torch.float16 \(9, 40\)"):
         d(x.half())
     with pytest.raises(ValueError, match=r"x must be fp32 \[M, 40\], got torch.float32 \(9, 41\)"):

@@ -57,7 +57,8 @@ class DenseWeight:
     Args:
         weight: ``[N, K]`` fp32, fp16 or bf16 (any device; copied to the CPU).
         dtype: the dtype to hold it in (one of those three); default the weight's own. A bool here is the
-            old ``gemv=`` flag and is ignored: there is one copy whatever it says.
+            old positional ``gemv`` flag (runtime/layers/quant.py passes one) and is ignored, like ``gemv=``:
+            there is one copy whatever it says.
 
     Attributes:
         shape: ``(N, K)``.
@@ -72,7 +73,7 @@ class DenseWeight:
         ValueError: ``weight`` is not 2-D, or ``weight`` / ``dtype`` is not fp32, fp16 or bf16.
     """
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype | bool | None = None):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype | bool | None = None, gemv: bool | None = None):
         if isinstance(dtype, bool):
             dtype = None
         dtype = weight.dtype if dtype is None else dtype
