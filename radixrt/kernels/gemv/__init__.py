@@ -1,18 +1,21 @@
-"""fp32 products ``x @ w.T`` of a projection, in the layout that wins at the step's row count.
+"""Dense CPU products ``x @ w.T`` of a projection: one copy of the weight, in its own dtype, for every row count.
 
-- Up to :data:`MAX_ROWS` rows, radixrt's C++ GEMV (``fp32_gemv.cpp``) over the weight repacked once into
-  column panels (:func:`pack_panels`): each thread reads one contiguous range of the weight, which is all a
-  memory-bound product needs. BLAS pays for packing the weight on every call and, on a VM, for waking its
-  threads.
-- More rows, oneDNN's inner product (``torch.ops.mkldnn._linear_pointwise``) over a copy packed once into its
-  own blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's CPU freezing pass
-  does).
-- Without the C++ library or oneDNN, ``x @ w_t``.
+The C++ op (``dense_gemm.cpp``, built by :mod:`radixrt.kernels.cpp`)::
 
-Measured on SmolLM2's whole-model projections (30 layers x 4 + the LM head, 121 distinct weights, so none
-is in cache; 2 cores; ms, panel GEMV vs oneDNN, one run): rows 1: 15.1 vs 29.7, 4: 21.3 vs 31.2, 6: 24.6 vs
-27.8, 8: 29.5 vs 30.2, 12: 35.5 vs 35.7. Earlier, oneDNN vs ``x @ w_t``: rows 8: 29.9 vs 77.0, 32: 58.6 vs
-118.0, 64: 100.9 vs 160.1, 256: 365.7 vs 493.4, 1024: 1427.2 vs 1789.3.
+    torch.ops.radixrt_gemv.gemv(Tensor x, Tensor w_p) -> Tensor
+
+takes ``x [M, K]`` fp32 contiguous, any ``M >= 0``, and ``w_p [N * K]``: the weight ``w [N, K]`` in the panel
+layout of :func:`pack_panels`, fp32, fp16 or bf16 (widened to fp32 exactly as it is read), and returns
+``[M, N]`` fp32. Each output is one FMA chain in k order whatever ``M``, the row's position or the thread
+count, so a row's result is the same bits alone or among 1000 rows: greedy tokens do not depend on whether
+a prefix came from the cache. It raises ``RuntimeError`` ("x must be fp32 ...", "w_p must be fp32, fp16 or
+bf16 ...") on other dtypes, non-contiguous inputs or a ``w_p`` whose size is not a multiple of ``K``.
+
+Why one kernel: the earlier design ran this GEMV up to 8 rows and oneDNN's packed copy above, which kept two
+fp32 copies of every weight and gave a row different bits at 8 and 9 rows. Measured, 2 cores, one run
+(``benchmarks/bench_dense.py``, figures in ``benchmarks/results/dense.json``): at 512 rows this kernel runs
+at about oneDNN's fp32 speed; at 1 row it reads the weight near the memory roofline, and fp16/bf16 read half
+the bytes.
 """
 from __future__ import annotations
 
@@ -20,19 +23,21 @@ import torch
 
 from radixrt.kernels import cpp
 
-# Rows up to which the C++ GEMV runs (at 8 it ties oneDNN, figures above).
+PANEL = 32  # output columns per panel, as in dense_tile.h
+# Kept for callers that still read it (runtime/layers/quant.py); no row count changes the kernel any more.
 MAX_ROWS = 8
-PANEL = 32  # output columns per panel, as in fp32_gemv.cpp
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def onednn_ok() -> bool:
-    """True where torch has oneDNN (every x86 CPU build does)."""
+    """True where torch has oneDNN (every x86 CPU build does); the benchmark compares against it."""
     return torch.backends.mkldnn.is_available()
 
 
 def pack_panels(w: torch.Tensor) -> torch.Tensor:
-    """``w [N, K]`` fp32 -> ``[N * K]`` fp32: panels of :data:`PANEL` rows of ``w`` (output columns), each
-    stored transposed ``[K, PANEL]``, one after another; the last ``[K, N % PANEL]`` when ``N`` is ragged."""
+    """``w [N, K]`` (any dtype) -> ``[N * K]`` of the same dtype: panels of :data:`PANEL` rows of ``w``
+    (output columns), each stored transposed ``[K, PANEL]``, one after another; the last ``[K, N % PANEL]``
+    when ``N`` is ragged."""
     n, k = w.shape
     full = n - n % PANEL
     head = w[:full].reshape(full // PANEL, PANEL, k).transpose(1, 2).reshape(-1)
@@ -40,53 +45,72 @@ def pack_panels(w: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_panels(w_p: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The inverse of :func:`pack_panels`: ``[N * K]`` -> ``[N, K]``."""
+    """The inverse of :func:`pack_panels`: ``[N * K]`` -> ``[N, K]``, same dtype."""
     full = n - n % PANEL
     head = w_p[:full * k].reshape(full // PANEL, k, PANEL).transpose(1, 2).reshape(full, k)
     return torch.cat([head, w_p[full * k:].reshape(k, n - full).t()])
 
 
 class DenseWeight:
-    """An fp32 CPU weight ``[N, K]`` in the layouts its products run from.
+    """A CPU weight ``[N, K]`` held once, in fp32, fp16 or bf16, multiplied by fp32 rows.
+
+    Args:
+        weight: ``[N, K]`` fp32, fp16 or bf16 (any device; copied to the CPU).
+        dtype: the dtype to hold it in (one of those three); default the weight's own. A bool here is the
+            old positional ``gemv`` flag (runtime/layers/quant.py passes one) and is ignored, like ``gemv=``:
+            there is one copy whatever it says.
 
     Attributes:
         shape: ``(N, K)``.
-        panels: ``[N * K]`` fp32, the GEMV's layout (:func:`pack_panels`), with ``gemv=True`` and the C++
-            library; else ``None``.
-        packed: oneDNN's blocked copy (an opaque ``torch._mkldnn`` tensor of shape ``[N, K]``), or ``None``.
-        w_t: ``[K, N]`` fp32 for ``x @ w_t``, only where neither of the others covers a row count.
+        dtype: the dtype held.
+        panels: ``[N * K]`` in ``dtype``, the layout of :func:`pack_panels`, when the C++ library is loaded;
+            else ``None``.
+        w_t: ``[K, N]`` in ``dtype`` (a transposed view of the plain ``[N, K]`` copy) when it is not; else
+            ``None``.
+        nbytes: bytes held (``N * K * 2`` or ``* 4``).
 
-    ``gemv=False`` (a quantized module, whose own kernel takes every row count the GEMV would) keeps one
-    fp32 copy, the packed one; ``gemv=True`` keeps two: the fp32 format pays twice the weight memory for the
-    GEMV at a few rows and oneDNN above.
+    Raises:
+        ValueError: ``weight`` is not 2-D, or ``weight`` / ``dtype`` is not fp32, fp16 or bf16.
     """
 
-    def __init__(self, weight: torch.Tensor, gemv: bool = True):
-        w = weight.detach().float().contiguous()
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype | bool | None = None, gemv: bool | None = None):
+        if isinstance(dtype, bool):
+            dtype = None
+        dtype = weight.dtype if dtype is None else dtype
+        if weight.dim() != 2 or weight.dtype not in DTYPES or dtype not in DTYPES:
+            raise ValueError(f"DenseWeight: weight must be [N, K] fp32, fp16 or bf16 and dtype one of those; got "
+                             f"{weight.dtype} {tuple(weight.shape)}, dtype={dtype}")
+        w = weight.detach().to("cpu", dtype).contiguous()
         self.shape = tuple(w.shape)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w) if onednn_ok() else None
-        self.panels = pack_panels(w) if gemv and cpp.ops("radixrt_gemv") is not None else None
-        self.w_t = w.t().contiguous() if self.packed is None else None
+        self.dtype = dtype
+        if cpp.ops("radixrt_gemv") is not None:
+            self.panels, self.w_t = pack_panels(w), None
+        else:
+            self.panels, self.w_t = None, w.t()
+        self.nbytes = w.numel() * w.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [M, K]`` fp32 -> ``x @ w.T + bias`` ``[M, N]`` fp32."""
+        """``x [M, K]`` fp32 -> ``x @ w.T + bias`` ``[M, N]`` fp32 (``bias [N]`` fp32 or ``None``).
+
+        Raises:
+            ValueError: ``x`` is not fp32 ``[M, K]``.
+        """
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"DenseWeight: x must be fp32 [M, {self.shape[1]}], got {x.dtype} {tuple(x.shape)}")
         how, w = self.kernel(x.shape[0])
-        if how == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, bias, "none", [], "")
-        y = cpp.ops("radixrt_gemv").gemv(x.contiguous(), w) if how == "gemv" else x @ w
+        if how == "gemv":
+            y = cpp.ops("radixrt_gemv").gemv(x.contiguous(), w)
+        else:
+            y = x @ (w if w.dtype == torch.float32 else w.float())
         return y if bias is None else y + bias
 
     def kernel(self, rows: int) -> tuple[str, torch.Tensor]:
-        """``(how, weight)`` of a product of ``rows`` rows: ``"gemv"`` with ``panels``, ``"onednn"`` with
-        ``packed``, or ``"dense_t"`` with ``w_t`` (for ``radixrt_layer.decode_layer``)."""
-        if self.panels is not None and rows <= MAX_ROWS:
-            return "gemv", self.panels
-        if self.packed is not None:
-            return "onednn", self.packed
-        return "dense_t", self.w_t
+        """``(how, weight)`` of a product of ``rows`` rows, for ``radixrt_layer.decode_layer``: ``"gemv"``
+        with ``panels`` (any row count, any of the three dtypes: the op reads the dtype off the tensor), or,
+        without the C++ library, ``"dense_t"`` with ``w_t``."""
+        return ("gemv", self.panels) if self.panels is not None else ("dense_t", self.w_t)
 
     def dense(self) -> torch.Tensor:
-        """The values ``[N, K]`` fp32 (a copy out of a packed layout when ``w_t`` is gone)."""
-        if self.w_t is not None:
-            return self.w_t.t()
-        return self.packed.to_dense() if self.packed is not None else unpack_panels(self.panels, *self.shape)
+        """The values ``[N, K]`` fp32 (a new tensor, or a view of ``w_t`` when that is fp32)."""
+        w = unpack_panels(self.panels, *self.shape) if self.panels is not None else self.w_t.t()
+        return w.float()
