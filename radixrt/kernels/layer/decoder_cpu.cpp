@@ -13,7 +13,8 @@
 // to the Python path, and each still shows in the torch profiler under its own name.
 //
 // A projection is (kind, weight): DENSE_T torch mm with w_t [K, N]; GEMV radixrt_gemv::gemv over its panel layout;
-// Q4_1X8 / Q4_1 / Q8_0 radixrt_ggml's kernels over GGUF blocks; ONEDNN mkldnn::_linear_pointwise over its
+// Q4_1X8 / Q4_1 / Q8_0 radixrt_ggml's kernels over GGUF blocks; GGML_BASE + t radixrt_ggml::mm over blocks of
+// ggml type t; ONEDNN mkldnn::_linear_pointwise over its
 // packed weight. The caller picks the kind for the step's row
 // count (runtime/layers/quant.py, kernel_weight).
 #include <ATen/ATen.h>
@@ -26,9 +27,10 @@
 
 namespace {
 
-enum Kind : int64_t { DENSE_T = 0, GEMV = 1, Q4_1X8 = 2, Q4_1 = 3, Q8_0 = 4, ONEDNN = 5 };
+enum Kind : int64_t { DENSE_T = 0, GEMV = 1, Q4_1X8 = 2, Q4_1 = 3, Q8_0 = 4, ONEDNN = 5, GGML_BASE = 100 };
 
 using Mm = at::Tensor(const at::Tensor&, const at::Tensor&);
+using TypedMm = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t);
 using Norm = at::Tensor(const at::Tensor&, const at::Tensor&, double);
 // The types must be the kernels' own (typed() checks them): a mutated tensor is taken by value there.
 using AddNorm = at::Tensor(const at::Tensor&, at::Tensor, const at::Tensor&, double);
@@ -52,6 +54,7 @@ struct Ops {
   c10::TypedOperatorHandle<Mm> q4_1x8 = handle<Mm>("radixrt_ggml::q4_1x8_mm");
   c10::TypedOperatorHandle<Mm> q4_1 = handle<Mm>("radixrt_ggml::q4_1_mm");
   c10::TypedOperatorHandle<Mm> q8_0 = handle<Mm>("radixrt_ggml::q8_0_mm");
+  c10::TypedOperatorHandle<TypedMm> ggml = handle<TypedMm>("radixrt_ggml::mm");
   c10::TypedOperatorHandle<Norm> rms_norm = handle<Norm>("radixrt_fused::rms_norm");
   c10::TypedOperatorHandle<AddNorm> add_rms_norm = handle<AddNorm>("radixrt_fused::add_rms_norm");
   c10::TypedOperatorHandle<Unary> silu_mul = handle<Unary>("radixrt_fused::silu_mul");
@@ -84,6 +87,7 @@ at::Tensor linear(const at::Tensor& x, int64_t kind, const at::Tensor& w) {
     case Q8_0: return ops().q8_0.call(x, w);
     case ONEDNN: return onednn(x, w);
   }
+  if (kind > GGML_BASE) return ops().ggml.call(x, w, kind - GGML_BASE);  // any GGUF block type, any rows
   TORCH_CHECK(false, "decode_layer: unknown projection kind ", kind);
   return {};
 }

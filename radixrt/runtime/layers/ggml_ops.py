@@ -35,8 +35,3 @@ def dequantize_rows(blocks: torch.Tensor, name: str, cols: int) -> torch.Tensor:
 def mm(x: torch.Tensor, blocks: torch.Tensor, tid: int) -> torch.Tensor:
     """``x [M, K]`` fp32 @ the blocks' weight ``[N, K]`` -> ``[M, N]`` fp32 (:func:`radixrt.kernels.quant.mm`)."""
     return kq.mm(x, blocks, tid)
-
-
-def legacy_ops():
-    """``torch.ops.radixrt_ggml`` for the Q4_1/Q8_0 modules of ``--quantization q4|int8``, or None."""
-    return kq.ggml_gemv()

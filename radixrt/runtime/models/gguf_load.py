@@ -68,9 +68,9 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
                              for i, w in enumerate(weights)])
     dense = torch.cat([w.fp32() for w in weights])
     blocks = None
-    if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_1", "Q8_0"):
+    if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_0", "Q4_1", "Q8_0"):
         blocks = (weights[0].type_name, torch.cat([w.torch_bytes() for w in weights]))
-    return make_linear(fmt, name, dense, bias, blocks, ggml.legacy_ops() if fmt in ("q4", "int8") else None)
+    return make_linear(fmt, name, dense, bias, blocks)
 
 
 def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module) -> nn.Module:
