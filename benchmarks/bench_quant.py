@@ -1,6 +1,6 @@
-"""Weight-format crossover (issue 12): the whole model's projections (30 layers x 4 fused projections + the
-LM head) at M rows, per format, against fp32; the row count where a format stops beating fp32 sets
-``MAX_ROWS`` in ``radixrt/runtime/layers/quant.py``.
+"""Weight formats side by side (issue 26): the whole model's projections (30 layers x 4 fused projections +
+the LM head) at M rows, per format (``auto``: the GGUF's own blocks; ``none``/``fp16``/``bf16``: the panel
+kernel; ``int8``/``q4``: Q8_0/Q4_1 blocks). Every format runs one kernel at every row count.
 
 Each cell is the best of ``--reps`` rounds in milliseconds; a round times every format in turn at that row
 count, so the formats compared share the machine's state of the moment. ``--cpu-time`` measures the thread's CPU time
@@ -15,29 +15,22 @@ import time
 import torch
 from torch import nn
 
-from radixrt.kernels.gemv import DenseWeight
-from radixrt.runtime.layers.quant import QuantLinear, quantize_for_source
-from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
-from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.gguf_load import build_from_gguf
+from radixrt.runtime.models.loader import default_gguf_path, load_config
 
 
 def load(fmt: str) -> list[nn.Module]:
-    cfg = load_config(None)
-    a = LlamaArgs.from_hf(cfg)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(a)
-    model = model.to_empty(device="cpu")
-    model.load_hf_state_dict(load_state_dict(None))
-    quantize_for_source(model, fmt, resolve_model(None), torch.device("cpu"))
-    mods = [m for n, m in model.named_modules() if n.endswith("_proj")]
-    if fmt == "none":  # compute_logits' own copy of the tied head
-        mods.append(DenseWeight(model.embed_tokens.weight))
-    else:
-        mods.append(model.lm_head)
-    for m in mods:
-        if isinstance(m, QuantLinear):
-            m.max_rows = 1 << 30
-    return mods
+    model = build_from_gguf(default_gguf_path(), ModelArgs.from_hf(load_config(None)), fmt)
+    return [m for n, m in model.named_modules() if n.endswith("_proj")] + [model.lm_head]
+
+
+def in_features(mod: nn.Module) -> int:
+    if hasattr(mod, "in_features"):
+        return mod.in_features
+    if hasattr(mod, "parts"):
+        return in_features(mod.parts[0])
+    return mod.fp32.shape[1]
 
 
 def time_ms(mods, m: int, reps: int, clock) -> float:
@@ -47,15 +40,14 @@ def time_ms(mods, m: int, reps: int, clock) -> float:
         for _ in range(reps + 1):
             t = clock()
             for mod in mods:
-                k = mod.fp32.shape[1] if isinstance(mod, nn.Module) else 576
-                mod(xs[k])
+                mod(xs[in_features(mod)])
             best = min(best, clock() - t)
     return best * 1e3
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--formats", default="none,fp16,int8,q4")
+    ap.add_argument("--formats", default="auto,none,fp16,bf16,int8,q4")
     ap.add_argument("--rows", default="1,2,4,8,16,32")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cpu-time", action="store_true")
