@@ -181,6 +181,23 @@ class HTTPSystem(System):
         asyncio.run(go())
 
 
+class RestartedServer(HTTPSystem):
+    """A server without a cache flush: :meth:`reset` restarts it (about a second), which gives every workload
+    a cold cache (and a server started with what :meth:`configure` chose)."""
+    proc: Any = None   # a process.Server
+    context_length = 2048
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is not None:
+            p.stop()
+
+    def reset(self) -> bool:
+        self.stop()
+        self.start(self.context_length)
+        return True
+
+
 async def sse_lines(resp: httpx.Response):
     """The ``data:`` payloads of an SSE response (comments and pings skipped), up to ``[DONE]``."""
     async for line in resp.aiter_lines():

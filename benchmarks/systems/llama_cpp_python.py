@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 import httpx
 
-from .base import HTTPSystem, Record, Select, choices_grammar, finish_grammar_select, now, stream_json
+from .base import Record, RestartedServer, Select, choices_grammar, finish_grammar_select, now, stream_json
 from .process import Server, free_port
 
 
-class LlamaCpp(HTTPSystem):
+class LlamaCpp(RestartedServer):
     """llama-cpp-python's OpenAI-compatible server on the same GGUF, prompt cache on (``--systems
     llama-cpp-python``; ``llama.cpp`` is llama.cpp's own server, :mod:`systems.llama_server`)."""
     name = "llama-cpp-python"
@@ -29,8 +29,6 @@ class LlamaCpp(HTTPSystem):
     def __init__(self, tokenizer: Any, gguf: str, threads: Optional[int] = None):
         super().__init__(tokenizer)
         self.gguf, self.threads = gguf, threads or os.cpu_count() or 1
-        self.proc: Optional[Server] = None
-        self.context_length = 2048
         self.ban = {str(i): -1e9 for i in tokenizer.all_special_ids}
         self._gbnf: dict[str, str] = {}
 
@@ -63,17 +61,6 @@ class LlamaCpp(HTTPSystem):
         self.url = f"http://127.0.0.1:{port}"
         self.proc = Server(self._cmd(port), "llama.cpp server", "bench-llamacpp-")
         self.proc.wait_ready(self.url + "/v1/models", timeout=300)
-
-    def stop(self) -> None:
-        p, self.proc = self.proc, None
-        if p is not None:
-            p.stop()
-
-    def reset(self) -> bool:
-        """Its cache has no flush endpoint: a restart (about a second) gives every workload a cold cache."""
-        self.stop()
-        self.start(self.context_length)
-        return True
 
     def grammar(self, schema: dict) -> str:
         key = json.dumps(schema, sort_keys=True)

@@ -21,14 +21,14 @@ from typing import Any, Optional
 import httpx
 from peers import LLAMA_CPP_PYTHON_VERSION, llama_binary, missing_notice
 
-from .base import (HTTPSystem, Record, Select, choices_grammar, eos_ids_of, finish_grammar_select, now, prompt_ids,
-                   stream_json)
+from .base import (Record, RestartedServer, Select, choices_grammar, eos_ids_of, finish_grammar_select, now,
+                   prompt_ids, stream_json)
 from .process import Server, free_port
 
 CONCURRENT_SLOTS = 16
 
 
-class LlamaServer(HTTPSystem):
+class LlamaServer(RestartedServer):
     name = "llama.cpp"
     has_cache_report = True
 
@@ -36,8 +36,7 @@ class LlamaServer(HTTPSystem):
         super().__init__(tokenizer)
         self.gguf, self.threads = gguf, threads or os.cpu_count() or 1
         self.exe = llama_binary("llama-server")
-        self.proc: Optional[Server] = None
-        self.context_length, self.slots = 2048, CONCURRENT_SLOTS
+        self.slots = CONCURRENT_SLOTS
         self.eos_ids = eos_ids_of(tokenizer)
 
     def unavailable(self) -> Optional[str]:
@@ -64,17 +63,6 @@ class LlamaServer(HTTPSystem):
         self.url = f"http://127.0.0.1:{port}"
         self.proc = Server(self._cmd(port), "llama-server", "bench-llama-server-")
         self.proc.wait_ready(self.url + "/health", timeout=300)   # /health answers 503 while the model loads
-
-    def stop(self) -> None:
-        p, self.proc = self.proc, None
-        if p is not None:
-            p.stop()
-
-    def reset(self) -> bool:
-        """A restart (under a second): a cold cache, and the slot count :meth:`configure` chose."""
-        self.stop()
-        self.start(self.context_length)
-        return True
 
     async def call(self, client: httpx.AsyncClient, call: Any, rec: Record) -> None:
         body: dict = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
