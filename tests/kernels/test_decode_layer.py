@@ -92,32 +92,33 @@ def test_fused_layer_is_bit_identical(fmt, monkeypatch):
 
 
 def test_fused_layer_rows_above_the_gemv():
-    """At 9+ rows the fp32 projections run oneDNN's packed copy inside the op as well."""
-    model = _model("none")
-    proj = model.layers[0].self_attn.qkv_proj
-    assert proj.kernel_weight(8)[0] == 1 and proj.kernel_weight(9)[0] == 5  # GEMV, ONEDNN
+    """Every row count runs the same projection kernel inside the op: the panel kernel for fp32, the
+    block kernel of the type (GGML_BASE + its number) for int8 (Q8_0) and q4 (Q4_1)."""
+    for fmt, kind in [("none", 1), ("int8", 100 + 8), ("q4", 100 + 3)]:
+        proj = _model(fmt).layers[0].self_attn.qkv_proj
+        assert [proj.kernel_weight(r)[0] for r in (1, 8, 9, 300)] == [kind] * 4
 
 
 def test_layers_the_op_cannot_run_stay_python(monkeypatch):
-    """q/k norms (Qwen3), biases (Qwen2) and formats without a C++ kernel (int8 per channel, at decode) run
-    layer by layer, with the same results. int8's prefill rows (above its MAX_ROWS) run its fp32 copy, which
-    the op takes: one call per layer for that step only."""
-    for fmt, cfg, expected in [("none", {"attention_bias": True}, 0), ("int8", {}, 3)]:
+    """Biases (Qwen2) run layer by layer, with the same results; int8 (Q8_0 blocks) runs in the op at every
+    step: one call per layer per step."""
+    for fmt, cfg, expected in [("none", {"attention_bias": True}, 0), ("int8", {}, 6)]:
         model = _model(fmt, **cfg)
-        assert model.layers[0].fused_args(1) is None
+        assert (model.layers[0].fused_args(1) is None) == (expected == 0)
         _, _, calls = _run(model, STEPS[:2], True, monkeypatch)
         assert calls == expected
 
 
 @pytest.mark.parametrize("m", [1, 8, 9, 32, 300])
 def test_dense_weight_layouts(m):
-    """The C++ GEMV up to 8 rows, oneDNN's packed copy above; both equal a matmul to fp32 rounding."""
+    """One copy, the panel layout, for every row count (fp32 and a 2-byte copy); equal to a matmul to
+    fp32 rounding."""
     w, b = torch.randn(96, 80, generator=G), torch.randn(96, generator=G)
     x = torch.randn(m, 80, generator=G)
     d = DenseWeight(w)
-    assert d.kernel(m)[0] == ("gemv" if m <= 8 else "onednn") and d.w_t is None
+    assert d.kernel(m)[0] == "gemv" and d.w_t is None and d.nbytes == 96 * 80 * 4
     torch.testing.assert_close(d(x, b), x @ w.t() + b, rtol=1e-5, atol=1e-4)
     assert torch.equal(d.dense(), w)
-    one = DenseWeight(w, gemv=False)  # a quantized module's fallback: one copy, oneDNN's
-    assert one.w_t is None and one.panels is None and one.kernel(1)[0] == "onednn" and torch.equal(one.dense(), w)
-    torch.testing.assert_close(one(x), x @ w.t(), rtol=1e-5, atol=1e-4)
+    half = DenseWeight(w, torch.float16)
+    assert half.kernel(m)[0] == "gemv" and half.nbytes == 96 * 80 * 2
+    torch.testing.assert_close(half(x), x @ w.half().float().t(), rtol=1e-5, atol=1e-4)
