@@ -13,7 +13,7 @@ from radixrt.kernels.attention.cascade import attend_lse, merge_state
 from radixrt.kernels.attention.flashinfer_cascade import cascade_plan_args
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.runtime.executor.cascade_groups import group_decode_rows
-from tests.test_cascade import HKV, HQ, SCALE, Batch, _tree_batch
+from test_cascade import HKV, HQ, SCALE, Batch, _tree_batch
 
 D = 64
 
