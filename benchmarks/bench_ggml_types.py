@@ -1,8 +1,9 @@
 """radixrt_ggml.mm per GGUF type at Llama-3.2-1B's projection shapes.
 
-M=1 (decode, memory-bound): weight GB/s against the machine's read bandwidth measured in the same run
-(``roofline.read_gbps``). M=512 (prefill, compute-bound): GFLOP/s-equivalent (2 M N K / time), beside torch's
-fp32 matmul at the same shape on an fp32 copy of the weight (the ratio is what compares across machines).
+M=1 (decode, memory-bound; cycling over copies of the weight so that it comes from DRAM): weight GB/s
+against the machine's read bandwidth measured in the same run (``roofline.read_gbps``). M=512 (prefill,
+compute-bound): GFLOP/s-equivalent (2 M N K / time), beside torch's fp32 matmul at the same shape on an fp32
+copy of the weight (the ratio is what compares across machines).
 Prints one line per type and shape and writes ``benchmarks/results/ggml_types.json``.
 
 Run alone on a quiet machine: ``flock /tmp/bench.lock python benchmarks/bench_ggml_types.py``.
@@ -24,6 +25,7 @@ from roofline import read_gbps  # noqa: E402
 
 from radixrt.kernels import quant  # noqa: E402
 
+CACHE_BYTES = 96 << 20  # more than the last-level cache
 SHAPES = [(2048, 2048), (2048, 8192), (8192, 2048)]  # (K, N): attention/o-proj, gate/up, down
 F16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
           "Q5_K": [0, 2], "Q6_K": [208]}
@@ -71,7 +73,10 @@ def main() -> None:
         for k, n in SHAPES:
             w = random_blocks(t, n, k, rng)
             x1, xp = torch.randn(1, k), torch.randn(mp, k)
-            s1 = timeit(lambda: ops.mm(x1, w, t.ggml_type), 0.3, 20)
+            # decode reads weights from DRAM (a model's weights do not fit the caches): cycle over copies
+            copies = [w] + [w.clone() for _ in range(CACHE_BYTES // w.numel())]
+            it = iter(range(1 << 62))
+            s1 = timeit(lambda: ops.mm(x1, copies[next(it) % len(copies)], t.ggml_type), 0.3, 2 * len(copies))
             sp = timeit(lambda: ops.mm(xp, w, t.ggml_type), 0.5)
             gbps = w.numel() / s1 / 1e9
             gflops = 2 * mp * n * k / sp / 1e9
