@@ -61,8 +61,9 @@ def main() -> None:
     if ops is None:
         sys.exit("radixrt_cpu did not build here")
     rng = np.random.default_rng(0)
+    load0 = os.getloadavg()[0]
     roof = read_gbps()
-    print(f"threads {torch.get_num_threads()}, read roofline {roof:.1f} GB/s")
+    print(f"threads {torch.get_num_threads()}, read roofline {roof:.1f} GB/s, load {load0:.2f}")
     rows, mp = [], args.prefill_rows
     fp32_gflops = {}
     for k, n in SHAPES:
@@ -89,10 +90,10 @@ def main() -> None:
                   f"({gflops / fp32_gflops[(k, n)]:.2f}x fp32 matmul {fp32_gflops[(k, n)]:.0f})")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(dict(threads=torch.get_num_threads(), read_gbps=roof,
+        json.dump(dict(threads=torch.get_num_threads(), read_gbps=roof, load_start=load0, load_end=os.getloadavg()[0],
                        fp32_matmul_gflops={f"{k}x{n}": v for (k, n), v in fp32_gflops.items()}, results=rows), f,
                   indent=1)
-    print("wrote", args.out)
+    print(f"load at the end {os.getloadavg()[0]:.2f}; wrote", args.out)
 
 
 if __name__ == "__main__":
