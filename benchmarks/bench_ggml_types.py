@@ -51,11 +51,36 @@ def timeit(fn, min_s: float, min_reps: int = 3) -> float:
     return statistics.median(ts)
 
 
+def vs_llama_bench(ops, gguf_path: str, llama_bench: str, rows: int = 512) -> dict:
+    """The 2-D ``blk.*`` weights of a GGUF file at ``rows`` activation rows through radixrt_ggml.mm, against
+    ``llama-bench -p rows -n 0`` on the same file (its time also covers attention and norms: ours is the
+    matmuls alone). Returns both as tok/s and GFLOP/s-equivalent of those matmuls."""
+    import subprocess
+
+    from gguf import GGUFReader
+
+    ws = [(int(t.tensor_type), torch.from_numpy(np.array(t.data)).reshape(int(t.shape[1]), -1).contiguous(),
+           int(t.shape[0])) for t in GGUFReader(gguf_path).tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    xs = {k: torch.randn(rows, k) for _, _, k in ws}
+    ours = timeit(lambda: [ops.mm(xs[k], w, ty) for ty, w, k in ws], 1.0)
+    flop = sum(2 * rows * w.shape[0] * k for _, w, k in ws)
+    out = subprocess.run([llama_bench, "-m", gguf_path, "-p", str(rows), "-n", "0", "-t", str(torch.get_num_threads()),
+                          "-r", "3", "-o", "json"], capture_output=True, text=True, check=True).stdout
+    theirs = json.loads(out)[0]["avg_ts"]
+    r = dict(gguf=gguf_path, rows=rows, ours_tok_s=rows / ours, ours_gflops=flop / ours / 1e9,
+             llama_bench_tok_s=theirs, llama_bench_gflops=flop * theirs / rows / 1e9, ratio=rows / ours / theirs)
+    print(f"vs llama-bench pp{rows}: ours {r['ours_tok_s']:.1f} tok/s ({r['ours_gflops']:.1f} GFLOP/s, matmuls "
+          f"only), llama.cpp {theirs:.1f} tok/s ({r['llama_bench_gflops']:.1f}): {r['ratio']:.2f}x")
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default=",".join(quant.SUPPORTED))
     ap.add_argument("--prefill-rows", type=int, default=512)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "ggml_types.json"))
+    ap.add_argument("--llama-bench", help="path of llama-bench, to compare on --gguf")
+    ap.add_argument("--gguf", help="a GGUF model (e.g. Q4_K) for the llama-bench comparison")
     args = ap.parse_args()
     ops = quant.ggml_gemv()
     if ops is None:
@@ -88,11 +113,12 @@ def main() -> None:
             print(f"{name:5s} K={k:5d} N={n:5d}  M=1 {s1 * 1e6:8.1f} us {gbps:6.1f} GB/s ({gbps / roof:5.1%} of "
                   f"roofline)  M={mp} {sp * 1e3:7.1f} ms {gflops:6.1f} GFLOP/s "
                   f"({gflops / fp32_gflops[(k, n)]:.2f}x fp32 matmul {fp32_gflops[(k, n)]:.0f})")
+    vs = vs_llama_bench(ops, args.gguf, args.llama_bench, mp) if args.llama_bench and args.gguf else None
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(dict(threads=torch.get_num_threads(), read_gbps=roof, load_start=load0, load_end=os.getloadavg()[0],
-                       fp32_matmul_gflops={f"{k}x{n}": v for (k, n), v in fp32_gflops.items()}, results=rows), f,
-                  indent=1)
+        json.dump(dict(threads=torch.get_num_threads(), read_gbps=roof, load_start=load0,
+                       load_end=os.getloadavg()[0], vs_llama_bench=vs, results=rows,
+                       fp32_matmul_gflops={f"{k}x{n}": v for (k, n), v in fp32_gflops.items()}), f, indent=1)
     print(f"load at the end {os.getloadavg()[0]:.2f}; wrote", args.out)
 
 
