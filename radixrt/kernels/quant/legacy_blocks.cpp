@@ -7,9 +7,9 @@
 //   Q5_0, 22 bytes: fp16 d, qh (u32), qs[16];   w = (q - 16) d, bit j of qh the fifth bit of element j
 //   Q5_1, 24 bytes: fp16 d, fp16 m, qh, qs[16]; w = q d + m
 //   Q8_0, 34 bytes: fp16 d, int8 q[32];         w = q d
-// The zero-point types are run as minimum types, m = -8 d or -16 d (exact), so one kernel covers four:
-// sum_j w_j x_j ~ d dy sum_j q_j qy_j + m dy sum_j qy_j, the integer part a maddubs dot product as in
-// llama.cpp's ggml_vec_dot_q4_1_q8_1 (ggml-cpu/arch/x86/quants.c); Q8_0 moves the weight's sign onto the
+// sum_j w_j x_j ~ d dy sum_j q_j qy_j (+ m dy sum_j qy_j for the types with a minimum, as llama.cpp's
+// ggml_vec_dot_q4_1_q8_1 in ggml-cpu/arch/x86/quants.c), the integer part a maddubs dot product; the
+// zero-point types subtract their offset inside the integer sum; Q8_0 moves the weight's sign onto the
 // activation (ggml_vec_dot_q8_0_q8_0's trick) since maddubs wants one unsigned operand.
 #include <ATen/ATen.h>
 #include <immintrin.h>
@@ -22,15 +22,17 @@ namespace {
 
 struct Q4_0 {
   static constexpr int BYTES = 18;
-  static constexpr bool MIN = true;
+  static constexpr int OFFSET_SHIFT = 3;  // q - 8
+  static constexpr bool MIN = false;
   static inline __m256i decode(const uint8_t* b, float& d, float& m) {
     d = fp16(b);
-    m = -8.0f * d;
+    m = 0.0f;
     return nibbles16(b + 2);
   }
 };
 
 struct Q4_1 {
+  static constexpr int OFFSET_SHIFT = 0;
   static constexpr int BYTES = 20;
   static constexpr bool MIN = true;
   static inline __m256i decode(const uint8_t* b, float& d, float& m) {
@@ -42,15 +44,17 @@ struct Q4_1 {
 
 struct Q5_0 {
   static constexpr int BYTES = 22;
-  static constexpr bool MIN = true;
+  static constexpr int OFFSET_SHIFT = 4;  // q - 16
+  static constexpr bool MIN = false;
   static inline __m256i decode(const uint8_t* b, float& d, float& m) {
     d = fp16(b);
-    m = -16.0f * d;
+    m = 0.0f;
     return _mm256_or_si256(nibbles16(b + 6), bit4_from_bits32(load_u32(b + 2)));
   }
 };
 
 struct Q5_1 {
+  static constexpr int OFFSET_SHIFT = 0;
   static constexpr int BYTES = 24;
   static constexpr bool MIN = true;
   static inline __m256i decode(const uint8_t* b, float& d, float& m) {
@@ -61,6 +65,7 @@ struct Q5_1 {
 };
 
 struct Q8_0 {
+  static constexpr int OFFSET_SHIFT = 0;
   static constexpr int BYTES = 34;
   static constexpr bool MIN = false;
   static inline __m256i decode(const uint8_t* b, float& d, float& m) {
@@ -70,17 +75,27 @@ struct Q8_0 {
   }
 };
 
-// int32 x 8 partial sums of q . y over one block.
+// The activation-side term of a block's dot product, once per activation block: for the zero-point types
+// 2^OFFSET_SHIFT times its pairwise sums (int16; the offset of 8 or 16 subtracted in the integer dot).
 template <class T>
-inline __m256i dot(__m256i q, __m256i y) {
+inline __m256i act_offset(__m256i y) {
+  if (T::OFFSET_SHIFT == 0) return _mm256_setzero_si256();
+  return _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), y), T::OFFSET_SHIFT);
+}
+
+// int32 x 8 partial sums of (q - offset) . y over one block; exact in int16 (|q y| pairs <= 2 * 31 * 127,
+// offsets <= 16 * 2 * 127).
+template <class T>
+inline __m256i dot(__m256i q, __m256i y, __m256i yoff) {
   const __m256i ones = _mm256_set1_epi16(1);
+  if (T::OFFSET_SHIFT) return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, y), yoff), ones);
   if (T::MIN) return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), ones);
 }
 
 template <class T>
 struct Legacy {
-  static constexpr int MAX_MB = 4;
+  static constexpr int MAX_MB = T::MIN ? 4 : 8;  // 8 rows' scalar minimums would not fit the registers
   // Outputs (m0 + m, n + r), r < RB, m < MB. Per output: a float accumulator (8 lanes) over the blocks in
   // order, one horizontal sum at the end, plus the minimum's scalar sum.
   template <int RB, int MB>
@@ -99,9 +114,10 @@ struct Legacy {
       for (int m = 0; m < MB; ++m) {
         const int64_t a = (m0 + m) * nb + b;
         const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.q + a * 32));
+        const __m256i yoff = act_offset<T>(y);
         const float dy = c.d[a];
         for (int r = 0; r < RB; ++r) {
-          acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot<T>(q[r], y)), _mm256_set1_ps(d[r] * dy), acc[r][m]);
+          acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot<T>(q[r], y, yoff)), _mm256_set1_ps(d[r] * dy), acc[r][m]);
           if (T::MIN) mins[r][m] += mn[r] * c.s[a];
         }
       }

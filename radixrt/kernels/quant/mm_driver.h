@@ -80,8 +80,9 @@ void m_range(const Ctx& c, int64_t n0, int64_t n1, int64_t M) {
   }
 }
 
-// Rows of the weight in groups that stay in L2 (~256 KB) while every activation tile passes over them;
-// each activation tile (8 x K bytes) stays in L1. Every product but a tiny one splits over the threads.
+// Rows of the weight in groups that stay in L2 (~256 KB) while every activation tile (up to 8 x K bytes,
+// L1/L2) passes over them: the weight is read from memory once per call. Every product but a tiny one splits
+// over the threads (chunks of whole rows: see the invariance note above).
 template <class Kern>
 void run(const Ctx& c, int64_t M) {
   const int64_t group = std::max<int64_t>(8, (256 << 10) / std::max<int64_t>(1, c.row_bytes) / 8 * 8);
