@@ -82,8 +82,8 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
 
 # Measured 2026-12-02 against HF fp32, 8 prompts x 32 teacher-forced tokens, every format running its own
 # kernel at every row count: (tokens whose top-1 agrees, largest logit difference); asserted with a margin.
-MEASURED = {"none": (256, 3e-4), "bf16": (246, 0.6), "fp16": (253, 0.1), "int8": (250, 0.6), "q4": (244, 2.6),
-            "auto": (250, 0.7)}
+MEASURED = {"none": (256, 3e-4), "bf16": (246, 0.6), "fp16": (253, 0.1), "int8": (242, 1.9), "q4": (244, 2.6),
+            "auto": (247, 1.7)}
 
 
 @pytest.mark.parametrize("fmt", list(MEASURED))
