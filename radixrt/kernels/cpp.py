@@ -3,7 +3,7 @@
 All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
 ``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>-<hash>/`` (default ``~/.cache/radixrt``) with
 :data:`FLAGS`; later processes load the cached ``.so`` in well under a second. The hash covers the sources'
-contents and the flags, and the build compiles copies of the sources inside that directory: checkouts with the
+contents, the flags and torch's install folder (each virtualenv its own build), and the build compiles copies of the sources inside that directory: checkouts with the
 same kernels share one build, and a changed kernel never loads a stale one. Each source registers
 its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
 ``radixrt_gemv``, ``radixrt_layer``). The kernels split their work over radixrt's own thread pool
@@ -39,7 +39,9 @@ _state: dict = {}  # "ok": the library loaded; namespace -> torch.ops namespace 
 
 def build_dir() -> str:
     root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
-    h = hashlib.sha256(" ".join(FLAGS).encode())
+    # torch's own location is in the compile commands (its include paths): two virtualenvs sharing this
+    # cache would otherwise rebuild each other's library on every load
+    h = hashlib.sha256((" ".join(FLAGS) + "\0" + os.path.dirname(torch.__file__)).encode())
     for path in SOURCES + HEADERS:
         h.update(os.path.relpath(path, _HERE).encode() + b"\0" + open(path, "rb").read())
     return os.path.join(root, "ext", f"radixrt_cpu-torch{torch.__version__.split('+')[0]}-{h.hexdigest()[:12]}")

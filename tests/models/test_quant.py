@@ -165,6 +165,14 @@ def test_bad_files_are_refused_naming_the_file(tmp_path):
     junk.write_bytes(b"GGUF" + b"\x00" * 64)
     with pytest.raises(ValueError, match="junk.gguf"):
         Engine(model=str(junk), max_total_tokens=256)
+    # the server says so in one line and exits 2, before starting any child process
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "serve", "--model", str(cut)],
+                       capture_output=True, text=True, timeout=300)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert last.startswith("radixrt: error: ") and "cut.gguf: not a readable GGUF file (truncated or corrupt?" in last
 
 
 def test_unsupported_type_is_refused_naming_tensor_and_type(tmp_path):

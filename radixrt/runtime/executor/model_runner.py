@@ -25,6 +25,7 @@ from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.rope import Rotary
 
 logger = logging.getLogger(__name__)
+CPU_MAX_CONTEXTS = 8  # an unset --max-total-tokens on the cpu: the pool holds at most this many contexts
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -132,10 +133,11 @@ class ModelRunner:
                 total = max(int(budget // per_token), self.page_size)
                 if self.tp is not None and self.tp.size > 1:
                     total = min(self.tp.gather_json(total))
-            else:  # the memory left after the weights, split between the ranks of this machine
+            else:  # the memory left after the weights, split between the ranks of this machine, and at
+                # most CPU_MAX_CONTEXTS full contexts: host memory is shared with everything else on the box
                 ranks = self.tp.size if self.tp is not None else 1
                 total = int(memory.available_bytes() * self.args.mem_fraction_static / ranks // per_token)
-                total = max(total, self.page_size)
+                total = max(min(total, CPU_MAX_CONTEXTS * self.context_length), self.page_size)
         return max(total // self.page_size, 1)
 
     def memory_stats(self) -> dict:
@@ -143,8 +145,9 @@ class ModelRunner:
         ``rss_bytes`` / ``peak_rss_bytes``."""
         if self._weight_bytes is None:
             self._weight_bytes = memory.weight_bytes(self.model)
+        rss = memory.rss_bytes()  # sampled apart from getrusage's peak: the peak is at least the current
         return {"weight_bytes": self._weight_bytes, "kv_pool_bytes": self.kv.nbytes,
-                "rss_bytes": memory.rss_bytes(), "peak_rss_bytes": memory.peak_rss_bytes()}
+                "rss_bytes": rss, "peak_rss_bytes": max(rss, memory.peak_rss_bytes())}
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
         """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)`` of

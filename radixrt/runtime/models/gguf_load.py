@@ -75,14 +75,16 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
 
 def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module) -> nn.Module:
     """The LM head; a tied head in blocks reads the embedding's own bytes (one copy)."""
-    if margs.tie_word_embeddings and isinstance(embedding, GGMLEmbedding) and embedding.type_name in ggml.SUPPORTED:
+    ours = fmt == "auto" or (fmt in ("int8", "q4") and getattr(embedding, "type_name", None) == "Q8_0")
+    if margs.tie_word_embeddings and isinstance(embedding, GGMLEmbedding) and ours:
         return GGMLLinear(embedding.type_name, embedding.blocks, embedding.hidden, None)
     t = w.need("token_embd.weight" if margs.tie_word_embeddings else "output.weight")
     return make_projection([t], None, fmt, "lm_head")
 
 
 def _embedding(t: RawTensor, fmt: str) -> nn.Module:
-    if fmt == "auto" and t.type_name != "F32":
+    """Block types stay in blocks at every format (a row dequantizes to exactly the fp32 table's values)."""
+    if t.type_name in ggml.SUPPORTED:
         return GGMLEmbedding(t.type_name, t.torch_bytes(), t.shape[1])
     return nn.Embedding.from_pretrained(t.fp32(), freeze=True)
 

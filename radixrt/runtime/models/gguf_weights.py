@@ -101,7 +101,8 @@ class GGUFWeights:
         try:
             reader = GGUFReader(path)
         except Exception as e:  # noqa: BLE001 - any reader failure is a bad file; say which
-            raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt? {type(e).__name__}: "
+                             f"{str(e)[:200]})") from None
         self.path = path
         self.mapping = reader.data  # the np.memmap every tensor view reads from
         field = reader.fields.get("general.architecture")

@@ -106,8 +106,8 @@ def _converted(model: str | None) -> tuple[ModelSource, str | None]:
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which, not the reader's trace
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"{os.path.join(src.directory, src.gguf_file)}: cannot read its metadata "
-                         f"({type(e).__name__}: {str(e)[:200]})") from None
+        raise ValueError(f"{os.path.join(src.directory, src.gguf_file)}: not a readable GGUF file (truncated or "
+                         f"corrupt? {type(e).__name__}: {str(e)[:200]})") from None
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
     cfg.save_pretrained(tmp)

@@ -73,15 +73,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
-    from radixrt.runtime.models.loader import resolve_model
+    from radixrt.runtime.models.loader import load_config, resolve_model
     from radixrt.runtime.server.native.dsl_socket import DslServer
     from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.server.manager.tokenizer_manager import TokenizerManager
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
-    try:
+    try:  # a bad path or file fails here with one line, before any child process starts
         src = resolve_model(args.model)
+        load_config(args.model)
     except ValueError as e:
         print(f"radixrt: error: {e}", file=sys.stderr)
         return 2
