@@ -120,7 +120,11 @@ def make(shape: str, types: list[str]) -> None:
 def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -> dict:
     """Runs in the fresh subprocess: one JSON line on stdout."""
     from radixrt import Engine
+    from radixrt.kernels import cpp
 
+    t = time.perf_counter()  # a (re)build of the C++ library is not load time: other venvs share its folder
+    cpp.ops("radixrt_ggml")
+    build_s = time.perf_counter() - t
     t = time.perf_counter()
     e = Engine(model=path, quantization="auto", max_total_tokens=kv_tokens, context_length=kv_tokens, num_threads=2,
                log_level="warning")
@@ -146,7 +150,7 @@ def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -
     prefill = prompt_len / (time.perf_counter() - t)
     m = e.runner.memory_stats()
     e.shutdown()
-    return dict(load_s=load_s, decode_tok_s=decode, prefill_tok_s=prefill, weight_bytes=m["weight_bytes"],
+    return dict(kernel_build_s=build_s, load_s=load_s, decode_tok_s=decode, prefill_tok_s=prefill, weight_bytes=m["weight_bytes"],
                 kv_pool_bytes=m["kv_pool_bytes"], rss_bytes=m["rss_bytes"],
                 peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
@@ -162,7 +166,9 @@ def llama_bench(path: str, prompt_len: int, new_tokens: int, reps: int) -> dict:
 
 
 def measure(path: str, a) -> dict:
-    rec = {"file": os.path.basename(path), "file_bytes": os.path.getsize(path), "load_before": loadavg()}
+    git = lambda *c: subprocess.run(["git", "-C", ROOT, *c], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    rec = {"file": os.path.basename(path), "file_bytes": os.path.getsize(path), "load_before": loadavg(),
+           "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
     code = (f"import json,sys; sys.path.insert(0,{HERE!r}); from real_models import radixrt_child; "
             f"print('RESULT', json.dumps(radixrt_child({path!r}, {a.prompt_len}, {a.new_tokens}, {a.kv_tokens})))")
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -173,10 +179,24 @@ def measure(path: str, a) -> dict:
     else:
         rec["radixrt"] = json.loads(line[-1][7:])
     rec["load_mid"] = loadavg()
-    try:
-        rec["llama_bench"] = llama_bench(path, a.prompt_len, a.new_tokens, a.reps)
-    except subprocess.CalledProcessError as err:
-        rec["llama_bench_error"] = err.stderr[-2000:]
+    old = (json.load(open(OUT)) if os.path.exists(OUT) else {}).get("files", {}).get(rec["file"], {})
+    if a.skip_llama and "llama_bench" in old:  # radixrt again, llama.cpp's figures from the earlier run
+        rec["llama_bench"] = old["llama_bench"]
+        rec["llama_bench_from_run_at_load"] = old.get("load_mid")
+        rec["radixrt_earlier_run"] = old.get("radixrt")
+    else:
+        try:
+            rec["llama_bench"] = llama_bench(path, a.prompt_len, a.new_tokens, a.reps)
+        except subprocess.CalledProcessError as err:
+            rec["llama_bench_error"] = err.stderr[-2000:]
+    if a.tg_t1 and not a.skip_llama:  # llama.cpp's threads spin at their barriers: -t 2 collapses when the 2 cores are shared
+        try:
+            out = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", path, "-t", "1", "-p", "0", "-n",
+                                  str(a.new_tokens), "-r", str(a.reps), "-o", "json"], capture_output=True, text=True,
+                                 check=True)
+            rec["llama_bench_t1_tg_tok_s"] = json.loads(out.stdout)[0]["avg_ts"]
+        except subprocess.CalledProcessError as err:
+            rec["llama_bench_t1_error"] = err.stderr[-2000:]
     rec["load_after"] = loadavg()
     r, lb = rec.get("radixrt"), rec.get("llama_bench")
     if r and lb:
@@ -190,6 +210,7 @@ def measure(path: str, a) -> dict:
               f"{r['decode_tok_s']:.2f} tok/s vs tg {lb and lb[f'tg{a.new_tokens}_tok_s'] or 0:.2f} "
               f"({rec.get('decode_ratio', 0):.2f}x), prefill {r['prefill_tok_s']:.1f} vs pp "
               f"{lb and lb[f'pp{a.prompt_len}_tok_s'] or 0:.1f} ({rec.get('prefill_ratio', 0):.2f}x), "
+              f"{'tg -t 1 %.2f, ' % rec['llama_bench_t1_tg_tok_s'] if 'llama_bench_t1_tg_tok_s' in rec else ''}"
               f"load avg {rec['load_before'][0]}/{rec['load_mid'][0]}/{rec['load_after'][0]}", flush=True)
     else:
         print(f"{rec['file']}: radixrt failed: {rec['radixrt_error'][-400:]}", flush=True)
@@ -200,7 +221,7 @@ def measure(path: str, a) -> dict:
 def check(path: str, n_prompts: int = 4, n_new: int = 16, port: int = 18089) -> dict:
     from radixrt import Engine
 
-    prompts = [[1 + (i * 31 + j * 977) % 40000 for j in range(8 + 5 * i)] for i in range(n_prompts)]
+    prompts = [[1] + [2 + (i * 31 + j * 977) % 40000 for j in range(8 + 5 * i)] for i in range(n_prompts)]  # BOS first
     sp = {"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True}
     e = Engine(model=path, quantization="auto", max_total_tokens=1024, context_length=1024, num_threads=2,
                log_level="warning")
@@ -262,6 +283,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--kv-tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3, help="llama-bench -r")
+    ap.add_argument("--skip-llama", action="store_true", help="radixrt only; keep the file's llama-bench figures")
+    ap.add_argument("--tg-t1", action="store_true", help="also llama-bench -t 1 -p 0 (tg only)")
     a = ap.parse_args()
     types = a.types.split(",")
     for shape in a.shapes.split(","):
