@@ -71,6 +71,8 @@ class ModelRunner:
         if self._direct_gguf(tp):  # the file's tensors, layer by layer, in their kernels' layouts
             path = os.path.join(self.source.directory, self.source.gguf_file)
             self.model = build_from_gguf(path, margs, args.quantization)
+            # rotary tables for the positions served, not the architecture's (Llama 3: 131072 x 128 fp32 x 2)
+            self.model.rotary = Rotary(margs.inv_freq, self.context_length, margs.rope_scaling)
             self.quantization = "gguf" if args.quantization == "auto" else args.quantization
         else:
             self.model = self._dense_model(margs, tp)
