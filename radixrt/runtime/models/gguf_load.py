@@ -15,6 +15,7 @@ import logging
 import mmap
 import os
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -56,7 +57,6 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
         if len(kinds) == 1:  # one tensor of the parts' rows, stacked (blocks run along the input)
             t = weights[0]
             if len(weights) > 1:
-                import numpy as np
                 data = np.concatenate([np.asarray(w.data) for w in weights])
                 t = RawTensor(name, t.type_name, t.type_id, (data.shape[0],) + t.shape[1:], data)
             return _native(t, bias)
