@@ -107,6 +107,21 @@ struct Legacy {
       for (int m = 0; m < MB; ++m) { acc[r][m] = _mm256_setzero_ps(); mins[r][m] = 0.0f; }
     const uint8_t* rows[RB];
     for (int r = 0; r < RB; ++r) rows[r] = c.W + (n + r) * c.row_bytes;
+    if (MB <= 2) {  // decode: rows outer, so the tile's bytes are read in address order (one prefetch stream)
+      for (int r = 0; r < RB; ++r)
+        for (int64_t b = 0; b < nb; ++b) {
+          float d, mn;
+          _mm_prefetch(reinterpret_cast<const char*>(rows[r] + b * T::BYTES + 1024), _MM_HINT_T0);
+          const __m256i q = T::decode(rows[r] + b * T::BYTES, d, mn);
+          for (int m = 0; m < MB; ++m) {
+            const int64_t a = (m0 + m) * nb + b;
+            const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.q + a * 32));
+            acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot<T>(q, y, act_offset<T>(y))), _mm256_set1_ps(d * c.d[a]),
+                                        acc[r][m]);
+            if (T::MIN) mins[r][m] += mn * c.s[a];
+          }
+        }
+    } else
     for (int64_t b = 0; b < nb; ++b) {
       __m256i q[RB];
       float d[RB], mn[RB];
