@@ -14,6 +14,7 @@ GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "fp16", "bf16", "int8", "q4")
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "int8")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash")
 
 
@@ -24,6 +25,7 @@ class ServerArgs:
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda; auto picks cuda when available"})
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16; auto: bf16 on cuda, fp32 on cpu"})
     quantization: str = field(default="auto", metadata={"help": "auto|none|fp16|bf16|int8|q4 weights on cpu; auto: a GGUF's own blocks, every type (Q4_K_M, Q8_0, ...), none (fp32) for safetensors"})
+    kv_cache_dtype: str = field(default="auto", metadata={"help": "auto|fp32|fp16|bf16|int8 KV pool; auto: fp16 for quantized or 2-byte weights (GGUF blocks, q4, int8, fp16, bf16), fp32 for fp32 weights (cuda: the model dtype); int8 has a scale per token and KV head (cpu only)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
     context_length: Optional[int] = field(default=None, metadata={"help": "max prompt+output tokens; default: the model's"})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
@@ -36,6 +38,7 @@ class ServerArgs:
     max_wait_steps: int = field(default=64, metadata={"help": "lpm aging: a request waiting more steps than this is served next"})
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix reuse off (ablation)"})
     disable_cascade_attention: bool = field(default=False, metadata={"help": "attend shared prefixes per row instead of once per group (ablation)"})
+    cpu_cascade_attention: bool = field(default=False, metadata={"help": "cpu kernels: attend a shared prefix once per group of rows (faster at many rows on a long prefix; not batch-invariant: off by default)"})
     eviction_policy: str = field(default="gdsf", metadata={"help": "gdsf|lru|lfu: which cached prefix goes first when pages run short (mem/eviction.py)"})
     request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
     request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
@@ -74,6 +77,7 @@ class ServerArgs:
         choice("device", DEVICES)
         choice("dtype", DTYPES)
         choice("quantization", QUANTIZATIONS)
+        choice("kv_cache_dtype", KV_CACHE_DTYPES)
         choice("router_policy", ROUTER_POLICIES)
         for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_num_batched_tokens",
                      "max_wait_steps", "cuda_graph_max_bs", "log_interval", "tp", "dp"):

@@ -80,7 +80,7 @@ class Batch:
 
     def run(self, groups, kernel=False):
         meta = AttentionMetadata.build(self.tables, self.q_lens, self.kv_lens, self.P, prefix_groups=groups)
-        be = TorchNativeBackend("cpu", kernel=kernel)
+        be = TorchNativeBackend("cpu", kernel=kernel, cascade=groups is not None)  # groups: opt-in on the kernels
         be.plan(meta)
         return be.forward(self.q, self.k, self.v, 0, self.pool, SCALE), be
 

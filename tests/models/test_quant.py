@@ -127,11 +127,16 @@ INVARIANCE_PROMPTS = ["The capital of France is", "def fib(n):", "List three col
                       "Write a haiku about the sea."]
 
 
-@pytest.mark.parametrize("fmt", ["auto", "q4", "int8", "none"])
-def test_greedy_tokens_do_not_depend_on_batch_or_cache(fmt):
-    """Alone, batched, and again with every prompt cached: the same greedy ids at every format."""
-    e = make_engine(quantization=fmt, max_total_tokens=4096, chunked_prefill_size=8)
+# (weight format, KV dtype): every format at its auto KV dtype (fp16 for auto/q4/int8, fp32 for none),
+# and each KV dtype with at least two formats
+@pytest.mark.parametrize("fmt,kv", [("auto", "auto"), ("q4", "auto"), ("int8", "auto"), ("none", "auto"),
+                                    ("auto", "int8"), ("none", "int8"), ("q4", "fp32"), ("none", "fp16")])
+def test_greedy_tokens_do_not_depend_on_batch_or_cache(fmt, kv):
+    """Alone, batched, and again with every prompt cached: the same greedy ids at every format and KV dtype."""
+    e = make_engine(quantization=fmt, kv_cache_dtype=kv, max_total_tokens=4096, chunked_prefill_size=8)
     try:
+        want = {"auto": "fp32" if fmt == "none" else "fp16"}.get(kv, kv)
+        assert e.runner.kv_dtype_name == want and e.get_server_info()["memory"]["kv_dtype"] == want
         sp = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
         alone = [e.generate(p, sp)["output_ids"] for p in INVARIANCE_PROMPTS]
         e.flush_cache()

@@ -1,5 +1,6 @@
-"""Cascade attention in the engine: greedy tokens are the same with it on and off, and with the radix
-cache off (no sharing at all), on prompts that share a long prefix; and they match HF transformers."""
+"""Cascade attention in the engine (on the CPU kernels: ``--cpu-cascade-attention``): greedy tokens are the
+same with it on and off, and with the radix cache off (no sharing at all), on prompts that share a long
+prefix; and they match HF transformers."""
 from __future__ import annotations
 
 from conftest import close_engine, hf_greedy, make_engine, wait_idle
@@ -28,8 +29,9 @@ def _run(prompts, **kw):
 
 def test_greedy_tokens_identical_cascade_on_off_and_cache_off(passage_ids, hf_model):
     prompts = _prompts(passage_ids)
-    on, (steps, rows) = _run(prompts)
-    off, (steps_off, _) = _run(prompts, disable_cascade_attention=True)
+    # the C++ CPU kernels plan groups only when asked (not batch-invariant); by default none are planned
+    on, (steps, rows) = _run(prompts, cpu_cascade_attention=True)
+    off, (steps_off, _) = _run(prompts)
     nocache, (steps_nc, _) = _run(prompts, disable_radix_cache=True)
     # Request 0 prefills first and decodes alone for one step while the other 7 prefill on its cached
     # prefix; then all 8 decode as one group for NEW - 2 steps and request 0 finishes; the last step has 7.
@@ -45,7 +47,7 @@ def test_nested_prefixes_page_size_1(passage_ids):
     base = passage_ids[:200]
     mids = [passage_ids[500:580], passage_ids[600:680]]
     prompts = [base + mids[i % 2] + passage_ids[700 + 11 * i:700 + 11 * i + 2 + i] for i in range(6)]
-    on, (steps, _) = _run(prompts, page_size=1)
+    on, (steps, _) = _run(prompts, page_size=1, cpu_cascade_attention=True)
     off, _ = _run(prompts, page_size=1, disable_cascade_attention=True)
     assert steps > 0
     assert on == off

@@ -14,11 +14,14 @@ from radixrt.kernels.attention.metadata import AttentionMetadata
 BACKENDS = ("auto", "torch_native", "flashinfer")
 
 
-def get_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.float32) -> AttentionBackend:
+def get_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.float32,
+                kv_dtype: torch.dtype | None = None, cpu_cascade: bool = False) -> AttentionBackend:
     """Return an attention backend instance.
 
     ``auto`` is FlashInfer on CUDA for fp16/bf16 when flashinfer is installed (FlashInfer has no fp32
-    kernels), torch-native otherwise.
+    kernels), torch-native otherwise. ``kv_dtype``: the pool's element type (default ``dtype``);
+    ``cpu_cascade``: the torch-native C++ kernels attend shared-prefix groups once per group (opt-in: not
+    batch-invariant).
 
     Raises:
         ValueError: an unknown name, or ``flashinfer`` without CUDA or without the package installed.
@@ -38,7 +41,7 @@ def get_backend(name: str, device: torch.device | str, dtype: torch.dtype = torc
         from radixrt.kernels.attention.flashinfer import FlashInferBackend
         return FlashInferBackend(device)
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
-    return TorchNativeBackend(device, dtype=dtype)
+    return TorchNativeBackend(device, dtype=dtype, cascade=cpu_cascade, kv_dtype=kv_dtype)
 
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "get_backend", "BACKENDS"]

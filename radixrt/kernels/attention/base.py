@@ -12,7 +12,9 @@ from radixrt.kernels.attention.metadata import AttentionMetadata
 class KVCacheView(Protocol):
     """What a backend needs from the KV pool: per-layer paged buffers.
 
-    ``k_buffer(layer)`` / ``v_buffer(layer)``: ``[num_pages, page_size, num_kv_heads, head_dim]``.
+    ``k_buffer(layer)`` / ``v_buffer(layer)``: ``[num_pages, page_size, num_kv_heads, head_dim]`` of
+    float32, float16, bfloat16 or int8; an int8 pool also has ``k_scale(layer)`` / ``v_scale(layer)``,
+    fp32 ``[num_pages, page_size, num_kv_heads]`` (one scale per token and head; see :func:`quantize_int8`).
     A Protocol, so that the pool (``radixrt.runtime.mem.kv_pool.KVPool``) satisfies it without importing
     the kernels: mem and kernels are independent layers.
     """
@@ -49,8 +51,40 @@ class AttentionBackend(ABC):
         """
 
 
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., D]`` float -> (int8 ``[..., D]``, fp32 scales ``[...]``), one scale per vector:
+    ``scale = max|x| / 127``, ``q = round_half_even(x / scale)``; an all-zero vector gets scale 0 and zeros.
+    The C++ kernels' write (``kv_chunk.h``) rounds the same way: both store the same bytes."""
+    x = x.float()
+    scale = x.abs().amax(-1) / 127.0
+    zero = scale == 0
+    q = torch.round(x / torch.where(zero, torch.ones_like(scale), scale)[..., None]).clamp_(-127, 127)
+    return q.masked_fill_(zero[..., None], 0).to(torch.int8), scale
+
+
+def scales(kv: KVCacheView, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """An int8 pool's (k_scale, v_scale) of ``layer``; (None, None) for a float pool."""
+    if not hasattr(kv, "k_scale"):
+        return None, None
+    return kv.k_scale(layer), kv.v_scale(layer)
+
+
 def write_kv(kv: KVCacheView, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Indexed copy of new K/V into flat slots ``loc`` (``[num_tokens]`` int64)."""
+    """Indexed copy of new K/V into flat slots ``loc`` (``[num_tokens]`` int64), rounded to the pool's type."""
     kb, vb = kv.k_buffer(layer), kv.v_buffer(layer)
-    kb.view(-1, kb.shape[-2], kb.shape[-1])[loc] = k.to(kb.dtype)
-    vb.view(-1, vb.shape[-2], vb.shape[-1])[loc] = v.to(vb.dtype)
+    ks, vs = scales(kv, layer)
+    if ks is None:
+        kb.view(-1, kb.shape[-2], kb.shape[-1])[loc] = k.to(kb.dtype)
+        vb.view(-1, vb.shape[-2], vb.shape[-1])[loc] = v.to(vb.dtype)
+        return
+    for buf, sbuf, x in ((kb, ks, k), (vb, vs, v)):
+        qx, sx = quantize_int8(x)
+        buf.view(-1, buf.shape[-2], buf.shape[-1])[loc] = qx
+        sbuf.view(-1, sbuf.shape[-1])[loc] = sx
+
+
+def read_kv(buf: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Pages (or slots) of a pool as ``dtype``: an int8 pool's values times their scales."""
+    if scale is None:
+        return buf.to(dtype)
+    return (buf.to(torch.float32) * scale[..., None]).to(dtype)

@@ -8,181 +8,65 @@
 //
 // For one KV head h, the members' G = Hq / Hkv query heads are M = members x G query rows against the
 // same keys, so S = Q K^T and O = softmax(S) V are GEMMs, not M dot-product walks over the pool. One work
-// item is (block, KV head, up to ROWS query rows, a token range), and walks its tokens CHUNK at a time
-// with an online softmax (running max and sum, the accumulator rescaled: flash attention's recurrence):
+// item is (block, KV head, up to ROWS query rows, a token range); it walks its tokens in chunks aligned to
+// absolute multiples of CHUNK, each chunk's state computed from zero and folded in order (kv_chunk.h: the
+// same packing, products, exp and fold as the paged kernel, so an extend row gets the bits that row would
+// get as a decode row, or in any other chunking of the prefill):
 //
 //   pack   Qt [D, Mp] (the rows, transposed, pre-scaled, zero-padded to a multiple of 8)
-//   St = K Qt              6 tokens x 16 rows of accumulators; K read in place, one broadcast per token
+//   St = K Qt              6 tokens x 16 rows of accumulators, one broadcast per token
 //   mask                   causal rows: tokens at or past the row's end are -inf before, 0 after the exp
-//   P  = exp(St - max)     max and sum over tokens, vectorized across the query rows
-//   O  = O a + P^T V       6 rows x 16 dims of accumulators; V read in place
-// Neither K nor V is copied: a token's D floats of one head are contiguous in the pool ([slot, Hkv, D]).
+//   P  = exp(St - m_c)     the chunk's max and sum per row, in token order
+//   O_c = P^T V            6 rows x 16 dims of accumulators, folded into the row's running state
+// K and V are read in place for an fp32 pool, else widened a token at a time into a chunk-sized scratch.
 //
 // Then, per row and query head, the paged kernel's output for the row (paged_cpu.cpp: a decode row's own
-// suffix; an extend row's is empty) and every partial of every item that holds the row merge exactly
-// (FlashInfer merge_state; Hydragen, arXiv 2402.05099):
+// suffix; an extend row's is empty, so it is copied exactly) and every partial of every item that holds the
+// row merge (FlashInfer merge_state; Hydragen, arXiv 2402.05099):
 //   lse = log sum_i exp(lse_i),  o = sum_i exp(lse_i - lse) o_i
-// Nested group levels need no order: the merge is over disjoint token ranges, every partial one more term.
+// That merge is in another order than the fixed chunk fold, so shared-prefix groups (several partials per
+// row) are opt-in (--cpu-cascade-attention) and not batch-invariant; the default plans none.
 #include <ATen/ATen.h>
 #include "../parallel.h"
 #include <torch/library.h>
-#include <immintrin.h>
-#include "../avx2.h"
+#include "kv_chunk.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <utility>
 #include <vector>
 
 namespace {
 
-using radixrt::exp256;
+using namespace radixrt::kv;
 
-constexpr int64_t CHUNK = 256;  // tokens per pass of an item: St is CHUNK x Mp floats
-constexpr int64_t ROWS = 96;    // query rows per item at most (members x G): St stays within L2
-// Register blocks: RB tokens (QK) or query rows (PV) x 16 floats: 12 accumulators, 2 loads and 1 broadcast
-// live, within AVX2's 16 ymm registers (a wider block spills to the stack).
-constexpr int RB = 6;
-constexpr int64_t AHEAD = 4;  // tokens of software prefetch (a cold layer's KV is in DRAM)
-constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+constexpr int64_t ROWS = 96;  // query rows per item at most (members x G): St stays within L2
 
-// St[j, i0 : i0 + 8 C] = sum_d K_j[d] Qt[d, i0 : i0 + 8 C] for R tokens j (R <= RB); k[j] points at token
-// j's head in the pool.
-template <int R, int C>
-void qk_block(const float* const* k, int64_t D, const float* Qt, int64_t Mp, int64_t i0, float* St) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    __m256 qd[C];
-    for (int c = 0; c < C; ++c) qd[c] = _mm256_loadu_ps(Qt + d * Mp + i0 + 8 * c);
-    for (int r = 0; r < R; ++r) {
-      const __m256 kd = _mm256_broadcast_ss(k[r] + d);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(kd, qd[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(St + r * Mp + i0 + 8 * c, acc[r][c]);
-}
-
-// O[i0 + r, d0 : d0 + 8 C] += sum_j Pt[j, i0 + r] V_j[d0 : d0 + 8 C] for R query rows; v[j] points at
-// token j's head.
-template <int R, int C>
-void pv_block(const float* Pt, int64_t Mp, int64_t i0, const float* const* v, int64_t L, int64_t d0, float* O,
-              int64_t D) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_loadu_ps(O + (i0 + r) * D + d0 + 8 * c);
-  for (int64_t j = 0; j < L; ++j) {
-    if (j + AHEAD < L) _mm_prefetch((const char*)(v[j + AHEAD] + d0), _MM_HINT_T0);
-    __m256 vj[C];
-    for (int c = 0; c < C; ++c) vj[c] = _mm256_loadu_ps(v[j] + d0 + 8 * c);
-    for (int r = 0; r < R; ++r) {
-      const __m256 p = _mm256_broadcast_ss(Pt + j * Mp + i0 + r);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(p, vj[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(O + (i0 + r) * D + d0 + 8 * c, acc[r][c]);
-}
-
-template <int N, class F>
-void tail(int64_t i, int64_t n, F& f) {  // the last n < N items as one block of n
-  if constexpr (N > 1) {
-    if (n == N - 1) f(i, std::integral_constant<int, N - 1>());
-    else tail<N - 1>(i, n, f);
-  }
-}
-
-template <class F>
-void in_blocks(int64_t n, F&& f) {  // f(first, std::integral_constant<int, R>) over blocks of RB, then the rest
-  int64_t i = 0;
-  for (; i + RB <= n; i += RB) f(i, std::integral_constant<int, RB>());
-  tail<RB>(i, n - i, f);
-}
-
-struct Scratch {
-  std::vector<float> qt, st, mx, sum, alpha;
-  std::vector<const float*> k, v;
+struct ItemScratch {
+  Scratch sc;
+  std::vector<float> m, l, cm, cl, co;
 };
 
-// One item: M rows (packed in sc.qt as Qt [D, Mp]) against tokens [t0, t1) of KV head h; row i sees tokens
-// below end[i] (>= t1: all). Writes o [M, D] normalized over what the row saw, lse [M] (-inf, o = 0: nothing).
-void attend_item(int64_t M, int64_t Mp, const int64_t* end, const float* kpool, const float* vpool,
-                 const int32_t* pages, int64_t P, int64_t Hkv, int64_t h, int64_t D, int64_t t0, int64_t t1,
-                 float* o, float* lse, Scratch& sc) {
+// One item: M rows (packed in s.sc.qt as Qt [D, Mp]) against tokens [t0, t1) of KV head h; row i sees tokens
+// below end[i] (>= t1: all). The tokens go chunk by chunk, aligned to absolute multiples of CHUNK, each
+// chunk's state folded in order (kv_chunk.h). Writes o [M, D] normalized over what the row saw, lse [M]
+// (-inf, o = 0: nothing).
+void attend_item(const Pool& K, const Pool& V, int64_t M, int64_t Mp, const int64_t* end, const int32_t* pages,
+                 int64_t P, int64_t h, int64_t t0, int64_t t1, float* o, float* lse, ItemScratch& s) {
+  const int64_t D = K.D;
   std::fill(o, o + M * D, 0.0f);
-  sc.mx.assign(Mp, NEG_INF);
-  sc.sum.assign(Mp, 0.0f);
-  sc.alpha.resize(Mp);
-  float *mx = sc.mx.data(), *sum = sc.sum.data(), *alpha = sc.alpha.data();
-  const float* Qt = sc.qt.data();
-  for (int64_t c0 = t0; c0 < t1; c0 += CHUNK) {
-    const int64_t c1 = std::min(t1, c0 + CHUNK), L = c1 - c0;
-    sc.st.resize(L * Mp);
-    sc.k.resize(L);
-    sc.v.resize(L);
-    for (int64_t t = c0, j = 0; t < c1; ++t, ++j) {
-      const int64_t at = (((int64_t)pages[t / P] * P + t % P) * Hkv + h) * D;
-      sc.k[j] = kpool + at;
-      sc.v[j] = vpool + at;
-    }
-    float* St = sc.st.data();
-    in_blocks(L, [&](int64_t j, auto R) {
-      constexpr int r = decltype(R)::value;
-      for (int64_t a = 0; a < r; ++a)
-        if (j + RB + a < L)
-          for (int64_t b = 0; b < D; b += 16) _mm_prefetch((const char*)(sc.k[j + RB + a] + b), _MM_HINT_T0);
-      int64_t i = 0;
-      for (; i + 16 <= Mp; i += 16) qk_block<r, 2>(sc.k.data() + j, D, Qt, Mp, i, St + j * Mp);
-      if (i < Mp) qk_block<r, 1>(sc.k.data() + j, D, Qt, Mp, i, St + j * Mp);
-    });
-    auto mask = [&](float value) {  // tokens at or past a row's end
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = std::max<int64_t>(end[i] - c0, 0); j < L; ++j) St[j * Mp + i] = value;
-    };
-    mask(NEG_INF);
-    // online softmax over the chunk, vectorized across rows: new max, rescale what was summed before
-    std::copy(mx, mx + Mp, alpha);
-    for (int64_t j = 0; j < L; ++j)
-      for (int64_t i = 0; i < Mp; i += 8)
-        _mm256_storeu_ps(mx + i, _mm256_max_ps(_mm256_loadu_ps(mx + i), _mm256_loadu_ps(St + j * Mp + i)));
-    for (int64_t i = 0; i < Mp; ++i) {  // alpha = exp(old max - new max); rows that saw nothing yet: 0 / 1
-      alpha[i] = mx[i] == NEG_INF ? 1.0f : std::exp(alpha[i] - mx[i]);
-      sum[i] *= alpha[i];
-    }
-    for (int64_t j = 0; j < L; ++j)
-      for (int64_t i = 0; i < Mp; i += 8) {
-        const __m256 m = _mm256_loadu_ps(mx + i);
-        const __m256 live = _mm256_cmp_ps(m, _mm256_set1_ps(NEG_INF), _CMP_NEQ_OQ);
-        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(St + j * Mp + i), m)), live);
-        _mm256_storeu_ps(St + j * Mp + i, e);
-      }
-    mask(0.0f);  // exp256 clamps its input, so a masked token would keep a weight of ~1e-38
-    for (int64_t j = 0; j < L; ++j)
-      for (int64_t i = 0; i < Mp; i += 8)
-        _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(sum + i), _mm256_loadu_ps(St + j * Mp + i)));
-    for (int64_t i = 0; i < M; ++i)
-      if (alpha[i] != 1.0f)
-        for (int64_t d = 0; d < D; ++d) o[i * D + d] *= alpha[i];
-    in_blocks(M, [&](int64_t i, auto R) {
-      constexpr int r = decltype(R)::value;
-      if (D % 16 == 0)
-        for (int64_t d0 = 0; d0 < D; d0 += 16) pv_block<r, 2>(St, Mp, i, sc.v.data(), L, d0, o, D);
-      else
-        for (int64_t d0 = 0; d0 < D; d0 += 8) pv_block<r, 1>(St, Mp, i, sc.v.data(), L, d0, o, D);
-    });
+  s.m.assign(M, NEG_INF);
+  s.l.assign(M, 0.0f);
+  s.cm.resize(M);
+  s.cl.resize(M);
+  s.co.resize(M * D);
+  for (int64_t c0 = t0; c0 < t1;) {
+    const int64_t c1 = std::min(t1, (c0 / CHUNK + 1) * CHUNK);
+    chunk_state(K, V, pages, P, h, c0, c1 - c0, M, Mp, end, s.cm.data(), s.cl.data(), s.co.data(), s.sc);
+    for (int64_t i = 0; i < M; ++i) fold(s.m[i], s.l[i], o + i * D, s.cm[i], s.cl[i], s.co.data() + i * D, D);
+    c0 = c1;
   }
-  for (int64_t i = 0; i < M; ++i) {
-    if (sum[i] == 0.0f) {  // saw no token: o stays 0
-      lse[i] = NEG_INF;
-      continue;
-    }
-    lse[i] = mx[i] + std::log(sum[i]);
-    const __m256 inv = _mm256_set1_ps(1.0f / sum[i]);
-    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + i * D + d, _mm256_mul_ps(_mm256_loadu_ps(o + i * D + d), inv));
-  }
+  for (int64_t i = 0; i < M; ++i) finish(s.m[i], s.l[i], o + i * D, lse + i, D);
 }
 
 // Block b's columns: member begin, member end (into `members`), page offset, start, end, causal.
@@ -196,12 +80,13 @@ struct Item {
 
 void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at::Tensor& rows,
                      const at::Tensor& blocks, const at::Tensor& members, const at::Tensor& k_pool,
-                     const at::Tensor& v_pool, const at::Tensor& kv_indices, int64_t page_size, double scale) {
+                     const at::Tensor& v_pool, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                     const at::Tensor& kv_indices, int64_t page_size, double scale) {
   TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && q.stride(2) == 1, "q must be fp32 [T, Hq, D], inner stride 1");
   TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.dtype() == at::kFloat && lse.dtype() == at::kFloat,
               "o [R, Hq, D] and lse [R, Hq] must be contiguous fp32");
-  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dtype() == at::kFloat,
-              "pools must be contiguous fp32 [slots, Hkv, D]");
+  TORCH_CHECK(k_pool.dtype() == v_pool.dtype(), "k_pool and v_pool must have one dtype");
+  const Pool K(k_pool, k_scale), V(v_pool, v_scale);
   TORCH_CHECK(blocks.dtype() == at::kLong && blocks.dim() == 2 && blocks.size(1) == 6 && blocks.is_contiguous(),
               "blocks must be contiguous int64 [Nb, 6]");
   TORCH_CHECK(members.dtype() == at::kLong && rows.dtype() == at::kLong && kv_indices.dtype() == at::kInt,
@@ -211,8 +96,9 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
   const Block* bl = reinterpret_cast<const Block*>(blocks.data_ptr<int64_t>());
   const int64_t Nb = blocks.size(0), per = std::max<int64_t>(1, ROWS / G);
   const int64_t *mem = members.data_ptr<int64_t>(), *rw = rows.data_ptr<int64_t>();
-  // The items; when there are few (one shared prefix, few members), each splits its tokens so that every
-  // thread gets work. Per row: (item, member index within it) of every item that holds it.
+  // The items; when there are few (one shared prefix, few members), a shared-prefix group's item splits its
+  // tokens so that every thread gets work (merged below by log-sum-exp: not the fixed order, which is why
+  // groups are opt-in). An extend's item never splits: its rows fold every chunk from position 0 in order. Per row: (item, member index within it) of every item that holds it.
   std::vector<Item> items;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> of_row(R);
   int64_t parts = 0, base = 0;
@@ -228,8 +114,8 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
       for (int64_t m0 = 0; m0 < n; m0 += per) {
         const int64_t m1 = std::min(n, m0 + per);
         const int64_t t1 = k.causal ? k.end - (n - m1) : k.end;  // causal: the range's last row sees most
-        const int64_t pieces = std::clamp<int64_t>(want / std::max<int64_t>(base, 1), 1,
-                                                   (t1 - k.start + CHUNK - 1) / CHUNK);
+        const int64_t pieces = k.causal ? 1 : std::clamp<int64_t>(want / std::max<int64_t>(base, 1), 1,
+                                                                  (t1 - k.start + CHUNK - 1) / CHUNK);
         const int64_t step = (t1 - k.start + pieces - 1) / pieces;
         for (int64_t t = k.start; t < t1; t += step) {
           const int64_t id = items.size();
@@ -242,26 +128,25 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
   }
   std::vector<float> part_o(parts * D), part_lse(parts);
   const float* qd = q.data_ptr<float>();
-  const float *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
   const int32_t* idx = kv_indices.data_ptr<int32_t>();
   const float sc_ = (float)scale;
   radixrt::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t a, int64_t e) {
-    Scratch sc;
+    ItemScratch sc;
     std::vector<int64_t> end;
     for (int64_t it = a; it < e; ++it) {
       const Item& w = items[it];
       const Block& k = bl[w.b];
       const int64_t M = (w.m1 - w.m0) * G, Mp = (M + 7) / 8 * 8, n = k.me - k.mb;
-      sc.qt.assign(D * Mp, 0.0f);
+      sc.sc.qt.assign(D * Mp, 0.0f);
       end.resize(M);
       for (int64_t m = w.m0; m < w.m1; ++m)
         for (int64_t j = 0; j < G; ++j) {
-          const int64_t i = (m - w.m0) * G + j;
-          const float* src = qd + rw[mem[k.mb + m]] * q.stride(0) + (w.h * G + j) * q.stride(1);
-          for (int64_t d = 0; d < D; ++d) sc.qt[d * Mp + i] = src[d] * sc_;
-          end[i] = k.causal ? k.end - (n - 1 - m) : k.end;
+          end[(m - w.m0) * G + j] = k.causal ? k.end - (n - 1 - m) : k.end;
         }
-      attend_item(M, Mp, end.data(), kp, vp, idx + k.page, page_size, Hkv, w.h, D, w.t0, w.t1,
+      for (int64_t m = w.m0; m < w.m1; ++m)  // the same packing (and pre-scaling) as the paged kernel's
+        pack_q(qd + rw[mem[k.mb + m]] * q.stride(0), q.stride(1), w.h * G, G, D, Mp, (m - w.m0) * G, sc_,
+               sc.sc.qt.data());
+      attend_item(K, V, M, Mp, end.data(), idx + k.page, page_size, w.h, w.t0, w.t1,
                   part_o.data() + w.part * D, part_lse.data() + w.part, sc);
     }
   });
@@ -307,7 +192,8 @@ TORCH_LIBRARY_FRAGMENT(radixrt_attn, m) {
   // place); blocks [Nb, 6] int64 = (member begin, member end) into `members` (int64 rows of o, an extend's
   // in token order), the offset of the block's pages in kv_indices, its tokens [start, end), causal (0/1).
   m.def("block_attention(Tensor q, Tensor(a!) o, Tensor(b!) lse, Tensor rows, Tensor blocks, Tensor members, "
-        "Tensor k_pool, Tensor v_pool, Tensor kv_indices, int page_size, float scale) -> ()");
+        "Tensor k_pool, Tensor v_pool, Tensor k_scale, Tensor v_scale, Tensor kv_indices, int page_size, "
+        "float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_attn, CPU, m) { m.impl("block_attention", &block_attention); }

@@ -201,15 +201,21 @@ class FlashInferBackend(AttentionBackend):
         return self.dtype is not None
 
     def configure(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                  sm_scale: float | None = None) -> None:
-        """Set the model's attention shape. ``sm_scale`` defaults to ``head_dim ** -0.5``.
+                  sm_scale: float | None = None, kv_dtype: torch.dtype | None = None) -> None:
+        """Set the model's attention shape. ``sm_scale`` defaults to ``head_dim ** -0.5``; ``kv_dtype``
+        (the paged KV pool's type, passed to the wrappers' ``plan`` as ``kv_data_type``) to ``dtype``.
 
         Raises:
-            ValueError: fp32 (FlashInfer has fp16/bf16 kernels only) or head counts that are not GQA.
+            ValueError: fp32 queries or an fp32/int8 pool (FlashInfer has fp16/bf16 kernels; its fp8 KV is not
+                wired here), or head counts that are not GQA.
         """
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"attention_backend 'flashinfer' runs float16/bfloat16 only, got {dtype}; "
                              "use attention_backend='torch_native' (or dtype='bfloat16')")
+        kv_dtype = dtype if kv_dtype is None else kv_dtype
+        if kv_dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"kv_cache_dtype: attention_backend 'flashinfer' takes fp16/bf16 pools, got {kv_dtype}")
+        self.kv_dtype = kv_dtype
         if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
@@ -217,7 +223,7 @@ class FlashInferBackend(AttentionBackend):
         self.sm_scale = float(head_dim ** -0.5 if sm_scale is None else sm_scale)
 
     def _common_kwargs(self) -> dict:
-        return dict(q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.sm_scale)
+        return dict(q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=self.sm_scale)
 
     def plan(self, meta: AttentionMetadata) -> None:
         if not self.configured:

@@ -8,36 +8,54 @@ decode rows of a step are one batched call per level, with the query heads folde
 Extend rows (several new tokens) run one SDPA call per request with a causal mask offset by the cached
 prefix.
 
-With ``kernel=True`` (the default for an fp32 pool on a CPU where the C++ library builds), every row goes
-to two C++ calls per layer instead (``paged_rows.py``): the paged kernel writes the step's K/V and attends
-each decode row's own suffix through the page table; the block kernel attends each shared-prefix group
-once for all its members and each extend as one causal block, as small GEMMs, merged into the first by
-log-sum-exp. No gather, no padding, no SDPA.
+With ``kernel=True`` (the default for fp32 queries on a CPU where the C++ library builds; the pool may be
+fp32, fp16, bf16 or int8), every row goes to two C++ calls per layer instead (``paged_rows.py``): the paged
+kernel writes the step's K/V and attends each decode row through the page table; the block kernel attends
+each extend as one causal block, as small GEMMs. Both reduce a row's tokens in chunks aligned to absolute
+positions, folded in a fixed order (``kv_chunk.h``), so a row's output does not depend on its batch, on the
+prefill's chunking, or on a cached prefix. Shared-prefix groups (attended once for all their members,
+merged by log-sum-exp) are opt-in there (``cascade=True``): that merge is not the fixed order.
+
+The torch path (no C++ library) reads fp16/bf16 pools by casting the slots it gathers; an int8 pool's
+pages of the step are dequantized once per layer into a compact fp32 copy (its page ids remapped). It is
+not batch-invariant (SDPA's reduction order depends on the shapes).
 """
 from __future__ import annotations
 
+import dataclasses
 from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 
-from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, write_kv
+from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, read_kv, scales, write_kv
 from radixrt.kernels.attention.cascade import DecodePlan, plan_decode, run_decode
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.kernels.attention.paged_cpu import paged_ops
 from radixrt.kernels.attention.paged_rows import RowPlan, plan_rows
 
 
+_NO_SCALE = torch.zeros(0)  # the C++ kernels' scale arguments for a float pool
+
+
 class TorchNativeBackend(AttentionBackend):
-    """``kernel``: use the C++ paged kernel (fp32 pools on the CPU only); ``None`` means: where it builds."""
+    """``kernel``: use the C++ paged kernels (fp32 queries on the CPU only); ``None`` means: where they build.
+    ``dtype``: the queries' (model's) dtype. ``cascade``: with the kernels, attend shared-prefix groups once
+    per group (faster for many rows on a long shared prefix; not batch-invariant). ``kv_dtype``: the pool's
+    element type (the torch path plans an int8 pool's steps on compact pages). ``uses_groups`` tells the
+    model runner whether to plan groups at all."""
 
     def __init__(self, device: torch.device | str = "cpu", kernel: bool | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, cascade: bool = False, kv_dtype: torch.dtype | None = None):
         self.device = torch.device(device)
         usable = self.device.type == "cpu" and dtype == torch.float32
         self.ops = paged_ops() if usable and kernel is not False else None
         if kernel and self.ops is None:
-            raise ValueError("the C++ paged attention kernel needs an fp32 KV pool on an AVX2 CPU with gcc")
+            raise ValueError("the C++ paged attention kernels need fp32 queries on an AVX2 CPU with gcc")
+        self.cascade, self.kv_dtype = cascade, kv_dtype
+        self.uses_groups = cascade or self.ops is None
+        self.pages: torch.Tensor | None = None  # torch path, int8 pool: the step's pages, ascending
+        self.loc: torch.Tensor | None = None    # the step's real out_cache_loc (meta's may be remapped)
         self.meta: AttentionMetadata | None = None
         self.decode: DecodePlan | None = None
         self.rows: RowPlan | None = None
@@ -46,12 +64,21 @@ class TorchNativeBackend(AttentionBackend):
         """Build the step's index tensors: tensor ops only, no host round trips of the page table."""
         self.meta = meta
         groups = meta.prefix_groups if meta.prefix_groups is not None and meta.prefix_groups.num_groups else None
-        self.decode = None
+        self.decode, self.pages, self.loc = None, None, meta.out_cache_loc
         if self.ops is not None:
-            self.rows = plan_rows(meta, groups)
+            self.rows = plan_rows(meta, groups if self.cascade else None)
             self.extend_rows = []
         else:
+            if self.kv_dtype == torch.int8:
+                self.meta = meta = self._compact(meta)
+                groups = None
             self._plan_torch(meta, groups)
+
+    def _compact(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """The torch path over an int8 pool: page ids remapped onto the step's own pages (``self.pages``),
+        which forward dequantizes; no groups (their page lists are pool ids)."""
+        self.pages, inv = torch.unique(meta.kv_indices.long(), return_inverse=True)
+        return dataclasses.replace(meta, kv_indices=inv.to(meta.kv_indices.dtype), prefix_groups=None)
 
     def kernel_args(self) -> tuple | None:
         """``(out_cache_loc, rows, page_ptr, kv_start, kv_end, kv_indices, page_size, blocks, members,
@@ -101,14 +128,14 @@ class TorchNativeBackend(AttentionBackend):
         pages = meta.kv_indices[page_start:page_start - (-kv_len // P)].long()
         return (pages[:, None] * P + torch.arange(P, device=pages.device)).reshape(-1)[:kv_len]
 
-    def _kernel(self, q, k, v, kflat, vflat, scale) -> torch.Tensor:
+    def _kernel(self, q, k, v, kflat, vflat, ks, vs, scale) -> torch.Tensor:
         """Write the step's K/V and attend every row: ``[T, Hq, D]``."""
         r, meta = self.rows, self.meta
-        o, lse = self.ops.paged_attention(q, k, v, meta.out_cache_loc, kflat, vflat, r.rows, r.page_ptr, r.start,
-                                          r.end, meta.kv_indices, meta.page_size, scale)
+        o, lse = self.ops.paged_attention(q, k, v, meta.out_cache_loc, kflat, vflat, ks, vs, r.rows, r.page_ptr,
+                                          r.start, r.end, meta.kv_indices, meta.page_size, scale)
         if r.blocks.shape[0]:
-            self.ops.block_attention(q, o, lse, r.rows, r.blocks, r.members, kflat, vflat, meta.kv_indices,
-                                     meta.page_size, scale)
+            self.ops.block_attention(q, o, lse, r.rows, r.blocks, r.members, kflat, vflat, ks, vs,
+                                     meta.kv_indices, meta.page_size, scale)
         if r.covers_all:
             return o
         out = torch.empty_like(q)
@@ -119,11 +146,16 @@ class TorchNativeBackend(AttentionBackend):
                 kv: KVCacheView, scale: float) -> torch.Tensor:
         meta = self.meta
         kb, vb = kv.k_buffer(layer), kv.v_buffer(layer)
+        ks, vs = scales(kv, layer)
+        if self.ops is not None:
+            flat = [t.view(-1, t.shape[-2], t.shape[-1]) for t in (kb, vb)]
+            sc = [_NO_SCALE if s is None else s.view(-1, s.shape[-1]) for s in (ks, vs)]
+            return self._kernel(q, k, v, *flat, *sc, scale)
+        write_kv(kv, layer, self.loc, k, v)
+        if ks is not None:  # int8: the step's pages dequantized, in the remapped order of plan()
+            kb, vb = read_kv(kb[self.pages], ks[self.pages], q.dtype), read_kv(vb[self.pages], vs[self.pages], q.dtype)
         kflat = kb.view(-1, kb.shape[-2], kb.shape[-1])
         vflat = vb.view(-1, vb.shape[-2], vb.shape[-1])
-        if self.ops is not None:
-            return self._kernel(q, k, v, kflat, vflat, scale)
-        write_kv(kv, layer, meta.out_cache_loc, k, v)
         if self.decode is not None and not self.extend_rows:
             return run_decode(self.decode, q, kflat, vflat, scale)
         out = torch.empty_like(q)

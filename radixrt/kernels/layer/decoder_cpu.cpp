@@ -1,4 +1,4 @@
-// One Llama decoder layer as one op, for any step the C++ attention kernels take (fp32 pool on the CPU:
+// One Llama decoder layer as one op, for any step the C++ attention kernels take (a pool of any kv_chunk.h type:
 // decode rows, shared-prefix groups and extends in any mix):
 //
 //   h = add_rms_norm(x, residual, ln1)   (residual += x; the first layer: residual = x, h = rms_norm(x))
@@ -37,11 +37,12 @@ using AddNorm = at::Tensor(const at::Tensor&, at::Tensor, const at::Tensor&, dou
 using Unary = at::Tensor(const at::Tensor&);
 using Rope = void(at::Tensor, const at::Tensor&, const at::Tensor&);
 using Attn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&,
+                                                const at::Tensor&, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                                                 const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                const at::Tensor&, int64_t, double);
+                                                const at::Tensor&, const at::Tensor&, int64_t, double);
 using Blocks = void(const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);
+                    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    int64_t, double);
 
 template <class Sig>
 c10::TypedOperatorHandle<Sig> handle(const char* name) {
@@ -96,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     const at::Tensor& x, const c10::optional<at::Tensor>& residual_in, const at::Tensor& ln1, const at::Tensor& ln2,
     double eps, at::IntArrayRef kinds, at::TensorList weights, const at::Tensor& cos, const at::Tensor& sin,
     int64_t num_heads, int64_t num_kv_heads, double scale, at::Tensor k_pool, at::Tensor v_pool,
-    const at::Tensor& out_loc, const at::Tensor& rows, const at::Tensor& page_ptr, const at::Tensor& kv_start,
+    at::Tensor k_scale, at::Tensor v_scale, const at::Tensor& out_loc, const at::Tensor& rows, const at::Tensor& page_ptr, const at::Tensor& kv_start,
     const at::Tensor& kv_end, const at::Tensor& kv_indices, int64_t page_size, const at::Tensor& blocks,
     const at::Tensor& members, bool scatter) {
   TORCH_CHECK(kinds.size() == 4 && weights.size() == 4, "decode_layer: 4 projections (qkv, o, gate_up, down)");
@@ -122,9 +123,10 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   const at::Tensor q = qkv.as_strided({T, num_heads, D}, {row, D, 1}, off);
   const at::Tensor k = qkv.as_strided({T, num_kv_heads, D}, {row, D, 1}, off + q_size);
   const at::Tensor v = qkv.as_strided({T, num_kv_heads, D}, {row, D, 1}, off + q_size + kv_size);
-  auto [o, lse] = op.attention.call(q, k, v, out_loc, k_pool, v_pool, rows, page_ptr, kv_start, kv_end, kv_indices,
-                                    page_size, scale);
-  if (blocks.size(0)) op.blocks.call(q, o, lse, rows, blocks, members, k_pool, v_pool, kv_indices, page_size, scale);
+  auto [o, lse] = op.attention.call(q, k, v, out_loc, k_pool, v_pool, k_scale, v_scale, rows, page_ptr, kv_start,
+                                    kv_end, kv_indices, page_size, scale);
+  if (blocks.size(0))
+    op.blocks.call(q, o, lse, rows, blocks, members, k_pool, v_pool, k_scale, v_scale, kv_indices, page_size, scale);
   TORCH_CHECK(o.size(0) == T, "decode_layer: the paged kernel must attend every row of the step");
   if (scatter) o = at::empty_like(o).index_copy_(0, rows, o);  // its rows back in token order
   h = op.add_rms_norm.call(linear(o.view({T, q_size}), kinds[1], weights[1]), residual, ln2, eps);
@@ -136,12 +138,13 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
 
 TORCH_LIBRARY(radixrt_layer, m) {
   // x [T, hidden] fp32 (the previous layer's output), residual [T, hidden] (updated in place; None for the
-  // first layer), pools [slots, Hkv, D] (written), then the attention's arguments as in
+  // first layer), pools [slots, Hkv, D] fp32/fp16/bf16/int8 and int8's scales [slots, Hkv] (else empty)
+  // (written), then the attention's arguments as in
   // radixrt_attn::paged_attention and block_attention (blocks [0, 6]: none)
   // -> (out [T, hidden], residual).
   m.def("decode_layer(Tensor x, Tensor? residual, Tensor ln1, Tensor ln2, float eps, int[] kinds, "
         "Tensor[] weights, Tensor cos, Tensor sin, int num_heads, int num_kv_heads, float scale, "
-        "Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor out_loc, Tensor rows, Tensor page_ptr, "
+        "Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor out_loc, Tensor rows, Tensor page_ptr, "
         "Tensor kv_start, Tensor kv_end, Tensor kv_indices, int page_size, Tensor blocks, Tensor members, "
         "bool scatter) -> (Tensor, Tensor)");
 }

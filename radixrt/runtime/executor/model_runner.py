@@ -15,9 +15,10 @@ from radixrt.runtime.executor import memory
 from radixrt.runtime.executor.forward_batch import ForwardBatch
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.executor.cascade_groups import group_decode_rows
+from radixrt.runtime.executor.kv_dtype import resolve_kv_dtype
 from radixrt.runtime.layers.quant import quantize_for_source
 from radixrt.runtime.layers.tp_shard import local_heads, shard_model
-from radixrt.runtime.mem.kv_pool import KVPool
+from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.gguf_load import build_from_gguf
@@ -80,12 +81,16 @@ class ModelRunner:
                 num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
         self.vocab_size = margs.vocab_size
         self.page_size = args.page_size
+        self._weight_bytes = None
+        self.kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, self.device, self.dtype, self.quantization,
+                                         self.weight_bytes, margs)
         self.num_pages = self._pool_pages(margs.num_layers, num_kv_heads, margs.head_dim)
         self.kv = KVPool(self.num_pages, self.page_size, margs.num_layers, num_kv_heads,
-                         margs.head_dim, self.dtype, self.device)
-        self.attn = get_backend(args.attention_backend, self.device, self.dtype)
-        if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtype up front
-            self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype)
+                         margs.head_dim, self.kv_dtype, self.device)
+        self.attn = get_backend(args.attention_backend, self.device, self.dtype, kv_dtype=self.kv_dtype,
+                                cpu_cascade=args.cpu_cascade_attention)
+        if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtypes up front
+            self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype, kv_dtype=self.kv_dtype)
         self.cascade_steps = 0  # steps that attended shared prefixes once per group
         self.cascade_rows = 0   # decode rows served by a group, summed over those steps
         self.forward_time = 0.0  # seconds in forward(), summed (the scheduler's StepStats read it)
@@ -95,10 +100,10 @@ class ModelRunner:
                 and (tp is None or tp.size == 1)):
             from radixrt.runtime.executor.cuda_graph_runner import CudaGraphRunner
             self.graph_runner = CudaGraphRunner(self)
-        self._weight_bytes = None
         m = self.memory_stats() if self.device.type == "cpu" else None
-        logger.info("model %s on %s/%s (%s): %d KV pages x %d tokens%s", self.source.name, self.device,
-                    self.dtype, self.quantization, self.num_pages, self.page_size,
+        logger.info("model %s on %s/%s (%s): KV pool %s, %d pages x %d tokens = %d tokens%s", self.source.name,
+                    self.device, self.dtype, self.quantization, self.kv_dtype_name, self.num_pages, self.page_size,
+                    self.num_pages * self.page_size,
                     "" if m is None else f"; weights {m['weight_bytes'] / 2**20:.0f} MiB, KV pool "
                     f"{m['kv_pool_bytes'] / 2**20:.0f} MiB, RSS {m['rss_bytes'] / 2**20:.0f} MiB, "
                     f"available {memory.available_bytes() / 2**20:.0f} MiB")
@@ -125,7 +130,7 @@ class ModelRunner:
     def _pool_pages(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """KV pages from --max-total-tokens, or from free GPU memory (the minimum over the tp ranks, whose
         schedulers must agree on the pool)."""
-        per_token = KVPool.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(num_layers, num_kv_heads, head_dim, self.kv_dtype)
         total = self.args.max_total_tokens
         if total is None:
             if self.device.type == "cuda":
@@ -142,13 +147,23 @@ class ModelRunner:
                 total = max(min(total, CPU_MAX_CONTEXTS * self.context_length), self.page_size)
         return max(total // self.page_size, 1)
 
-    def memory_stats(self) -> dict:
-        """Bytes: ``weight_bytes`` (as held, every layout), ``kv_pool_bytes``, and this process's
-        ``rss_bytes`` / ``peak_rss_bytes``."""
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the weights hold, every layout (measured once)."""
         if self._weight_bytes is None:
             self._weight_bytes = memory.weight_bytes(self.model)
+        return self._weight_bytes
+
+    @property
+    def kv_dtype_name(self) -> str:
+        """The pool's ``--kv-cache-dtype`` name (fp32, fp16, bf16, int8)."""
+        return {v: k for k, v in KV_DTYPES.items()}[self.kv_dtype]
+
+    def memory_stats(self) -> dict:
+        """Bytes: ``weight_bytes`` (as held, every layout), ``kv_pool_bytes``, and this process's
+        ``rss_bytes`` / ``peak_rss_bytes``; ``kv_dtype``, the pool's element type."""
         rss = memory.rss_bytes()  # sampled apart from getrusage's peak: the peak is at least the current
-        return {"weight_bytes": self._weight_bytes, "kv_pool_bytes": self.kv.nbytes,
+        return {"weight_bytes": self.weight_bytes, "kv_pool_bytes": self.kv.nbytes, "kv_dtype": self.kv_dtype_name,
                 "rss_bytes": rss, "peak_rss_bytes": max(rss, memory.peak_rss_bytes())}
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
@@ -174,7 +189,8 @@ class ModelRunner:
                 sample_at.append((req, len(rows)))
                 rows.append(base + n - 1)
         groups = None
-        if not self.args.disable_cascade_attention:  # the tree match made at admission groups the rows
+        if not self.args.disable_cascade_attention and getattr(self.attn, "uses_groups", True):
+            # the tree match made at admission groups the rows (the CPU kernels only with --cpu-cascade-attention)
             groups = group_decode_rows([req.last_node for req, _ in batch], tables, q_lens, self.page_size)
         if groups is not None:
             self.cascade_steps += 1

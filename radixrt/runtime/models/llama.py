@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.kernels import fused, gemv
-from radixrt.kernels.attention.base import AttentionBackend, KVCacheView
+from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, scales
 from radixrt.kernels.layer import layer_ops
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.rope import Rotary
@@ -64,13 +64,13 @@ class FusedStep:
     num_heads: int
     num_kv_heads: int
     scale: float               # head_dim ** -0.5
-    pools: list                # per layer, the flat K and V pools, each [slots, num_kv_heads, head_dim]
+    pools: list                # per layer: flat K, V pools [slots, num_kv_heads, head_dim] and their int8
+    #                            scales [slots, num_kv_heads] (empty tensors for a float pool)
     attn_args: tuple           # the backend's kernel_args(): slots written, rows and blocks attended
 
     def __call__(self, i: int, w: LayerWeights, x: torch.Tensor, residual: torch.Tensor | None):
-        k_pool, v_pool = self.pools[i]
         return self.op(x, residual, w.ln1, w.ln2, w.eps, w.kinds, w.weights, self.cos, self.sin, self.num_heads,
-                       self.num_kv_heads, self.scale, k_pool, v_pool, *self.attn_args)
+                       self.num_kv_heads, self.scale, *self.pools[i], *self.attn_args)
 
 
 class Attention(nn.Module):
@@ -184,7 +184,9 @@ class LlamaForCausalLM(nn.Module):
             return None
         a = self.layers[0].self_attn
         if getattr(self, "_pools", (None,))[0] is not kv:  # flat [slots, Hkv, D] views, made once per pool
-            self._pools = kv, [(kv.k_buffer(i).view(-1, a.nkv, a.hd), kv.v_buffer(i).view(-1, a.nkv, a.hd))
+            none = torch.zeros(0)
+            self._pools = kv, [(kv.k_buffer(i).view(-1, a.nkv, a.hd), kv.v_buffer(i).view(-1, a.nkv, a.hd),
+                                *(none if s is None else s.view(-1, a.nkv) for s in scales(kv, i)))
                                for i in range(len(self.layers))]
         return FusedStep(ops.decode_layer, rope[0].squeeze(1), rope[1].squeeze(1), a.nh, a.nkv, a.scale,
                          self._pools[1], tuple(args))

@@ -196,7 +196,8 @@ class ServerInfo(_Out):
     process_ids: dict[str, int] = Field(default_factory=dict)
     memory: dict[str, Any] = Field(default_factory=dict, description=(
         "bytes: weight_bytes (as held), kv_pool_bytes, the scheduler's rss_bytes and peak_rss_bytes, and "
-        "peak_rss_by_process (each server process, and their total)"))
+        "peak_rss_by_process (each server process, and their total); kv_dtype, the KV pool's element type "
+        "(fp32, fp16, bf16, int8)"))
 
 
 # Models that describe the native request bodies (routes read them by hand, so FastAPI does not list them
