@@ -13,7 +13,7 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("auto", "none", "fp16", "bf16", "int8", "q4")
+QUANTIZATIONS = ("auto", "none", "fp16", "bf16", "int8", "q4", "q4_k")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash")
 
 
@@ -23,7 +23,7 @@ class ServerArgs:
     served_model_name: Optional[str] = field(default=None, metadata={"help": "model name reported by /v1/models"})
     device: str = field(default="auto", metadata={"help": "auto|cpu|cuda; auto picks cuda when available"})
     dtype: str = field(default="auto", metadata={"help": "auto|float32|bfloat16|float16; auto: bf16 on cuda, fp32 on cpu"})
-    quantization: str = field(default="auto", metadata={"help": "auto|none|fp16|bf16|int8|q4 weights on cpu; auto: a GGUF's own blocks, every type (Q4_K_M, Q8_0, ...), none (fp32) for safetensors"})
+    quantization: str = field(default="auto", metadata={"help": "auto|none|fp16|bf16|int8|q4|q4_k weights on cpu, applied while loading, layer by layer; auto: a GGUF's own blocks, every type (Q4_K_M, Q8_0, ...), a safetensors dir's own dtype (fp32/fp16/bf16)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto|torch_native|flashinfer"})
     context_length: Optional[int] = field(default=None, metadata={"help": "max prompt+output tokens; default: the model's"})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
