@@ -93,8 +93,8 @@ def read_header(path: str) -> GGUFHeader:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
             raise ValueError(f"{path}: not a readable GGUF file (empty)") from None
-    try:
-        return _parse(memoryview(buf), path, len(buf))
+    try:  # the mmap itself, not a memoryview: a view held by a raised error's frames would block close()
+        return _parse(buf, path, len(buf))
     finally:
         buf.close()
 

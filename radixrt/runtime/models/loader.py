@@ -90,9 +90,9 @@ def _cache_dir(src: ModelSource) -> str | None:
     return os.path.join(root, "meta", f"{src.gguf_file}-{st.st_size}-{st.st_mtime_ns}-{digest}")
 
 
-@lru_cache(maxsize=8)
 def _header_digest(path: str, size: int, mtime_ns: int) -> str:
-    """blake2b (16 hex digits) of the file's header bytes; ValueError naming a file that is not a GGUF."""
+    """blake2b (16 hex digits) of the file's header bytes; ValueError naming a file that is not a GGUF.
+    Computed at every call (milliseconds), never memoized: a file rewritten in place must not match."""
     import hashlib
 
     from radixrt.runtime.models.gguf_header import read_header
