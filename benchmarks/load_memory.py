@@ -29,7 +29,7 @@ def build(path: str, layers: int, hidden: int, inter: int, dtype: str) -> None:
     heads, kv = hidden // 64, max(hidden // 256, 1)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
-                      tie_word_embeddings=True, torch_dtype=dtype)
+                      tie_word_embeddings=True, dtype={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype])
     os.makedirs(path, exist_ok=True)
     cfg.save_pretrained(path)
     tok.save_pretrained(path)
