@@ -37,8 +37,9 @@ QWEN_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # added (n
 
 
 def make_model_dir(family: str, path: Path, tokenizer, chat_template: str | None = None, seed: int = 0,
-                   added_tokens: list[str] | None = None, **overrides) -> Path:
-    """Save a random-weight ``family`` model (fp32 safetensors), ``tokenizer`` (plus ``added_tokens``) and
+                   added_tokens: list[str] | None = None, dtype: torch.dtype = torch.float32,
+                   **overrides) -> Path:
+    """Save a random-weight ``family`` model (safetensors in ``dtype``, default fp32), ``tokenizer`` (plus ``added_tokens``) and
     optionally a chat template file from :data:`FIXTURES` into ``path``; returns ``path``. ``overrides``
     replace entries of :data:`SMALL`."""
     import copy
@@ -62,7 +63,7 @@ def make_model_dir(family: str, path: Path, tokenizer, chat_template: str | None
             elif "norm" in name:
                 p.normal_(1.0, 0.2)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    model.to(dtype).save_pretrained(path)
     tokenizer.save_pretrained(path)
     if chat_template is not None:
         import json

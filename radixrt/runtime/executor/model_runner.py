@@ -22,6 +22,7 @@ from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.gguf_load import build_from_gguf
+from radixrt.runtime.models.st_load import build_from_safetensors
 from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.rope import Rotary
 
@@ -75,6 +76,9 @@ class ModelRunner:
             # rotary tables for the positions served, not the architecture's (Llama 3: 131072 x 128 fp32 x 2)
             self.model.rotary = Rotary(margs.inv_freq, self.context_length, margs.rope_scaling)
             self.quantization = "gguf" if args.quantization == "auto" else args.quantization
+        elif self._direct_gguf(tp, safetensors=True):  # a safetensors dir, tensor by tensor (st_load)
+            self.model, self.quantization = build_from_safetensors(self.source.directory, margs, args.quantization)
+            self.model.rotary = Rotary(margs.inv_freq, self.context_length, margs.rope_scaling)
         else:
             self.model = self._dense_model(margs, tp)
             if tp is not None and tp.size > 1:
@@ -108,10 +112,11 @@ class ModelRunner:
                     f"{m['kv_pool_bytes'] / 2**20:.0f} MiB, RSS {m['rss_bytes'] / 2**20:.0f} MiB, "
                     f"available {memory.available_bytes() / 2**20:.0f} MiB")
 
-    def _direct_gguf(self, tp) -> bool:
-        """A GGUF on the CPU, unsharded: loaded from the file (gguf_load), never through fp32."""
-        return (self.source.gguf_file is not None and self.device.type == "cpu" and (tp is None or tp.size == 1)
-                and self.dtype == torch.float32)
+    def _direct_gguf(self, tp, safetensors: bool = False) -> bool:
+        """A GGUF (or with ``safetensors``, a safetensors directory) on the CPU, unsharded: loaded from the
+        files layer by layer in its format (gguf_load, st_load), never through a whole-model state dict."""
+        return ((self.source.gguf_file is None) == safetensors and self.device.type == "cpu"
+                and (tp is None or tp.size == 1) and self.dtype == torch.float32)
 
     def _dense_model(self, margs: ModelArgs, tp) -> LlamaForCausalLM:
         """The fp32 state-dict path (safetensors directories, --tp, CUDA): load, shard, move, quantize."""

@@ -11,7 +11,12 @@ every format holds one copy of each weight:
 - ``q4``    GGUF Q4_1 blocks (or a file's own Q4_0/Q4_1), quantized here from fp32 otherwise
   (:func:`~radixrt.runtime.layers.gguf_blocks.quantize_q4_1`, llama.cpp's ``quantize_row_q4_1_ref``); the LM
   head in Q8_0.
-- ``auto``  a GGUF's own blocks, every type (``models/gguf_load.py``); ``none`` for a safetensors directory.
+- ``q4_k``  GGUF Q4_K blocks (256 weights, 6-bit sub-block scales and mins), quantized here
+  (:func:`~radixrt.runtime.layers.q4k_quant.quantize_q4_k`, after ggml's ``quantize_row_q4_K_ref``) or a
+  file's own Q4_K; a matrix whose input dimension is not a multiple of 256 (SmolLM2's 576) falls back to
+  Q4_1 (llama.cpp's ``llama-quantize`` falls back to Q5_0, which we have no quantizer for); head Q8_0.
+- ``auto``  a GGUF's own blocks, every type (``models/gguf_load.py``); a safetensors directory's own dtype
+  (fp32, fp16 or bf16: ``models/st_load.py``).
 
 The block formats run :class:`~radixrt.runtime.layers.ggml_linear.GGMLLinear` (int8 activations per row).
 This module applies the formats to an fp32 model (safetensors, ``--tp``); a GGUF on the CPU is built in
@@ -29,9 +34,10 @@ from radixrt.kernels import layer as layer_kernels
 from radixrt.kernels.gemv import DenseWeight
 from radixrt.runtime.layers.ggml_linear import GGMLLinear
 from radixrt.runtime.layers.gguf_blocks import quantize_q4_1
+from radixrt.runtime.layers.q4k_quant import QK_K, quantize_q4_k
 
 logger = logging.getLogger(__name__)
-FORMATS = ("none", "fp16", "bf16", "int8", "q4")
+FORMATS = ("none", "fp16", "bf16", "int8", "q4", "q4_k")
 DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -76,12 +82,19 @@ def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
 
 def make_linear(fmt: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None,
                 blocks: tuple[str, torch.Tensor] | None, kernel=None) -> nn.Module:
-    """The module of one projection ``name`` (``weight [out, in]`` fp32) in format ``fmt``; ``blocks``:
+    """The module of one projection ``name`` (``weight [out, in]``: fp32, or fp16/bf16 for those formats
+    and the block ones, which quantize from it) in format ``fmt``; ``blocks``:
     the source's own ``(ggml type, bytes)`` of the same weight when it has them (a GGUF), reused where the
     format is theirs. ``kernel`` is ignored (kept for callers of the old signature)."""
     if fmt in DTYPES:
         return DenseLinear(weight, bias, DTYPES[fmt])
     k = weight.shape[1]
+    if fmt == "q4_k" and name != "lm_head":
+        if blocks is not None and blocks[0] == "Q4_K":
+            return GGMLLinear("Q4_K", blocks[1], k, bias)
+        if k % QK_K == 0:
+            return GGMLLinear("Q4_K", quantize_q4_k(weight), k, bias)
+        fmt = "q4"  # the Q4_1 fallback of a row length Q4_K cannot split
     if fmt == "q4" and name != "lm_head":
         if blocks is not None and blocks[0] in ("Q4_0", "Q4_1"):
             return GGMLLinear(blocks[0], blocks[1], k, bias)

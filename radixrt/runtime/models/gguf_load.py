@@ -4,7 +4,8 @@
 it through the block kernel of its type for every row count (:mod:`radixrt.kernels.quant`): the same
 arithmetic whether a row runs alone or among hundreds, and no fp32 copy. ``none`` dequantizes each
 projection to fp32 (a layer's transient copy at a time, never the whole model), for HF parity; ``fp16``,
-``int8`` and ``q4`` re-quantize from that fp32 copy (:mod:`radixrt.runtime.layers.quant`).
+``int8``, ``q4`` and ``q4_k`` re-quantize from that fp32 copy (one projection at a time; a file's own
+Q8_0 / Q4_0 / Q4_1 / Q4_K blocks are kept where they are the format's) (:mod:`radixrt.runtime.layers.quant`).
 
 Peak memory while loading: the weights built so far, plus one layer's transient copies, plus the pages of
 the memory map read since the last :func:`_drop_mapped` (released after every layer).
@@ -23,9 +24,9 @@ from radixrt.runtime.layers import ggml_ops as ggml
 from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLEmbedding, GGMLLinear
 from radixrt.runtime.layers.quant import FORMATS, Fp32Linear, make_linear
 from radixrt.runtime.models.args import ModelArgs
+from radixrt.runtime.models.assemble import assemble
 from radixrt.runtime.models.gguf_weights import GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor
 from radixrt.runtime.models.llama import LlamaForCausalLM
-from radixrt.runtime.models.rope import Rotary
 
 logger = logging.getLogger(__name__)
 LOAD_FORMATS = ("auto",) + FORMATS
@@ -68,14 +69,14 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
                              for i, w in enumerate(weights)])
     dense = torch.cat([w.fp32() for w in weights])
     blocks = None
-    if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_0", "Q4_1", "Q8_0"):
+    if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K"):
         blocks = (weights[0].type_name, torch.cat([w.torch_bytes() for w in weights]))
     return make_linear(fmt, name, dense, bias, blocks)
 
 
 def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module) -> nn.Module:
     """The LM head; a tied head in blocks reads the embedding's own bytes (one copy)."""
-    ours = fmt == "auto" or (fmt in ("int8", "q4") and getattr(embedding, "type_name", None) == "Q8_0")
+    ours = fmt == "auto" or (fmt in ("int8", "q4", "q4_k") and getattr(embedding, "type_name", None) == "Q8_0")
     if margs.tie_word_embeddings and isinstance(embedding, GGMLEmbedding) and ours:
         return GGMLLinear(embedding.type_name, embedding.blocks, embedding.hidden, None)
     t = w.need("token_embd.weight" if margs.tie_word_embeddings else "output.weight")
@@ -132,18 +133,4 @@ def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
 
 def build_from_gguf(path: str, margs: ModelArgs, fmt: str) -> LlamaForCausalLM:
     """A :class:`LlamaForCausalLM` on the CPU over :func:`load_gguf_weights` (shared modules, own layers)."""
-    parts = load_gguf_weights(path, margs, fmt)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(margs)
-    for name, value in parts.items():
-        parent, _, attr = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        if isinstance(value, nn.Module):
-            setattr(owner, attr, value)
-        else:
-            setattr(owner, attr, nn.Parameter(value, requires_grad=False))
-    model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
-    left = [n for n, p in model.named_parameters() if p.is_meta]
-    if left:
-        raise ValueError(f"{path}: no tensor for {left[:4]}")
-    return model.eval()
+    return assemble(load_gguf_weights(path, margs, fmt), margs, path)

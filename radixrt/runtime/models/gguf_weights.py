@@ -19,6 +19,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from radixrt.runtime.models.gguf_header import read_header
+
 # module of LlamaForCausalLM -> the GGUF tensors it fuses, in order
 PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
                "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
@@ -88,7 +90,8 @@ def unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
 
 
 class GGUFWeights:
-    """The tensors of one GGUF file (memory-mapped by ``gguf.GGUFReader``), by the decoder's module names.
+    """The tensors of one GGUF file (memory-mapped; the header read by :mod:`.gguf_header`), by the decoder's
+    module names.
 
     Raises (at construction):
         ValueError: the file is truncated or not a GGUF (the message names the file), or a weight's type is
@@ -96,26 +99,35 @@ class GGUFWeights:
     """
 
     def __init__(self, path: str, num_heads: int, num_kv_heads: int, supported: tuple[str, ...]):
-        from gguf import GGUFReader
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        try:
-            reader = GGUFReader(path)
-        except Exception as e:  # noqa: BLE001 - any reader failure is a bad file; say which
-            raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt? {type(e).__name__}: "
-                             f"{str(e)[:200]})") from None
+        header = read_header(path)  # scalars and tensor infos only (gguf_header.py): no vocabulary parse
         self.path = path
-        self.mapping = reader.data  # the np.memmap every tensor view reads from
-        field = reader.fields.get("general.architecture")
-        self.arch = field.contents() if field is not None else "llama"
+        self.mapping = np.memmap(path, mode="r")  # every tensor view reads from it
+        self.arch = header.metadata.get("general.architecture", "llama")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.tensors: dict[str, RawTensor] = {}
-        for t in reader.tensors:
-            shape = tuple(int(x) for x in reversed(t.shape)) if len(t.shape) == 2 else (int(t.shape[0]),)
-            raw = RawTensor(t.name, t.tensor_type.name, int(t.tensor_type), shape, t.data)
-            if len(shape) == 2 and raw.type_name not in supported:
-                raise ValueError(f"{path}: tensor {t.name} has type {raw.type_name}, which radixrt does not run; "
+        for info in header.tensors:
+            try:
+                kind = GGMLQuantizationType(info.type_id)
+            except ValueError:
+                raise ValueError(f"{path}: tensor {info.name} has unknown type id {info.type_id}") from None
+            block, size = GGML_QUANT_SIZES[kind]
+            n = int(np.prod(info.dims))
+            nbytes = n // block * size
+            if info.offset + nbytes > len(self.mapping) or n % block:
+                raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt? tensor {info.name} "
+                                 f"runs past the end)")
+            shape = tuple(reversed(info.dims)) if len(info.dims) == 2 else (n,)
+            if len(shape) == 2 and kind.name not in supported:
+                raise ValueError(f"{path}: tensor {info.name} has type {kind.name}, which radixrt does not run; "
                                  f"supported: {list(supported)}")
-            self.tensors[t.name] = raw
+            flat = self.mapping[info.offset:info.offset + nbytes]
+            if kind.name in ("F32", "F16"):  # as GGUFReader lays them out: items for these, bytes for the rest
+                data = flat.view(np.float32 if kind.name == "F32" else np.float16).reshape(shape)
+            else:
+                data = flat.reshape(shape[:-1] + (shape[-1] // block * size,))
+            self.tensors[info.name] = RawTensor(info.name, kind.name, int(kind), shape, data)
 
     def get(self, name: str) -> RawTensor | None:
         """The tensor ``name`` (rows of llama's q/k already unpermuted), or None."""

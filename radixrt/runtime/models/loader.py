@@ -77,15 +77,29 @@ def _kw(src: ModelSource) -> dict:
 
 def _cache_dir(src: ModelSource) -> str | None:
     """Where a GGUF's config and tokenizer, converted by transformers, are kept after the first load (a
-    128k-token vocabulary takes seconds to convert). No weights are kept. The key holds the file's size
-    and mtime, so a changed file is converted again. ``RADIXRT_CACHE_DIR`` overrides the location (default
-    ``~/.cache/radixrt``)."""
+    128k-token vocabulary takes seconds to convert). No weights are kept. The key is checked against the
+    file every time, never trusted blindly: its size, mtime (ns) and a hash of its whole header (metadata
+    and tensor table, :mod:`.gguf_header`; milliseconds), so a changed file is converted again.
+    ``RADIXRT_CACHE_DIR`` overrides the location (default ``~/.cache/radixrt``)."""
     if src.gguf_file is None:
         return None
     path = os.path.join(src.directory, src.gguf_file)
     st = os.stat(path)
     root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
-    return os.path.join(root, "meta", f"{src.gguf_file}-{st.st_size}-{int(st.st_mtime)}")
+    digest = _header_digest(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    return os.path.join(root, "meta", f"{src.gguf_file}-{st.st_size}-{st.st_mtime_ns}-{digest}")
+
+
+def _header_digest(path: str, size: int, mtime_ns: int) -> str:
+    """blake2b (16 hex digits) of the file's header bytes; ValueError naming a file that is not a GGUF.
+    Computed at every call (milliseconds), never memoized: a file rewritten in place must not match."""
+    import hashlib
+
+    from radixrt.runtime.models.gguf_header import read_header
+
+    n = read_header(path).header_bytes
+    with open(path, "rb") as f:
+        return hashlib.blake2b(f.read(n), digest_size=8).hexdigest()
 
 
 def _converted(model: str | None) -> tuple[ModelSource, str | None]:
