@@ -62,13 +62,13 @@ async def drain(tm, timeout: float, stop: Callable[[], None]) -> None:
     adm.draining = "the server is shutting down"
     n = len(tm.states)
     if n:
-        logger.warning("SIGTERM: draining %d requests in flight (up to %.0f s)", n, timeout)
+        logger.warning("SIGTERM: draining %d requests in flight (up to %g s)", n, timeout)
     deadline = time.monotonic() + timeout
     while tm.states and time.monotonic() < deadline:
         await asyncio.sleep(DRAIN_POLL_S)
     if tm.states:
         rids = list(tm.states)
-        logger.warning("drain timeout (%.0f s): aborting %d requests", timeout, len(rids))
+        logger.warning("drain timeout (%g s): aborting %d requests", timeout, len(rids))
         for rid in rids:
             tm.abort(rid)
         tm._fail(f"the server is shutting down: the request did not finish within --drain-timeout {timeout:g} s")

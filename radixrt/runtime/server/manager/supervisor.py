@@ -89,9 +89,9 @@ class Supervisor:
         self._close_sessions()
         if len(self.times) >= tm.args.max_restarts:
             tm._fail(f"{what}; not restarted")
-            self._give_up(f"{what}; not restarted: {len(self.times)} restarts in the last "
-                          f"{WINDOW_S / 60:.0f} min reached --max-restarts {tm.args.max_restarts}; "
-                          f"the server stays down until it is restarted")
+            why = (f"{len(self.times)} restarts in the last {WINDOW_S / 60:.0f} min reached --max-restarts "
+                   f"{tm.args.max_restarts}" if tm.args.max_restarts else "--max-restarts 0")
+            self._give_up(f"{what}; not restarted: {why}; the server stays down until it is restarted")
             return
         self.times.append(now)
         self.restarts[cause] = self.restarts.get(cause, 0) + 1
