@@ -1,7 +1,7 @@
 """The supervisor and admission control of ``radixrt serve``, on a real server with real kill -9s.
 
-One server (``--max-restarts 2``, a bound of 3 requests in flight) for the module, in this order: the
-bound (503 + Retry-After), kill -9 of the scheduler mid-stream (error event naming it, /health 503 then
+One server (``--max-restarts 2``, a bound of 3 requests in flight) for the module, in this order: a 10 MB
+body (413), the bound (503 + Retry-After), kill -9 of the scheduler mid-stream (error event naming it, /health 503 then
 200, same greedy tokens as before, its session reported closed), kill -9 of the detokenizer, then a third
 death beyond the limit (the server stays down, and says so).
 """
@@ -60,6 +60,19 @@ def _kill_mid_stream(server, c, name: str) -> tuple[list, int]:
         os.kill(pid, signal.SIGKILL)
         rest = sse_events(lines)
     return rest, pid
+
+
+def test_big_body_is_413(server):
+    big = b'{"text": "' + b"a" * (10 << 20) + b'"}'
+    too_large = {"error": {"message": "the request body is larger than 8388608 bytes",
+                           "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+    with server.client() as c:
+        r = c.post("/generate", content=big, headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and r.json() == too_large
+        r = c.post("/v1/chat/completions", content=iter([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)]))
+        assert r.status_code == 413 and r.json() == too_large  # chunked: no Content-Length
+        r = c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 12
 
 
 def test_queue_bound_is_503_with_retry_after(server):
