@@ -11,6 +11,9 @@ from radixrt.runtime.server.http.errors import ApiError, error_body
 from radixrt.runtime.server.http.responses import JSONResp
 
 MAX_BODY_BYTES = 8 << 20
+# an over-long body is still read (and dropped) up to this many bytes before the 413: a client that is
+# still sending when the server answers and closes gets a connection reset instead of the answer
+DISCARD_BYTES = 64 << 20
 
 
 class BodyTooLarge(ApiError):
@@ -31,6 +34,8 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         for k, v in scope.get("headers", []):
             if k == b"content-length" and v.isdigit() and int(v) > self.max_bytes:
+                if int(v) <= DISCARD_BYTES:
+                    await _discard(receive, 0)
                 err = BodyTooLarge(self.max_bytes)
                 resp = JSONResp(error_body(err.message, None, err.type, err.code), status_code=413,
                                 headers={"Connection": "close"})
@@ -43,6 +48,19 @@ class BodyLimit:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
+                    if msg.get("more_body", False):
+                        await _discard(receive, seen)
                     raise BodyTooLarge(self.max_bytes)  # a route's ApiError: the handlers answer 413
             return msg
         await self.app(scope, limited, send)
+
+
+async def _discard(receive, seen: int) -> None:
+    """Read and drop the rest of a body, up to DISCARD_BYTES in all (``seen``: bytes already read)."""
+    while seen <= DISCARD_BYTES:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return
+        seen += len(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return
