@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from typing import Optional
@@ -87,6 +88,11 @@ class Supervisor:
             self.times.popleft()
         self.t_died = now
         self._close_sessions()
+        if tm.args.tp > 1 and "WORLD_SIZE" in os.environ:  # torchrun's ranks are not ours to start again
+            tm._fail(f"{what}; not restarted")
+            self._give_up(f"{what}; not restarted: the --tp ranks were started by torchrun; "
+                          f"the server stays down until it is restarted")
+            return
         if len(self.times) >= tm.args.max_restarts:
             tm._fail(f"{what}; not restarted")
             why = (f"{len(self.times)} restarts in the last {WINDOW_S / 60:.0f} min reached --max-restarts "
