@@ -54,6 +54,9 @@ class ServerArgs:
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     zmq_port: Optional[int] = field(default=None, metadata={"help": "DSL ZMQ ROUTER port; default port + 1"})
     api_key: Optional[str] = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health"})
+    max_restarts: int = field(default=3, metadata={"help": "restarts of the scheduler/detokenizer/tp ranks allowed in any 10 min; then the server stays down (0: never restart)"})
+    max_queued_requests: Optional[int] = field(default=None, metadata={"help": "requests allowed to wait beyond --max-running-requests; more get 503 with Retry-After (default: one per KV page of the pool)"})
+    drain_timeout: float = field(default=30.0, metadata={"help": "SIGTERM: seconds running requests may take to finish before they are aborted"})
     enable_metrics: bool = field(default=False, metadata={"help": "serve Prometheus /metrics"})
     tool_call_parser: Optional[str] = field(default=None, metadata={"help": "hermes|qwen25|llama3|mistral; default: from the chat template / architecture"})
     reasoning_parser: Optional[str] = field(default=None, metadata={"help": "qwen3|deepseek-r1: split <think>...</think> into reasoning_content"})
@@ -97,6 +100,13 @@ class ServerArgs:
                 get_tool_format(self.tool_call_parser)
             if self.reasoning_parser is not None:
                 get_reasoning_format(self.reasoning_parser)
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be an integer >= 0, got {self.max_restarts!r}")
+        if self.max_queued_requests is not None and (not isinstance(self.max_queued_requests, int)
+                                                     or self.max_queued_requests < 0):
+            raise ValueError(f"max_queued_requests must be an integer >= 0, got {self.max_queued_requests!r}")
+        if not self.drain_timeout >= 0:
+            raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 

@@ -38,7 +38,7 @@ def server():
 
 @pytest.fixture(scope="session")
 def auth_server():
-    s = start_server("--enable-metrics", api_key=API_KEY)
+    s = start_server("--enable-metrics", "--max-restarts", "0", api_key=API_KEY)  # a dead child stays dead
     yield s
     s.stop()  # raises if anything of its process group survives
     assert not s.group_alive()
@@ -746,7 +746,8 @@ def test_metrics(auth_server, server):
 
 
 def test_scheduler_death_is_503(auth_server):
-    """Last: kills the second server's scheduler. Pending and new requests get errors, nothing hangs."""
+    """Last: kills the second server's scheduler (--max-restarts 0: not restarted; test_supervisor.py has
+    the restarts). Pending and new requests get errors, nothing hangs."""
     import os
     import signal
     with auth_server.client(timeout=60) as c:

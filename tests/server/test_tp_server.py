@@ -3,8 +3,8 @@
 - tp=3 on SmolLM2 (9 query / 3 KV heads): greedy tokens equal tp=1 on the parity prompts, every rank's
   radix tree reports the same hits, abort and constrained decoding (sampled, seeded) equal tp=1;
 - tp=2 on a random-weight Llama directory (4 query / 2 KV heads) with a pool so small that decode preempts:
-  greedy tokens equal tp=1 with the same pool; then one rank is SIGKILLed: the server answers 503 with a
-  clear error instead of hanging.
+  greedy tokens equal tp=1 with the same pool; then one rank is SIGKILLed: the server answers 503 naming
+  the rank and its exit code instead of hanging, restarts the ranks, and gives the same tokens again.
 One server per configuration, shared by the module's tests.
 """
 from __future__ import annotations
@@ -135,14 +135,22 @@ def test_tp2_preemption_parity_then_rank_killed(tp2_small, random_dir, prompts):
         assert len(workers) == 1, workers
         os.kill(workers[0], signal.SIGKILL)
         deadline = time.time() + 120
-        while True:  # no hang: the runtime is declared dead and says why
-            r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+        while True:  # no hang: the runtime says which rank died, then restarts the children
+            r = c.get("/health")
             if r.status_code == 503:
                 break
             assert time.time() < deadline, r.text
-            time.sleep(0.5)
-        assert "scheduler process exited unexpectedly" in r.json()["error"]["message"]
-        assert c.get("/health").status_code == 503
+            time.sleep(0.2)
+        assert r.json()["error"]["message"] == (
+            f"the scheduler process exited unexpectedly (exit code 1: tensor-parallel rank 1 (pid {workers[0]}) "
+            f"exited with code -9); restarting it, retry when GET /health returns 200")
+        while c.get("/health").status_code != 200:
+            assert time.time() < deadline + 120
+            time.sleep(0.2)
+        info = c.get("/get_server_info").json()
+        assert info["restarts"] == {"tp_rank": 1}
+        assert len(_children(info["process_ids"]["scheduler"])) == 1  # a new rank 1
+        assert [o["output_ids"] for o in _gen(c, prompts, GREEDY)] == ref  # same tokens after the restart
     assert "tensor-parallel rank 1" in tp2_small.logs()  # rank 0 names the rank that died
 
 

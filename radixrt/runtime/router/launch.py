@@ -28,18 +28,18 @@ def build_app(args: ServerArgs):
     from ray.serve.config import RequestRouterConfig
 
     from radixrt.runtime.router.ingress import RouterIngress
-    from radixrt.runtime.router.replica import RadixrtReplica
+    from radixrt.runtime.router.replica import DRAIN_MARGIN_S, RadixrtReplica
     from radixrt.runtime.router.serve_router import PolicyRequestRouter
 
     replica = serve.deployment(RadixrtReplica).options(
         name="radixrt_replica", num_replicas=args.dp, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=args.max_running_requests, health_check_period_s=5, health_check_timeout_s=30,
-        graceful_shutdown_timeout_s=5,
+        graceful_shutdown_timeout_s=args.drain_timeout + DRAIN_MARGIN_S,  # the replica drains its server
         request_router_config=RequestRouterConfig(request_router_class=PolicyRequestRouter,
                                                   request_router_kwargs={"policy": args.router_policy}))
     ingress = serve.deployment(RouterIngress).options(name="radixrt_ingress", ray_actor_options={"num_cpus": 0},
                                                       max_ongoing_requests=10000)
-    return ingress.bind(replica.bind(args.to_cli(skip=_NOT_FOR_REPLICA)), args.model, args.api_key,
+    return ingress.bind(replica.bind(args.to_cli(skip=_NOT_FOR_REPLICA), args.drain_timeout), args.model, args.api_key,
                         args.router_policy)
 
 

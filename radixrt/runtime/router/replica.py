@@ -6,7 +6,10 @@ ingress's requests to it over HTTP. Each replica therefore has its own scheduler
 exactly as a single-node server; the router's job is to send each prompt where its prefix is cached.
 
 The server is started with ``PR_SET_PDEATHSIG`` (Linux), so a replica actor that is killed (SIGKILL, node
-loss) takes its server down with it; the server's own children already exit with their parent.
+loss) takes its server down with it; the server's own children already exit with their parent. A replica
+that Ray Serve retires (scale-down, redeploy, shutdown: it calls ``__del__``) drains its server as
+``radixrt serve`` does on SIGTERM (:func:`drain_server`): running requests finish for up to
+``--drain-timeout`` seconds, new ones get 503 meanwhile (the router sends them elsewhere).
 """
 from __future__ import annotations
 
@@ -22,6 +25,20 @@ import time
 import httpx
 
 READY_TIMEOUT_S = 600
+DRAIN_MARGIN_S = 10.0  # beyond --drain-timeout: the server's own shutdown (children joined, sockets closed)
+
+
+def drain_server(proc: subprocess.Popen, drain_timeout: float) -> int:
+    """SIGTERM a ``radixrt serve`` process and wait for its drain (``drain_timeout`` seconds, the server's
+    ``--drain-timeout``, plus :data:`DRAIN_MARGIN_S`); SIGKILL it if it is still there. Returns its exit
+    status (0 after a clean drain)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=drain_timeout + DRAIN_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def _free_port() -> int:
@@ -42,14 +59,16 @@ class RadixrtReplica:
 
     Args:
         server_argv: ``radixrt serve`` flags for the replica's server (no --host/--port/--api-key).
+        drain_timeout: the server's ``--drain-timeout`` (seconds), how long its retirement may take.
 
     Raises:
         RuntimeError: the server exited or did not become ready within ``READY_TIMEOUT_S`` seconds
             (its stderr tail is in the message).
     """
 
-    def __init__(self, server_argv: list[str]):
+    def __init__(self, server_argv: list[str], drain_timeout: float = 30.0):
         from ray import serve
+        self.drain_timeout = drain_timeout
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         port, zmq_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -115,10 +134,7 @@ class RadixrtReplica:
             raise RuntimeError(f"replica server /health answered {r.status_code}: {r.text[:300]}")
 
     def __del__(self) -> None:
+        """Retired by Ray Serve: drain the server (the same path as SIGTERM to ``radixrt serve``)."""
         proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if proc is not None:
+            drain_server(proc, getattr(self, "drain_timeout", 30.0))

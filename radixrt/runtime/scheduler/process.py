@@ -30,8 +30,11 @@ logger = logging.getLogger("radixrt.scheduler_process")
 GRAMMAR_POLL_MS = 2       # only requests waiting for a grammar compile: poll often, but do not spin
 
 
-def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_pid: int) -> None:
-    """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs."""
+def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_pid: int,
+                          exit_note: str | None = None) -> None:
+    """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs; ``exit_note``:
+    a file where the reason is written when a ``--tp`` rank's death stops this process (the supervisor
+    reads it, since this process's exit code alone cannot name the rank)."""
     # OpenMP workers that spin between parallel regions fight the main and detokenizer processes (and
     # anything else on the host) for cores: on a busy 2-core machine a decode step got ~10x slower.
     # Sleeping workers cost a wake-up per parallel op, so radixrt's C++ kernels, ~150 calls per decode step,
@@ -71,6 +74,9 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
         from radixrt.runtime.scheduler.tp_lockstep import peer_failure
         err = peer_failure(workers, e)
         logger.error("scheduler loop died: %s", err)
+        if exit_note is not None:
+            with open(exit_note, "w") as f:
+                f.write(str(err))
         raise err from e
     except BaseException:
         logger.error("scheduler loop died:\n%s", traceback.format_exc())

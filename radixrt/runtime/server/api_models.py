@@ -194,6 +194,8 @@ class ServerInfo(_Out):
     model_name: str
     version: str
     process_ids: dict[str, int] = Field(default_factory=dict)
+    restarts: dict[str, int] = Field(default_factory=dict, description=(
+        "children restarted since start, by the process that died: scheduler, detokenizer, tp_rank"))
     memory: dict[str, Any] = Field(default_factory=dict, description=(
         "bytes: weight_bytes (as held), kv_pool_bytes, the scheduler's rss_bytes and peak_rss_bytes, and "
         "peak_rss_by_process (each server process, and their total); kv_dtype, the KV pool's element type "

@@ -30,6 +30,7 @@ from radixrt.runtime.server.observe import dashboard
 from radixrt.runtime.server.openai import chat, completions, model_routes
 from radixrt.runtime.server.api_models import REQUEST_MODELS, add_request_schemas
 from radixrt.runtime.server.context import ServerContext
+from radixrt.runtime.server.http.body_limit import BodyLimit
 from radixrt.runtime.server.http.errors import add_error_handlers
 from radixrt.runtime.server.http.errors import error_body
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -69,6 +70,7 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     app.state.ctx = ServerContext(args, tm, metrics)
     if args.api_key:
         app.add_middleware(AuthMiddleware, api_key=args.api_key)
+    app.add_middleware(BodyLimit)  # outermost: a 10 MB body is refused before auth or parsing
     add_error_handlers(app)
     app.include_router(native.router)
     app.include_router(session_routes.router)

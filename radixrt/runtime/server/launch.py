@@ -10,8 +10,11 @@
 - HTTP is up at once: ``/health`` answers 503 until the model is loaded, then 200; at that moment exactly
   one line is printed on stdout:
   ``radixrt ready: http://127.0.0.1:30000 (zmq tcp://127.0.0.1:30001) model=SmolLM2-135M-Instruct``;
-- Ctrl-C or SIGTERM: open requests end with an error, the children are terminated (SIGTERM, then SIGKILL)
-  and joined, and the IPC folder is removed. The children also exit on their own when the main process
+- Ctrl-C or SIGTERM: a drain (manager/admission.py): new calls and ``/health`` get 503, running requests
+  finish for up to ``--drain-timeout`` seconds, the rest end with an error; then the children are
+  terminated (SIGTERM, then SIGKILL) and joined, the IPC folder is removed, and the exit status is 0. A
+  second signal skips what is left of the drain.
+- A child that dies is restarted (manager/supervisor.py), at most ``--max-restarts`` times in 10 min. The children also exit on their own when the main process
   disappears (they poll their parent pid), so a SIGKILLed server leaves no orphans.
 - If the model fails to load, the server prints the reason on stderr and exits with status 1.
 """
@@ -115,7 +118,7 @@ def serve(args: ServerArgs) -> int:
                             log_level="debug" if args.log_level == "debug" else "warning",
                             access_log=args.log_level == "debug", lifespan="on", timeout_graceful_shutdown=3,
                             timeout_keep_alive=30)
-    server = _Server(config, tm)
+    server = _Server(config, tm, args.drain_timeout)
     holder["server"] = server
     tm.on_fatal = lambda: setattr(server, "should_exit", True)
     try:
@@ -140,13 +143,16 @@ async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> Non
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's Server with our own SIGINT/SIGTERM handling: fail open requests at once (streams end with
-    an error event), shut down, and return normally (uvicorn would re-raise the signal after shutting
-    down, which skips the clean-up after ``run``). A second Ctrl-C forces the exit."""
+    """uvicorn's Server with our own SIGINT/SIGTERM handling: drain (running requests finish for up to
+    ``drain_timeout`` seconds, the rest end with an error event), shut down, and return normally (uvicorn
+    would re-raise the signal after shutting down, which skips the clean-up after ``run``). A second signal
+    ends the drain at once; a third Ctrl-C forces the exit."""
 
-    def __init__(self, config, tm):
+    def __init__(self, config, tm, drain_timeout: float = 0.0):
         super().__init__(config)
         self.tm = tm
+        self.drain_timeout = drain_timeout
+        self.draining = False
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -158,14 +164,27 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig, frame):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop yet (still starting)
+            self.should_exit = True
+            return
+        if not self.draining and self.started and self.tm.ready is not None and self.tm.ready.is_set():
+            self.draining = True
+            loop.call_soon_threadsafe(self._drain)
+            return
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
-        else:
-            self.should_exit = True
-        try:
-            asyncio.get_running_loop().call_soon_threadsafe(self.tm.begin_shutdown)
-        except RuntimeError:  # no loop yet (still starting)
-            pass
+        self.should_exit = True
+        loop.call_soon_threadsafe(self.tm.begin_shutdown)
+
+    def _drain(self) -> None:
+        from radixrt.runtime.server.manager.admission import drain
+        self._drain_task = asyncio.get_running_loop().create_task(drain(self.tm, self.drain_timeout, self._stop))
+
+    def _stop(self) -> None:
+        self.should_exit = True
+        self.tm.begin_shutdown()
 
 
 if __name__ == "__main__":

@@ -23,12 +23,15 @@ from radixrt.runtime.server.http.responses import JSONResp
 logger = logging.getLogger("radixrt.server")
 
 class ApiError(Exception):
-    """An error answered with an OpenAI-style body. ``status`` 400 unless said otherwise."""
+    """An error answered with an OpenAI-style body. ``status`` 400 unless said otherwise; ``headers`` are
+    added to the response (``Retry-After`` of a 503)."""
 
     def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
-                 type: str = "invalid_request_error", code: Optional[str] = None):
+                 type: str = "invalid_request_error", code: Optional[str] = None,
+                 headers: Optional[dict] = None):
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+        self.headers = headers
 
     def body(self) -> dict:
         return error_body(self.message, self.param, self.type, self.code)
@@ -106,7 +109,7 @@ def from_validation(e: ValueError) -> ApiError:
 def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
-        return JSONResp(e.body(), status_code=e.status)
+        return JSONResp(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(ValidationError)
     async def _input_error(request: Request, e: ValidationError):

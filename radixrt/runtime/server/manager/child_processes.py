@@ -30,6 +30,9 @@ class ChildProcesses:
         self.procs: dict[str, Any] = {}
         self.ipc_dir: Optional[str] = tempfile.mkdtemp(prefix="radixrt-")
         self.addr = {n: f"ipc://{os.path.join(self.ipc_dir, n)}" for n in ENDPOINTS}
+        # the scheduler writes why it stops here when a --tp rank died (its own exit code only says 1)
+        self.exit_note = os.path.join(self.ipc_dir, "scheduler.exit")
+        self._watched: set[str] = set()
 
     def start(self, on_exit: Callable[[str], None]) -> None:
         """Spawn both children; ``on_exit(name)`` runs in the event loop when one of them exits."""
@@ -42,20 +45,40 @@ class ChildProcesses:
         pid = os.getpid()
         self.procs["scheduler"] = spawn.Process(
             target=run_scheduler_process, name="radixrt-scheduler", daemon=True,
-            args=(child_args, self.addr["scheduler"], self.addr["detokenizer"], pid))
+            args=(child_args, self.addr["scheduler"], self.addr["detokenizer"], pid, self.exit_note))
         self.procs["detokenizer"] = spawn.Process(
             target=run_detokenizer_process, name="radixrt-detokenizer", daemon=True,
             args=(self.args.model, self.args.log_level, self.addr["detokenizer"], self.addr["main"], pid))
         for name, p in self.procs.items():
             p.start()
+            # the sentinel fd becomes readable when the process ends: death is seen without any polling
             loop.add_reader(p.sentinel, on_exit, name)
+            self._watched.add(name)
 
     def reap(self, name: str) -> Optional[int]:
         """Stop watching child ``name`` (it exited) and return its exit code."""
         p = self.procs[name]
-        asyncio.get_running_loop().remove_reader(p.sentinel)
-        p.join(timeout=0)
+        if name in self._watched:
+            self._watched.discard(name)
+            asyncio.get_running_loop().remove_reader(p.sentinel)
+        # the sentinel fires as the process closes its fds, a moment before it becomes a zombie to reap
+        p.join(timeout=2)
         return p.exitcode
+
+    def unwatch(self) -> None:
+        """Stop watching every child (before stopping the survivors on purpose). Call in the event loop."""
+        loop = asyncio.get_running_loop()
+        for name in self._watched:
+            loop.remove_reader(self.procs[name].sentinel)
+        self._watched.clear()
+
+    def note(self) -> Optional[str]:
+        """What the scheduler wrote before exiting (a dead --tp rank, its pid and exit code), or None."""
+        try:
+            with open(self.exit_note) as f:
+                return f.read().strip() or None
+        except OSError:
+            return None
 
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}

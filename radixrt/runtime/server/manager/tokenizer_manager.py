@@ -4,8 +4,9 @@
   are compiled by this process's own :class:`GrammarCache`: a bad spec is a 400 before anything is queued.
 - One :class:`ReqBatch` per client call (one HTTP request, one DSL generate): its requests share one
   asyncio queue that the receive loop (:mod:`.ipc`) fills with the detokenizer's :class:`StrOut` s.
-- The children are managed by :mod:`.child_processes`. If the scheduler or the detokenizer process dies,
-  every pending request and every later one fails with :class:`ApiError` 503 and a message; nothing hangs.
+- The children are started, watched and restarted by :mod:`.supervisor`: if one dies, every pending
+  request fails with :class:`ApiError` 503 naming it, and calls get 503 until the children are back.
+- :mod:`.admission` bounds the requests in flight (503 + Retry-After) and drains on SIGTERM.
 """
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
                                       ReadyOut, StrOut)
+from radixrt.runtime.server.manager.admission import Admission
 from radixrt.runtime.server.manager.child_processes import ChildProcesses
 from radixrt.runtime.server.manager.ipc import Ipc
+from radixrt.runtime.server.manager.supervisor import Supervisor
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.server.manager.req_batch import ReqBatch
 from radixrt.runtime.server.observe.latency import LatencyWindow
@@ -54,17 +57,15 @@ class TokenizerManager:
         self.ipc: Optional[Ipc] = None
         self.closing = False
         self._tasks: list[asyncio.Task] = []
+        self.supervisor = Supervisor(self)
+        self.admission = Admission(args.max_running_requests, args.max_queued_requests)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         """Bind the IPC sockets, spawn the scheduler and detokenizer processes, start the receive loop."""
         self.ready = asyncio.Event()
-        self.children = ChildProcesses(self.args)
-        self.ipc = Ipc(self.children.addr["scheduler"], self.children.addr["main"])
-        self.children.start(self._on_child_exit)
-        on_ready = (lambda r: self._tasks.append(asyncio.create_task(self._on_ready(r))))
-        self._tasks.append(asyncio.create_task(self.ipc.recv_loop(self._dispatch, on_ready), name="radixrt-recv"))
         self._tokenizer_task = asyncio.create_task(asyncio.to_thread(self._load_tokenizer))
+        self.supervisor.spawn()
 
     def _load_tokenizer(self) -> None:
         from radixrt.runtime.models.loader import load_tokenizer
@@ -86,6 +87,7 @@ class TokenizerManager:
             self._set_fatal(f"tokenizer or grammar backend set-up failed: {type(e).__name__}: {e}")
             return
         self.limits = Limits(r.context_length, r.vocab_size, r.max_total_tokens, max_token_chars(self.tokenizer))
+        self.admission.set_pool(r.max_total_tokens // max(r.page_size, 1))
         self.ready_info = r
         if not self.args.served_model_name:
             self.model_name = r.model_name
@@ -97,17 +99,6 @@ class TokenizerManager:
         self._fail(msg)
         if self.on_fatal is not None:
             self.on_fatal()
-
-    def _on_child_exit(self, name: str) -> None:
-        code = self.children.reap(name)
-        if self.closing:
-            return
-        msg = f"the {name} process exited unexpectedly (exit code {code}); restart the server"
-        logger.error("%s", msg)
-        if self.ready is not None and not self.ready.is_set():
-            self._set_fatal(msg)
-        else:
-            self._fail(msg)
 
     def _fail(self, msg: str) -> None:
         """Mark the runtime dead and wake every waiter with a 503."""
@@ -210,6 +201,7 @@ class TokenizerManager:
     async def submit(self, reqs: list[GenerateReq], lp_text: bool = False) -> ReqBatch:
         """Queue validated requests. Raises ValidationError (rid in use) or ApiError 503."""
         self.check_ready()
+        self.admission.check(len(self.states), len(reqs))
         rids = [r.rid for r in reqs]
         if len(set(rids)) != len(rids):
             raise ValidationError(f"rid: the ids of one call must differ: {rids}", "rid")
@@ -268,7 +260,7 @@ class TokenizerManager:
         stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting,
                  "memory": memory}
         return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
-                           version=_version(), process_ids=pids)
+                           version=_version(), process_ids=pids, restarts=dict(self.supervisor.restarts))
 
     async def open_session(self, body: Any) -> str:
         """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.

@@ -29,10 +29,12 @@ async def flush(tm) -> dict:
 
 @router.get("/health", **doc(Status, errors=(503,)))
 async def health(request: Request):
-    """200 ``{"status": "ok"}`` once the model is loaded; 503 while loading or after a child died."""
+    """200 ``{"status": "ok"}`` once the model is loaded; 503 while loading, while a dead child is being
+    restarted (or after the restarts ran out) and while draining on SIGTERM."""
     tm = ctx(request).tm
-    if tm.dead is not None:
-        return JSONResp(error_body(tm.dead, None, "service_unavailable"), status_code=503)
+    reason = tm.dead or tm.admission.draining
+    if reason is not None:
+        return JSONResp(error_body(reason, None, "service_unavailable"), status_code=503)
     if tm.ready is None or not tm.ready.is_set():
         return JSONResp(error_body("the model is still loading", None, "service_unavailable"), status_code=503)
     return JSONResp({"status": "ok"})

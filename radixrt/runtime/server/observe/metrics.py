@@ -17,7 +17,9 @@ where both projects name the same quantity, both names are exported. Every famil
 | ITL (histogram) | ``sglang:inter_token_latency_seconds`` | ``vllm:inter_token_latency_seconds`` |
 | E2E latency (histogram) | ``sglang:e2e_request_latency_seconds`` | ``vllm:e2e_request_latency_seconds`` |
 
-Also ``radixrt:kv_cache_cached_ratio`` (evictable cached pages over all pages), which neither peer has.
+Also ``radixrt:kv_cache_cached_ratio`` (evictable cached pages over all pages), which neither peer has, and
+``radixrt:process_restarts_total{process}`` (children restarted after ``process`` died: scheduler,
+detokenizer, tp_rank).
 Gauges and the cache counters are refreshed from the scheduler at each scrape; latencies are measured in
 the main process.
 """
@@ -91,8 +93,13 @@ class Metrics:
         self.itl = both(Histogram, "inter_token_latency_seconds", "time between output tokens", buckets=_ITL_BUCKETS)
         self.e2e = both(Histogram, "e2e_request_latency_seconds", "request latency, arrival to finish",
                         buckets=_LATENCY_BUCKETS)
+        self.restarts = Counter("radixrt:process_restarts", "children restarted after a child process died",
+                                names + ["process"], registry=r)
         self.state = _SchedulerState(self.lab)
         r.register(self.state)
+
+    def observe_restart(self, process: str) -> None:
+        self.restarts.labels(**self.lab, process=process).inc()
 
     def observe_ttft(self, dt: float) -> None:
         for h in self.ttft:

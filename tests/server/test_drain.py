@@ -1,0 +1,81 @@
+"""Graceful drain of ``radixrt serve`` on a real SIGTERM: new calls and /health get 503 at once, running
+requests finish (or end with an error after ``--drain-timeout``), and the server exits with status 0."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+
+from server_util import sse_events, start_server
+
+PROMPT = "The capital of France is"
+DRAINING = {"error": {"message": "the server is shutting down", "type": "service_unavailable", "param": None,
+                      "code": None}}
+
+
+def _sigterm_mid_stream(server, sampling: dict, send=None) -> tuple[list, list]:
+    """SIGTERM (``send()``) after a stream's first event; returns its events and the (code, body) of calls
+    made while draining (/health, /generate)."""
+    with server.client() as c:
+        with c.stream("POST", "/generate", json={"text": PROMPT, "stream": True, "sampling_params": sampling}) as r:
+            lines = r.iter_lines()
+            first = sse_events([next(line for line in lines if line.startswith("data:"))])
+            (send or (lambda: server.proc.send_signal(signal.SIGTERM)))()
+            seen, deadline = [], time.monotonic() + 30
+            while True:  # the drain begins in the server's event loop a moment after the signal
+                h = c.get("/health")
+                if h.status_code == 503:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            seen.append((h.status_code, h.json()))
+            try:  # after a short drain-timeout the server may be gone already
+                g = c.post("/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+                seen.append((g.status_code, g.json()))
+            except httpx.TransportError:
+                pass
+            return first + sse_events(lines), seen
+
+
+def test_drain_lets_running_requests_finish():
+    """Through the Ray Serve replica's retirement path (router/replica.py: drain_server)."""
+    from radixrt.runtime.router.replica import drain_server
+    server = start_server("--drain-timeout", "60")
+    rc: list[int] = []
+    retire = threading.Thread(target=lambda: rc.append(drain_server(server.proc, 60)))
+    try:
+        events, seen = _sigterm_mid_stream(server, {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0},
+                                           retire.start)
+        retire.join(timeout=80)
+        assert rc == [0]
+        assert seen == [(503, DRAINING), (503, DRAINING)]
+        assert events[-1] == "[DONE]"
+        assert events[-2]["meta_info"]["finish_reason"] == {"type": "length", "length": 48}
+        assert len(events[-2]["output_ids"]) == 48
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        server.kill()
+    assert "draining 1 requests in flight" in server.logs()
+    try:
+        httpx.get(server.url + "/health", timeout=2)
+        raise AssertionError("the server still answers after its drain")
+    except httpx.TransportError:
+        pass
+
+
+def test_drain_timeout_aborts_the_rest():
+    server = start_server("--drain-timeout", "0.5")
+    try:
+        t0 = time.monotonic()
+        events, seen = _sigterm_mid_stream(server, {"max_new_tokens": 220, "ignore_eos": True})
+        assert seen[0] == (503, DRAINING)
+        assert events[-1] == "[DONE]" and events[-2] == {"error": {
+            "message": "the server is shutting down: the request did not finish within --drain-timeout 0.5 s",
+            "type": "service_unavailable", "param": None, "code": None}}
+        assert server.proc.wait(timeout=60) == 0
+        assert time.monotonic() - t0 < 20
+    finally:
+        server.kill()
+    assert "drain timeout (0.5 s): aborting 1 requests" in server.logs()
