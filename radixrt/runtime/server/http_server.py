@@ -28,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from radixrt.runtime.server.native import routes as native, session_routes
 from radixrt.runtime.server.observe import dashboard
 from radixrt.runtime.server.openai import chat, completions, model_routes
+from radixrt.runtime.server.openai.responses import serving as responses
 from radixrt.runtime.server.api_models import REQUEST_MODELS, add_request_schemas
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.http.errors import add_error_handlers
@@ -78,6 +79,7 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     app.include_router(model_routes.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(responses.router)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

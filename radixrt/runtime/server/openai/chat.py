@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from fastapi import APIRouter, Request
@@ -136,8 +137,8 @@ async def run_chat(c: ServerContext, request: Request, req: ChatCompletionReques
     tm = c.tm
     tm.check_ready()
     check_model(c, req.model)
-    if msgs is None:
-        _check_size(req.messages, tm.limits)
+    _check_size(req.messages if msgs is None else [SimpleNamespace(content=m.get("content")) for m in msgs],
+                tm.limits)
     plan = check_tools(req)
     _check_top_logprobs(req)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
