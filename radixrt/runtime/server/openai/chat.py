@@ -109,10 +109,11 @@ class ChatRun:
 
     c: ServerContext
     turn: ChatTurn
-    batch: ReqBatch
+    batch: Optional[ReqBatch]  # None when only counted (``submit=False``)
     n: int
     salt: Optional[str]
     spliced: int  # earlier assistant turns whose generated ids were spliced into the prompt
+    ids: list[int]  # the prompt's token ids
 
     def parse(self, i: int) -> tuple[dict, Optional[str]]:
         """Finished choice i as ``(assistant message, finish_reason)``; its ids are remembered for the
@@ -127,9 +128,10 @@ class ChatRun:
 
 
 async def run_chat(c: ServerContext, request: Request, req: ChatCompletionRequest, msgs: Optional[list] = None,
-                   session_id: Optional[str] = None) -> ChatRun:
+                   session_id: Optional[str] = None, submit_it: bool = True) -> ChatRun:
     """Validate, render, tokenize (with turn continuity) and queue a chat request; ``msgs``: template-ready
-    messages when the caller converted them itself (else ``req.messages``).
+    messages when the caller converted them itself (else ``req.messages``); ``submit_it=False``: only the
+    prompt (token counting).
 
     Raises:
         ApiError: 400 naming the field (chat's names), 503 when not ready.
@@ -150,12 +152,14 @@ async def run_chat(c: ServerContext, request: Request, req: ChatCompletionReques
     ids, spliced = encode_turn(tm.tokenizer, c.turns(), turn, req.cache_salt,
                                getattr(c.args, "reasoning_history", "strip") == "keep")
     n = req.n
+    if not submit_it:
+        return ChatRun(c, turn, None, n, req.cache_salt, spliced, ids)
     sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
     batch = await submit(c, "messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
                          top_n=req.top_logprobs or 0, cache_salt=req.cache_salt,
                          grammar_param="tools" if plan else grammar_src,
                          session_id=session_id if session_id is not None else session_of(request, req.session_id))
-    return ChatRun(c, turn, batch, n, req.cache_salt, spliced)
+    return ChatRun(c, turn, batch, n, req.cache_salt, spliced, ids)
 
 
 @router.post("/v1/chat/completions", **doc(ChatCompletionResponse, ChatCompletionRequest, stream=True))
