@@ -15,7 +15,7 @@ from radixrt.runtime.server.http.errors import ApiError
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
-    "user": "no per-user accounting", "metadata": "kept with the stored response only",
+    "user": "no per-user accounting", "top_logprobs": "logprobs are not returned on this route",
     "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
     "truncation": "a conversation longer than the context is a 400, never truncated",
     "include": "nothing extra to include (no files, no encrypted reasoning)",
@@ -189,8 +189,7 @@ def chat_body(req: ResponsesRequest) -> dict:
             "temperature": req.temperature, "top_p": req.top_p, "tools": chat_tools(req.tools),
             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": response_format(req.text), "cache_salt": req.cache_salt, "top_k": req.top_k,
-            "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs,
-            "logprobs": bool(req.top_logprobs), "top_logprobs": req.top_logprobs}
+            "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs}
     return {k: v for k, v in body.items() if v is not None}
 
 
