@@ -17,6 +17,7 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
         "additionalProperties": False}
 TOOLS = [{"name": "get_weather", "description": "Weather in a city", "input_schema": CITY}]
 ONE_CALL = {"type": "any", "disable_parallel_tool_use": True}
+HI, HI_TOKENS = "I'm here to help with any kind", 21  # "Say hi" after "You are terse.", 8 tokens
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_tool_round_trip_create_and_stream(cl):
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu.id, "content": "Sunny, 21 C"}]}]
     counted = cl.messages.count_tokens(model=MODEL, messages=msgs, tools=TOOLS, tool_choice=ONE_CALL).input_tokens
     kinds, partial = [], ""
-    with cl.messages.stream(model=MODEL, max_tokens=40, messages=msgs, tools=TOOLS, tool_choice={"type": "auto"},
+    with cl.messages.stream(model=MODEL, max_tokens=40, messages=msgs, tools=TOOLS, tool_choice=ONE_CALL,
                             extra_body=GREEDY) as st:
         for ev in st:
             kinds.append(ev.type)
@@ -74,8 +75,8 @@ def test_tool_round_trip_create_and_stream(cl):
     # the previous turn (prompt and the generated ids) is matched but for its last id, cut to pages
     prev = r.usage.input_tokens + r.usage.cache_read_input_tokens + r.usage.output_tokens
     assert u.cache_read_input_tokens == (prev - 1) // 16 * 16
-    assert [b.type for b in final.content] == FINAL_TYPES
-    assert final.content[0].text == FINAL_TEXT
+    assert final.stop_reason == "tool_use" and [b.type for b in final.content] == ["tool_use"]
+    assert final.content[0].input == {"city": "Paris"} and partial == '{"city":"Paris"}'
 
 
 BAD = [({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),

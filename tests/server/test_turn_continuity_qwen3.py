@@ -25,6 +25,8 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                    "required": ["city"], "additionalProperties": False}}}
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+TOOL_STEPS = None
+THINK_STEPS = None
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def test_tool_calls_rendered_by_the_template(oai, qwen3_dir):
         msgs += [{"role": "assistant", "content": None, "tool_calls": [
                      {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": args}}]},
                  {"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"temp_c": 20 + step})}]
-    assert steps == TOOL_STEPS
+    assert steps == TOOL_STEPS, steps
     check_steps(steps)
 
 
@@ -89,5 +91,5 @@ def test_reasoning_kept(oai, qwen3_dir):
         assert getattr(m, "reasoning_content", None)  # all of it reasoning: the template drops it from history
         steps.append((u.prompt_tokens, u.completion_tokens, u.prompt_tokens_details.cached_tokens))
         msgs += [{"role": "assistant", "content": m.content}, {"role": "user", "content": f"Go on ({step})."}]
-    assert steps == THINK_STEPS
+    assert steps == THINK_STEPS, steps
     check_steps(steps)
