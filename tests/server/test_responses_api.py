@@ -87,21 +87,25 @@ def test_stream_events(oai):
     assert types[-3:] == ["response.function_call_arguments.done", "response.output_item.done",
                           "response.completed"]
     assert args == final.output[0].arguments == full.output[0].arguments == '{"city":"Rome"}'
-    text = []
-    with oai.responses.stream(model=MODEL, input="Say hi", store=False, temperature=0, max_output_tokens=8) as st:
+    text, last = [], None
+    with oai.responses.stream(model=MODEL, input="Say hi", instructions="You are terse.", store=False,
+                              temperature=0, max_output_tokens=8) as st:
         for ev in st:
             if ev.type == "response.output_text.delta":
                 text.append(ev.delta)
-        final = st.get_final_response()
-    assert "".join(text) == final.output_text == OUT_HI and len(text) > 1
+            last = ev
+    # cut by max_output_tokens: the stream ends with response.incomplete (not .completed), as OpenAI's
+    assert last.type == "response.incomplete" and last.response.incomplete_details.reason == "max_output_tokens"
+    assert "".join(text) == last.response.output_text == OUT_HI and len(text) > 1
 
 
 def test_text_format_json_schema(oai):
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}
-    r = oai.responses.create(model=MODEL, input="Give a number.", store=False, temperature=0, max_output_tokens=20,
-                             text={"format": {"type": "json_schema", "name": "num", "schema": schema, "strict": True}})
-    assert isinstance(json.loads(r.output_text)["n"], int)
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["answer"], "additionalProperties": False}
+    r = oai.responses.create(model=MODEL, input="Is Paris in France?", store=False, temperature=0,
+                             max_output_tokens=20,
+                             text={"format": {"type": "json_schema", "name": "yn", "schema": schema, "strict": True}})
+    assert r.status == "completed" and json.loads(r.output_text) in ({"answer": "yes"}, {"answer": "no"})
 
 
 BAD = [({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
@@ -123,8 +127,8 @@ def test_bad_input_is_400_naming_the_field(srv, oai):
             err = r.json()["error"]
             assert err["param"] == param and err["type"] == "invalid_request_error", (body, err)
         assert h.get("/v1/responses/resp_nope").status_code == 404
-    assert oai.responses.create(model=MODEL, input="Say hi", store=False, temperature=0,
-                                max_output_tokens=8).output_text == OUT_HI
+    assert oai.responses.create(model=MODEL, input="Say hi", instructions="You are terse.", store=False,
+                                temperature=0, max_output_tokens=8).output_text == OUT_HI
 
 
 def test_agents_sdk_two_tools(srv):

@@ -1,11 +1,14 @@
-"""Turn continuity (issue 28) on a random-weight Qwen3 directory (tests/model_dirs.py) whose template renders
-the tools and tool calls itself (``<tool_call>`` blocks), with ``--reasoning-parser qwen3`` and
-``--reasoning-history keep``. Two 4-step conversations through the ``openai`` client, the client sending back
-each assistant turn as most do (reasoning dropped, tool-call arguments re-serialized):
+"""Turn continuity (issue 28) on a random-weight Qwen3 directory (tests/model_dirs.py) with a thinking
+model's template (tests/data/templates/qwen3_thinking.jinja: the generation prompt opens ``<think>``, history
+keeps only the answer after ``</think>``, tools and tool calls rendered by the template as ``<tool_call>``
+blocks), ``--reasoning-parser qwen3`` and ``--reasoning-history keep``. Two 4-step conversations through the
+``openai`` client, which sends back each assistant turn as most clients do (reasoning dropped, tool-call
+arguments re-serialized):
 
-- thinking off, ``tool_choice: required``: the calls come back from the template as ``<tool_call>`` blocks;
-- thinking on: the random model never closes ``</think>``, so every turn is reasoning only (cut by
-  ``max_tokens``); the template renders it as an empty turn, and ``keep`` splices the generated reasoning back.
+- ``tool_choice: required`` with ``</think>`` pushed by ``logit_bias`` (the random model would never close
+  it): an empty thought, then the grammar's calls;
+- thinking only: the random model never closes ``</think>``, so every turn is reasoning cut by ``max_tokens``;
+  the template renders it as an empty turn, and ``keep`` splices the opened ``<think>`` and the reasoning back.
 
 Either way, from the second step on ``cached_tokens`` is the previous prompt + completion less the last
 generated id, cut to whole pages (>= previous prompt + completion - one page)."""
@@ -24,14 +27,13 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                    "required": ["city"], "additionalProperties": False}}}
-NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 TOOL_STEPS = None
 THINK_STEPS = None
 
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory, tokenizer):
-    return make_model_dir("qwen3", tmp_path_factory.mktemp("qwen3cont"), tokenizer, chat_template="qwen3.jinja",
+    return make_model_dir("qwen3", tmp_path_factory.mktemp("qwen3cont"), tokenizer, chat_template="qwen3_thinking.jinja",
                           added_tokens=QWEN_TOKENS)
 
 
@@ -62,14 +64,16 @@ def check_steps(steps):
 
 
 def test_tool_calls_rendered_by_the_template(oai, qwen3_dir):
+    from transformers import AutoTokenizer
+    end_think = AutoTokenizer.from_pretrained(qwen3_dir).convert_tokens_to_ids("</think>")
     msgs = [{"role": "user", "content": "Weather in Paris, Rome, Oslo and Bern?"}]
     steps = []
     for step in range(4):
         r = oai.chat.completions.create(model=qwen3_dir.name, messages=msgs, tools=[WEATHER], tool_choice="required",
                                         parallel_tool_calls=False, max_tokens=60, temperature=0,
-                                        extra_body={**NO_THINK, "cache_salt": "q3-tools"})
+                                        logit_bias={str(end_think): 100}, extra_body={"cache_salt": "q3-tools"})
         u, m = r.usage, r.choices[0].message
-        assert r.choices[0].finish_reason == "tool_calls", m
+        assert r.choices[0].finish_reason == "tool_calls" and not getattr(m, "reasoning_content", None), m
         steps.append((u.prompt_tokens, u.completion_tokens, u.prompt_tokens_details.cached_tokens))
         tc = m.tool_calls[0]
         args = json.dumps(json.loads(tc.function.arguments))  # re-serialized
@@ -84,10 +88,10 @@ def test_reasoning_kept(oai, qwen3_dir):
     msgs = [{"role": "user", "content": "Think about the weather in Paris."}]
     steps = []
     for step in range(4):
-        r = oai.chat.completions.create(model=qwen3_dir.name, messages=msgs, tools=[WEATHER], tool_choice="required",
-                                        max_tokens=12, temperature=0, extra_body={"cache_salt": "q3-think"})
+        r = oai.chat.completions.create(model=qwen3_dir.name, messages=msgs, max_tokens=12, temperature=0,
+                                        extra_body={"cache_salt": "q3-think"})
         u, m = r.usage, r.choices[0].message
-        assert r.choices[0].finish_reason == "length" and not m.tool_calls
+        assert r.choices[0].finish_reason == "length" and not m.content
         assert getattr(m, "reasoning_content", None)  # all of it reasoning: the template drops it from history
         steps.append((u.prompt_tokens, u.completion_tokens, u.prompt_tokens_details.cached_tokens))
         msgs += [{"role": "assistant", "content": m.content}, {"role": "user", "content": f"Go on ({step})."}]

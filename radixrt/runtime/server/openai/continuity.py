@@ -5,9 +5,10 @@ prompt with the turns it renders replaced by those ids (the store and the key ar
 
 Where a turn sits in the prompt: the template renders the messages before assistant message i with the
 generation prompt (``prefix``: the prompt that turn was generated from) and the messages up to and
-including it without (``upto``); when the prompt starts with both and ``upto`` starts with ``prefix``,
-the turn is ``upto[len(prefix):]``: its body, then the end-of-turn marker the model generated as its last
-token. The generated ids replace the body and that marker (or only the body, when the turn ended on
+including it without (``upto``); when the prompt starts with both, the turn is ``upto`` past their common
+part: its body, then the end-of-turn marker the model generated as its last token. A template whose
+generation prompt holds text its history drops (Qwen3's ``<think>\n\n</think>\n\n`` with thinking off,
+a thinking template's opened ``<think>``) gets that text back before the ids under ``keep`` only. The generated ids replace the body and that marker (or only the body, when the turn ended on
 ``max_tokens`` and the marker is the template's). A template that renders history differently from the
 prompt the turn came from (a prefix mismatch) keeps its own text: the cache matches up to there.
 
@@ -17,6 +18,7 @@ that reasoning, so the prompt stays the template's.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from radixrt.runtime.parsers.chat_template import render
@@ -40,6 +42,15 @@ def _end_text(tokenizer, ids: tuple[int, ...]) -> Optional[str]:
     return None
 
 
+def _tail_ok(tokenizer, prefix: str, seg: int, start: int, keep_reasoning: bool) -> bool:
+    """Whether the dropped tail ``prefix[start:]`` may be spliced back: only under ``keep``, and only when
+    tokenizing the text before it and it apart gives the ids the whole piece had in the earlier prompt."""
+    if not keep_reasoning or start < seg:
+        return False
+    enc = lambda x: tokenizer.encode(x, add_special_tokens=False)  # noqa: E731
+    return enc(prefix[seg:start]) + enc(prefix[start:]) == enc(prefix[seg:])
+
+
 def encode_turn(tokenizer, store: TurnStore, turn: ChatTurn, salt: Optional[str],
                 keep_reasoning: bool) -> tuple[list[int], int]:
     """The prompt ids of ``turn``, with every earlier assistant turn found in ``store`` spliced in as the
@@ -51,15 +62,23 @@ def encode_turn(tokenizer, store: TurnStore, turn: ChatTurn, salt: Optional[str]
             if m.get("role") != "assistant":
                 continue
             prefix = _render(tokenizer, turn, msgs[:i], True)
-            if prefix is None or not prompt.startswith(prefix) or (spans and len(prefix) < spans[-1][1]):
+            if prefix is None:
                 continue
             t = store.get(turn_key(salt, prefix, m.get("content"), m.get("tool_calls")))
             if t is None:
                 continue
             upto = _render(tokenizer, turn, msgs[:i + 1], False)
-            if upto is None or not upto.startswith(prefix) or not prompt.startswith(upto):
+            if upto is None or not prompt.startswith(upto):
                 continue
-            text = upto[len(prefix):]
+            start = len(os.path.commonprefix([prefix, upto]))
+            if start < len(prefix):  # back to the end of the role line: "<think>" and "<tool_call>" share "<"
+                start = prefix.rfind("\n", 0, start) + 1
+            if spans and start < spans[-1][1]:
+                continue
+            tail = prefix[start:]  # generation-prompt text the history drops (an opened or empty <think>)
+            if tail and not _tail_ok(tokenizer, prefix, spans[-1][1] if spans else 0, start, keep_reasoning):
+                continue
+            text = upto[start:]
             if not keep_reasoning and t.reasoning.strip() and t.reasoning.strip() not in text:
                 continue  # the template dropped this turn's reasoning: keep its text (strip)
             end_text = _end_text(tokenizer, t.ids)
@@ -67,8 +86,9 @@ def encode_turn(tokenizer, store: TurnStore, turn: ChatTurn, salt: Optional[str]
             k = text.rfind(marker) if marker else -1
             if k < 0:
                 continue
-            end = len(prefix) + k + (len(marker) if end_text is not None else 0)
-            spans.append((len(prefix), end, t.ids))
+            end = start + k + (len(marker) if end_text is not None else 0)
+            ids = tuple(tokenizer.encode(tail, add_special_tokens=False)) + t.ids if tail else t.ids
+            spans.append((start, end, ids))
     if not spans:
         return tokenizer.encode(prompt, add_special_tokens=False), 0
     return splice_encode(tokenizer, prompt, spans), len(spans)
