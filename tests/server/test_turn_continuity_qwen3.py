@@ -27,8 +27,9 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
                    "required": ["city"], "additionalProperties": False}}}
-TOOL_STEPS = None
-THINK_STEPS = None
+# (prompt, completion, cached) per step; cached is (previous prompt + completion - 1) cut to 16-token pages
+TOOL_STEPS = [(186, 33, 0), (252, 29, 208), (314, 33, 272), (380, 35, 336)]
+THINK_STEPS = [(18, 12, 0), (48, 12, 16), (78, 12, 48), (108, 12, 80)]
 
 
 @pytest.fixture(scope="module")
