@@ -24,7 +24,8 @@ CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "descript
                                                 "parameters": PARAMS}}]
 RESP_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in a city", "parameters": PARAMS}]
 MSG_TOOLS = [{"name": "get_weather", "description": "Weather in a city", "input_schema": PARAMS}]
-# (prompt, completion, cached) per step; without continuity cached was 176, 224, 256 (the previous prompt)
+# (prompt, completion, cached) per step. With --turn-store-size 0 (no continuity) the same conversation gave
+# cached 176/207, 224/254, 272/302 against the previous prompt + completion: the previous prompt only
 STEPS = [(185, 22, 0), (226, 22, 192), (267, 22, 240), (308, 23, 288)]
 CITIES = ['{"city":"Paris"}', '{"city":"Paris"}', '{"city":"Rome"}', '{"city":"Berlin"}']
 
