@@ -60,6 +60,10 @@ class ServerArgs:
     enable_metrics: bool = field(default=False, metadata={"help": "serve Prometheus /metrics"})
     tool_call_parser: Optional[str] = field(default=None, metadata={"help": "hermes|qwen25|llama3|mistral; default: from the chat template / architecture"})
     reasoning_parser: Optional[str] = field(default=None, metadata={"help": "qwen3|deepseek-r1: split <think>...</think> into reasoning_content"})
+    reasoning_history: str = field(default="strip", metadata={"help": "keep|strip: keep splices an assistant turn's generated ids, reasoning included, into later prompts (a cache hit); strip follows the chat template, which may drop the reasoning"})
+    turn_store_size: int = field(default=4096, metadata={"help": "assistant turns whose generated token ids are kept for turn continuity (0: off)"})
+    response_store_size: int = field(default=256, metadata={"help": "stored /v1/responses (oldest dropped first; each pins its conversation as a session)"})
+    response_session_ttl: float = field(default=600.0, metadata={"help": "seconds a stored response's session stays pinned while idle"})
     num_threads: Optional[int] = field(default=None, metadata={"help": "torch CPU threads; default all cores"})
     tp: int = field(default=1, metadata={"help": "tensor-parallel ranks (torch.distributed: gloo on cpu, nccl on cuda)"})
     dp: int = field(default=1, metadata={"help": "data-parallel replicas behind a cache-aware router (Ray Serve, extra [cluster])"})
@@ -82,6 +86,12 @@ class ServerArgs:
         choice("quantization", QUANTIZATIONS)
         choice("kv_cache_dtype", KV_CACHE_DTYPES)
         choice("router_policy", ROUTER_POLICIES)
+        choice("reasoning_history", ("keep", "strip"))
+        for name in ("turn_store_size", "response_store_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        if not self.response_session_ttl > 0:
+            raise ValueError(f"response_session_ttl must be > 0, got {self.response_session_ttl!r}")
         for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_num_batched_tokens",
                      "max_wait_steps", "cuda_graph_max_bs", "log_interval", "tp", "dp"):
             v = getattr(self, name)

@@ -1,7 +1,8 @@
 """docs/compatibility.md against the code and a live server: every row's example is sent and answers as its
-status says (supported/ignored: 200; refused: 400 naming the field), the tables list every field of
-OpenAI's request types (the ``openai`` package), of SGLang's ``SamplingParams``/``GenerateReqInput``
-(the ``sglang`` package) and of our own request models; plus the effects of the new keys and 400s for
+status says (supported/ignored: 200; refused: 400 naming the field, in Anthropic's shape on /v1/messages),
+the tables list every field of OpenAI's request types (the ``openai`` package: chat, completions,
+responses), of Anthropic's (the ``anthropic`` package: messages), of SGLang's
+``SamplingParams``/``GenerateReqInput`` (the ``sglang`` package) and of our own request models; plus the effects of the new keys and 400s for
 their bad values, with the server still serving afterwards."""
 from __future__ import annotations
 
@@ -14,17 +15,23 @@ import pytest
 
 from radixrt.runtime.sampling.params import KNOWN_KEYS
 from radixrt.runtime.server.native.body import GENERATE_KEYS, IGNORED_KEYS, REFUSED_KEYS
+from radixrt.runtime.server.anthropic import protocol as msg_protocol
 from radixrt.runtime.server.openai.protocol import (GENERATE_NAMES, IGNORED_FIELDS, REFUSED_FIELDS, ChatCompletionRequest,
                                                     CompletionRequest)
+from radixrt.runtime.server.openai.responses import protocol as resp_protocol
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 ROW = re.compile(r"^\| `([a-z_]+)` \| (supported|ignored|refused) \| `(.*)` \| (.*) \|$")
 BASE = {"chat": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0},
         "comp": {"prompt": "Hi", "max_tokens": 1, "temperature": 0},
-        "gen": {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}}
+        "gen": {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+        "resp": {"input": "Hi", "max_output_tokens": 1, "temperature": 0, "store": False},
+        "msg": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}}
 SECTIONS = {"/v1/chat/completions": "chat", "/v1/completions": "comp", "/generate": "gen",
-            "/generate sampling_params": "sp"}
-ROUTE = {"chat": "/v1/chat/completions", "comp": "/v1/completions", "gen": "/generate", "sp": "/generate"}
+            "/generate sampling_params": "sp", "/v1/responses": "resp", "/v1/messages": "msg"}
+ROUTE = {"chat": "/v1/chat/completions", "comp": "/v1/completions", "gen": "/generate", "sp": "/generate",
+         "resp": "/v1/responses", "msg": "/v1/messages"}
+PROTOCOLS = {"resp": resp_protocol, "msg": msg_protocol}
 FRANCE = "The capital of France is"
 
 
@@ -61,6 +68,18 @@ def test_tables_list_every_field_of_the_three_apis():
     assert set(t["gen"]) == sglang_generate_fields() | set(GENERATE_KEYS)
 
 
+def test_tables_list_every_field_of_responses_and_messages():
+    import typing
+
+    from anthropic.types import message_create_params as msg_params
+    from openai.types.responses import response_create_params as resp_params
+    t = tables()
+    resp_api = set(resp_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
+    assert set(t["resp"]) == resp_api | fields(resp_protocol.ResponsesRequest)
+    msg_api = set(typing.get_type_hints(msg_params.MessageCreateParamsNonStreaming))
+    assert set(t["msg"]) == msg_api | fields(msg_protocol.MessagesRequest)
+
+
 def sglang_generate_fields() -> set[str]:
     """The fields of SGLang's ``GenerateReqInput``, read from its source (importing its module needs the
     whole SGLang server stack)."""
@@ -88,6 +107,10 @@ def test_statuses_match_the_code():
     for f, (status, _) in t["sp"].items():
         assert (status == "ignored") == (f == "custom_params"), f
         assert status != "refused", f
+    for sec, proto in PROTOCOLS.items():
+        for f, (status, _) in t[sec].items():
+            assert (status == "ignored") == (f in proto.IGNORED_FIELDS), (sec, f)
+            assert (status == "refused") == (f in proto.REFUSED_FIELDS), (sec, f)
 
 
 def _request(sec: str, example: dict) -> dict:
@@ -116,21 +139,31 @@ def _idle(request):
         request.getfixturevalue("api_server").wait_idle()
 
 
-@pytest.mark.parametrize("sec", ["chat", "comp", "gen", "sp"])
+@pytest.mark.parametrize("sec", ["chat", "comp", "gen", "sp", "resp", "msg"])
 def test_every_row_answers_as_documented(http, sec):
     # the session rows continue this session; closing it unpins its pages (the pool check after the test)
     assert http.post("/open_session", json={"capacity_of_str_len": 4096, "session_id": "compat-session"}
                      ).json() == "compat-session"
+    stored = None
+    if sec == "resp":  # previous_response_id's row continues a stored response (deleted after: it pins a session)
+        stored = http.post("/v1/responses", json={**BASE["resp"], "store": True}).json()["id"]
     try:
         for field, (status, example) in tables()[sec].items():
+            if stored is not None:
+                example = json.loads(json.dumps(example).replace("$STORED", stored))
             r = http.post(ROUTE[sec], json=_request(sec, example))
             if status == "refused":
                 assert r.status_code == 400, (sec, field, r.status_code, r.text)
                 err = r.json()["error"]
-                assert err["param"] == field and err["type"] == "invalid_request_error", (sec, field, err)
+                if sec == "msg":  # Anthropic's shape: no param, the message names the field
+                    assert err["type"] == "invalid_request_error" and err["message"].startswith(field), (field, err)
+                else:
+                    assert err["param"] == field and err["type"] == "invalid_request_error", (sec, field, err)
             else:
                 assert r.status_code == 200, (sec, field, r.status_code, r.text)
     finally:
+        if stored is not None:
+            assert http.delete(f"/v1/responses/{stored}").json()["deleted"] is True
         assert http.post("/close_session", json={"session_id": "compat-session"}).json() == {"success": True}
 
 

@@ -49,9 +49,10 @@ def template_messages(msgs: list[dict]) -> list[dict]:
 
 
 def render(tokenizer, msgs: list[dict], tools: Optional[list[dict]] = None,
-           kwargs: Optional[dict] = None) -> str:
+           kwargs: Optional[dict] = None, add_generation_prompt: bool = True) -> str:
     """The generation prompt of ``msgs`` (template-ready dicts) through the model's template, with
-    ``tools`` (OpenAI tool objects) and ``kwargs`` as template variables.
+    ``tools`` (OpenAI tool objects) and ``kwargs`` as template variables (``add_generation_prompt=False``:
+    the conversation as it stands, which turn continuity compares with the generation prompt).
 
     Raises:
         ValueError: a ``kwargs`` key that the renderer itself sets (``messages``, ``tools``, ...); any
@@ -61,5 +62,6 @@ def render(tokenizer, msgs: list[dict], tools: Optional[list[dict]] = None,
     bad = [k for k in kwargs if k in RESERVED_KWARGS or not isinstance(k, str)]
     if bad:
         raise ValueError(f"chat_template_kwargs may not set {bad}")
-    return tokenizer.apply_chat_template(template_messages(msgs), tools=tools or None, add_generation_prompt=True,
+    return tokenizer.apply_chat_template(template_messages(msgs), tools=tools or None,
+                                         add_generation_prompt=add_generation_prompt,
                                          tokenize=False, **kwargs)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from fastapi import Request
 
 from radixrt.runtime.tokenizer.token_texts import TokenTexts
+from radixrt.runtime.tokenizer.turn_store import TurnStore
 
 START_TIME = int(time.time())  # the ``created`` of /v1/models (seconds since the epoch)
 
@@ -20,7 +21,15 @@ class ServerContext:
     tm: Any                         # TokenizerManager
     metrics: Optional[Any] = None   # Metrics, with --enable-metrics
     chat_format: Optional[Any] = None  # ChatFormat, built on the first chat request
+    responses: Optional[Any] = None    # ResponseStore of /v1/responses, built on first use
+    _turns: Optional[TurnStore] = field(default=None, repr=False)
     _token_texts: Optional[TokenTexts] = field(default=None, repr=False)
+
+    def turns(self) -> TurnStore:
+        """The generated ids of recent assistant turns, shared by every chat-shaped API (turn continuity)."""
+        if self._turns is None:
+            self._turns = TurnStore(getattr(self.args, "turn_store_size", 4096))
+        return self._turns
 
     def token_texts(self) -> TokenTexts:
         """Token bytes/text for OpenAI logprobs (built on first use: the tokenizer loads after start-up)."""

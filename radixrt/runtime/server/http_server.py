@@ -28,17 +28,19 @@ from fastapi.openapi.utils import get_openapi
 from radixrt.runtime.server.native import routes as native, session_routes
 from radixrt.runtime.server.observe import dashboard
 from radixrt.runtime.server.openai import chat, completions, model_routes
+from radixrt.runtime.server.openai.responses import serving as responses
+from radixrt.runtime.server.anthropic import serving as messages
 from radixrt.runtime.server.api_models import REQUEST_MODELS, add_request_schemas
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.http.body_limit import BodyLimit
 from radixrt.runtime.server.http.errors import add_error_handlers
-from radixrt.runtime.server.http.errors import error_body
+from radixrt.runtime.server.http.errors import error_body, error_response
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from radixrt.runtime.server.http.responses import JSONResp
 
 
 class AuthMiddleware:
-    """``Authorization: Bearer KEY`` on every route but /health (pure ASGI: streaming is untouched)."""
+    """``Authorization: Bearer KEY`` (or Anthropic's ``x-api-key: KEY``) on every route but /health (pure
+    ASGI: streaming is untouched)."""
 
     def __init__(self, app, api_key: str):
         self.app = app
@@ -46,17 +48,20 @@ class AuthMiddleware:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
-            got = b""
+            got, x_key = b"", None
             for k, v in scope.get("headers", []):
                 if k == b"authorization":
                     got = v
-                    break
+                elif k == b"x-api-key":
+                    x_key = v
             scheme, _, key = got.partition(b" ")  # the scheme is case-insensitive (RFC 9110, 11.1)
+            if x_key is not None and not got:
+                scheme, key, got = b"bearer", x_key, x_key
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.expected):
                 msg = ("Incorrect API key provided." if got else
                        "Missing API key: send the header 'Authorization: Bearer <key>'.")
-                resp = JSONResp(error_body(msg, None, "invalid_request_error", "invalid_api_key"), status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+                resp = error_response(scope["path"], error_body(msg, None, "invalid_request_error", "invalid_api_key"),
+                                      401, headers={"WWW-Authenticate": "Bearer"})
                 await resp(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -80,6 +85,8 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     app.include_router(model_routes.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

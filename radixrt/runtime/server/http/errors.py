@@ -106,25 +106,48 @@ def from_validation(e: ValueError) -> ApiError:
     return ApiError(str(e), param=getattr(e, "param", None))
 
 
+ANTHROPIC_PATHS = ("/v1/messages",)  # routes that answer errors in Anthropic's shape
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error"}
+
+
+def anthropic_body(status: int, body: dict) -> dict:
+    """An OpenAI error body in Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``; the
+    message starts with the field at fault (Anthropic's body has no ``param``)."""
+    e = body.get("error", {})
+    msg, param = e.get("message", ""), e.get("param")
+    if param and not msg.startswith(param):
+        msg = f"{param}: {msg}"
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": msg}}
+
+
+def error_response(path: str, body: dict, status: int, headers: Optional[dict] = None) -> JSONResp:
+    """The error answer of route ``path``: OpenAI's shape, or Anthropic's on :data:`ANTHROPIC_PATHS`."""
+    if path.startswith(ANTHROPIC_PATHS):
+        body = anthropic_body(status, body)
+    return JSONResp(body, status_code=status, headers=headers)
+
+
 def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
-        return JSONResp(e.body(), status_code=e.status, headers=e.headers)
+        return error_response(request.url.path, e.body(), e.status, e.headers)
 
     @app.exception_handler(ValidationError)
     async def _input_error(request: Request, e: ValidationError):
         err = from_validation(e)
-        return JSONResp(err.body(), status_code=err.status)
+        return error_response(request.url.path, err.body(), err.status)
 
     @app.exception_handler(RequestValidationError)
     async def _request_error(request: Request, e: RequestValidationError):
         err = validation_error(e.errors())
-        return JSONResp(err.body(), status_code=err.status)
+        return error_response(request.url.path, err.body(), err.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         typ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResp(error_body(str(e.detail), None, typ), status_code=e.status_code)
+        return error_response(request.url.path, error_body(str(e.detail), None, typ), e.status_code)
 
     @app.exception_handler(ClientDisconnect)
     async def _client_gone(request: Request, e: ClientDisconnect):  # left mid-body: nobody to answer
@@ -133,5 +156,5 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         logger.exception("internal error on %s", request.url.path)
-        return JSONResp(error_body(f"internal error: {type(e).__name__}: {e}", None, "internal_error"),
-                        status_code=500)
+        return error_response(request.url.path, error_body(f"internal error: {type(e).__name__}: {e}", None,
+                                                            "internal_error"), 500)

@@ -1,17 +1,21 @@
 """``POST /v1/chat/completions``: OpenAI chat over the model's chat template, with tool calling."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 
 from radixrt.runtime.server.api_models import ChatCompletionResponse, doc
-from radixrt.runtime.server.context import ctx
+from radixrt.runtime.server.context import ServerContext, ctx
+from radixrt.runtime.server.manager.req_batch import ReqBatch
 from radixrt.runtime.server.openai.protocol import (CHAT_ROLES, MAX_CHAT_TOP_LOGPROBS, ApiError, parse_body,
                                                     ChatCompletionRequest, chat_logprobs, finish_reason, new_id, now)
 from radixrt.runtime.server.openai.sampling import n_seeds, sampling_params
 from radixrt.runtime.server.openai.serving import Envelope, check_model, complete, session_of, stream, submit
-from radixrt.runtime.server.openai.chat_format import ChatFormat, prepare_turn
+from radixrt.runtime.server.openai.chat_format import ChatFormat, ChatTurn, prepare_turn
+from radixrt.runtime.server.openai.continuity import encode_turn, remember
 from radixrt.runtime.server.openai.tool_parser import ToolPlan, plan_tools
 
 router = APIRouter()
@@ -98,6 +102,66 @@ def _check_top_logprobs(req: ChatCompletionRequest) -> None:
             raise ApiError("top_logprobs needs logprobs=true", param="top_logprobs")
 
 
+@dataclass
+class ChatRun:
+    """One chat-shaped call in flight: its turn (prompt, parser), its requests, and what continuity spliced.
+    The Responses and Messages routes run through it too, so all three share one path."""
+
+    c: ServerContext
+    turn: ChatTurn
+    batch: Optional[ReqBatch]  # None when only counted (``submit=False``)
+    n: int
+    salt: Optional[str]
+    spliced: int  # earlier assistant turns whose generated ids were spliced into the prompt
+    ids: list[int]  # the prompt's token ids
+
+    def parse(self, i: int) -> tuple[dict, Optional[str]]:
+        """Finished choice i as ``(assistant message, finish_reason)``; its ids are remembered for the
+        turns to come (turn continuity)."""
+        o = self.batch.outs[i]
+        message, reason = {"role": "assistant", "content": o.text}, finish_reason(o.finished_reason)
+        parser = self.turn.parser()
+        if parser is not None:
+            message, reason = parser.parse(o.text, reason)
+        remember(self.c.turns(), self.turn, self.salt, o, message)
+        return message, reason
+
+
+async def run_chat(c: ServerContext, request: Request, req: ChatCompletionRequest, msgs: Optional[list] = None,
+                   session_id: Optional[str] = None, submit_it: bool = True) -> ChatRun:
+    """Validate, render, tokenize (with turn continuity) and queue a chat request; ``msgs``: template-ready
+    messages when the caller converted them itself (else ``req.messages``); ``submit_it=False``: only the
+    prompt (token counting).
+
+    Raises:
+        ApiError: 400 naming the field (chat's names), 503 when not ready.
+    """
+    tm = c.tm
+    tm.check_ready()
+    check_model(c, req.model)
+    _check_size(req.messages if msgs is None else [SimpleNamespace(content=m.get("content")) for m in msgs],
+                tm.limits)
+    plan = check_tools(req)
+    _check_top_logprobs(req)
+    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sp, grammar_src = sampling_params(req, max_new, max_param)
+    turn = prepare_turn(chat_format(c), tm.tokenizer, msgs if msgs is not None else chat_messages(req.messages),
+                        plan, sp, req.chat_template_kwargs, req.separate_reasoning)
+    sp.update(turn.sampling)
+    ids, spliced = encode_turn(tm.tokenizer, c.turns(), turn, req.cache_salt,
+                               getattr(c.args, "reasoning_history", "strip") == "keep")
+    n = req.n
+    if not submit_it:
+        return ChatRun(c, turn, None, n, req.cache_salt, spliced, ids)
+    sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
+    batch = await submit(c, "messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
+                         top_n=req.top_logprobs or 0, cache_salt=req.cache_salt,
+                         grammar_param="tools" if plan else grammar_src,
+                         session_id=session_id if session_id is not None else session_of(request, req.session_id))
+    return ChatRun(c, turn, batch, n, req.cache_salt, spliced, ids)
+
+
 @router.post("/v1/chat/completions", **doc(ChatCompletionResponse, ChatCompletionRequest, stream=True))
 async def chat_completions(request: Request):
     """OpenAI chat completions over the model's chat template.
@@ -113,24 +177,8 @@ async def chat_completions(request: Request):
     c = ctx(request)
     tm = c.tm
     req = await parse_body(request, ChatCompletionRequest)
-    tm.check_ready()
-    check_model(c, req.model)
-    _check_size(req.messages, tm.limits)
-    plan = check_tools(req)
-    _check_top_logprobs(req)
-    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp, grammar_src = sampling_params(req, max_new, max_param)
-    turn = prepare_turn(chat_format(c), tm.tokenizer, chat_messages(req.messages), plan, sp,
-                        req.chat_template_kwargs, req.separate_reasoning)
-    sp.update(turn.sampling)
-    ids = tm.tokenizer.encode(turn.prompt, add_special_tokens=False)
-    n = req.n
-    sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
-    top_n = req.top_logprobs or 0
-    batch = await submit(c, "messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
-                         top_n=top_n, cache_salt=req.cache_salt, grammar_param="tools" if plan else grammar_src,
-                         session_id=session_of(request, req.session_id))
+    run = await run_chat(c, request, req)
+    turn, batch, n, top_n = run.turn, run.batch, run.n, req.top_logprobs or 0
     env = Envelope(new_id("chatcmpl"), "chat.completion", "chat.completion.chunk", now(), tm.model_name,
                    bool(req.stream_options and req.stream_options.include_usage))
 
@@ -156,10 +204,12 @@ async def chat_completions(request: Request):
                     deltas = [{"content": ""}]
                 out = [delta_choice(i, d, logprobs=lp if k == 0 else None) for k, d in enumerate(deltas)]
                 if t.finished_reason is not None:
+                    run.parse(i)  # remembered for turn continuity
                     out.append(delta_choice(i, {}, parsers[i].finish_reason(finish_reason(t.finished_reason))))
                 return out
             out = [delta_choice(i, {"content": s.text_delta}, logprobs=lp)] if s.text_delta or lp else []
             if t.finished_reason is not None:
+                run.parse(i)
                 out.append(delta_choice(i, {}, finish_reason(t.finished_reason)))
             return out
 
@@ -167,10 +217,7 @@ async def chat_completions(request: Request):
         return stream(env, batch, n, head, step)
 
     def choice(i, o) -> dict:
-        message, reason = {"role": "assistant", "content": o.text}, finish_reason(o.finished_reason)
-        parser = turn.parser()
-        if parser is not None:
-            message, reason = parser.parse(o.text, reason)
+        message, reason = run.parse(i)
         return {"index": i, "message": message, "logprobs": lp_obj(o.output_token_logprobs, o.output_top_logprobs),
                 "finish_reason": reason}
 

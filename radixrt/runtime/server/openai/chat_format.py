@@ -56,6 +56,12 @@ class ChatTurn:
     plan: Optional[ToolPlan] = None
     reasoning: Optional[ReasoningFormat] = None
     starts_in_reasoning: bool = False
+    # what rendered ``prompt`` (turn continuity re-renders its prefixes): the template-ready messages after
+    # tool injection, the tools given to the template, the template variables
+    msgs: list = field(default_factory=list)
+    tools: Optional[list] = None
+    template_kwargs: Optional[dict] = None
+    template_tools: bool = False
 
     def parser(self) -> Optional[ChoiceParser]:
         """A fresh per-choice output parser, or None when the text is passed through as content."""
@@ -93,7 +99,8 @@ def prepare_turn(cf: ChatFormat, tokenizer, msgs: list[dict], plan: Optional[Too
         raise ApiError(f"messages: the chat template failed: ValueError: {e}", param="messages") from None
     except Exception as e:
         raise ApiError(f"messages: the chat template failed: {type(e).__name__}: {e}", param="messages") from None
-    turn = ChatTurn(prompt, plan=plan)
+    turn = ChatTurn(prompt, plan=plan, msgs=msgs, tools=tools, template_kwargs=template_kwargs,
+                    template_tools=cf.template_tools)
     if plan is not None:
         # the chosen format drives auto mode when the template shows tools or a parser was forced
         fmt = cf.tool_format if (cf.template_tools or cf.tool_format is not None) and plan.mode == "auto" else None

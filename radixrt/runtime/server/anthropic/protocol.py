@@ -1,0 +1,214 @@
+"""``POST /v1/messages``'s request (pydantic) and its translation to the chat path: ``system``, text /
+``tool_use`` / ``tool_result`` / ``thinking`` blocks to template-ready chat messages, ``tools``
+(``input_schema``) and ``tool_choice`` (auto / any / tool / none) to chat's, ``output_config.format`` to
+``response_format``; and the parsed assistant message back as content blocks.
+
+Errors are ApiError 400 naming the field (``messages[1].content[0].type``); the route's error handler
+answers them in Anthropic's shape.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from radixrt.runtime.server.http.errors import ApiError
+
+# accepted, no effect here (docs/compatibility.md says why) ...
+IGNORED_FIELDS = {
+    "metadata": "no per-user accounting", "service_tier": "one tier",
+    "cache_control": "the radix cache caches every prefix, no breakpoints needed",
+    "inference_geo": "one place", "speed": "one speed", "diagnostics": "nothing extra to report",
+    "user_profile_id": "no per-user accounting", "workspace_id": "no workspaces",
+}
+# ... and refused with a 400 naming them when set
+REFUSED_FIELDS = {"container": "no code-execution containers"}
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    messages: list[dict[str, Any]]
+    system: Optional[Union[str, list[dict[str, Any]]]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+    stop_sequences: Optional[list[str]] = None
+    thinking: Optional[dict[str, Any]] = None
+    output_config: Optional[dict[str, Any]] = None
+    stream: bool = False
+    metadata: Optional[dict[str, Any]] = None
+    # sampling (older API versions; still sent by many clients)
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    cache_salt: Optional[str] = None  # radixrt / vLLM extra
+
+
+def check_refused(body: dict) -> None:
+    for k, why in REFUSED_FIELDS.items():
+        if body.get(k) not in (None, False, [], {}):
+            raise ApiError(f"{k} is not supported: {why}", param=k)
+
+
+def _blocks_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(f"{where} must be a string or a list of text blocks", param=where)
+    out = []
+    for j, b in enumerate(content):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            raise ApiError(f"{where}[{j}]: only text blocks are supported here", param=f"{where}[{j}]")
+        out.append(b["text"])
+    return "\n".join(out)
+
+
+def chat_messages(req: MessagesRequest) -> list[dict]:
+    """``system`` and ``messages`` as template-ready chat messages: a user turn's ``tool_result`` blocks
+    become ``tool`` messages (then its text a user message), an assistant turn's ``tool_use`` blocks its
+    ``tool_calls`` (arguments as compact JSON text) and its ``thinking`` its ``reasoning_content``."""
+    msgs: list[dict] = []
+    if req.system is not None:
+        msgs.append({"role": "system", "content": _blocks_text(req.system, "system")})
+    if not req.messages:
+        raise ApiError("messages must be a non-empty list", param="messages")
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant"):
+            raise ApiError(f"{where}.role must be 'user' or 'assistant', got {role!r}", param=f"{where}.role")
+        if isinstance(content, str):
+            msgs.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise ApiError(f"{where}.content must be a string or a list of blocks", param=f"{where}.content")
+        texts, calls, reasoning = [], [], ""
+        for j, b in enumerate(content):
+            bw = f"{where}.content[{j}]"
+            typ = b.get("type") if isinstance(b, dict) else None
+            if typ == "text" and isinstance(b.get("text"), str):
+                texts.append(b["text"])
+            elif typ == "tool_result" and role == "user":
+                if not isinstance(b.get("tool_use_id"), str):
+                    raise ApiError(f"{bw}.tool_use_id is required (a string)", param=f"{bw}.tool_use_id")
+                c = b.get("content", "")
+                msgs.append({"role": "tool", "tool_call_id": b["tool_use_id"],
+                             "content": _blocks_text(c, f"{bw}.content") if c is not None else ""})
+            elif typ == "tool_use" and role == "assistant":
+                if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
+                    raise ApiError(f"{bw}: tool_use needs an id and a name", param=bw)
+                if not isinstance(b.get("input", {}), dict):
+                    raise ApiError(f"{bw}.input must be an object", param=f"{bw}.input")
+                calls.append({"id": b["id"], "type": "function", "function": {
+                    "name": b["name"], "arguments": json.dumps(b.get("input", {}), ensure_ascii=False)}})
+            elif typ in ("thinking", "redacted_thinking") and role == "assistant":
+                reasoning += b.get("thinking") or ""
+            else:
+                raise ApiError(f"{bw}.type {typ!r} is not supported in a {role} turn", param=f"{bw}.type")
+        if role == "assistant":
+            msg: dict = {"role": role, "content": "\n".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            if reasoning:
+                msg["reasoning_content"] = reasoning
+            msgs.append(msg)
+        elif texts or not content:  # a user turn of tool results only adds no user message
+            msgs.append({"role": role, "content": "\n".join(texts)})
+    return msgs
+
+
+def chat_tools(tools: Optional[list]) -> Optional[list]:
+    if tools is None:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom" or "input_schema" not in t:
+            got = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise ApiError(f"tools[{i}]: only client tools ({{name, description, input_schema}}) are supported, "
+                           f"got type {got!r}", param=f"tools[{i}]")
+        fn = {"name": t.get("name"), "parameters": t["input_schema"]}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(tc: Optional[dict], has_tools: bool) -> tuple[Any, Optional[bool]]:
+    """``(tool_choice, parallel_tool_calls)`` for chat."""
+    if tc is None:
+        return ("auto" if has_tools else None), None
+    parallel = False if tc.get("disable_parallel_tool_use") else None
+    typ = tc.get("type")
+    if typ in ("auto", "none"):
+        return typ, parallel
+    if typ == "any":
+        return "required", parallel
+    if typ == "tool" and isinstance(tc.get("name"), str):
+        return {"type": "function", "function": {"name": tc["name"]}}, parallel
+    raise ApiError("tool_choice.type must be auto, any, tool (with a name) or none", param="tool_choice")
+
+
+def chat_body(req: MessagesRequest) -> dict:
+    if req.max_tokens is None:
+        raise ApiError("max_tokens is required", param="max_tokens")
+    choice, parallel = chat_tool_choice(req.tool_choice, bool(req.tools))
+    fmt = (req.output_config or {}).get("format")
+    rf = None
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise ApiError("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
+                           param="output_config.format")
+        rf = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    kwargs = None
+    if req.thinking is not None and req.thinking.get("type") == "disabled":
+        kwargs = {"enable_thinking": False}  # Qwen3's switch; other templates ignore it
+    body = {"model": req.model, "messages": [], "max_tokens": req.max_tokens, "temperature": req.temperature,
+            "top_p": req.top_p, "top_k": req.top_k, "stop": req.stop_sequences, "tools": chat_tools(req.tools),
+            "tool_choice": choice if req.tools else None, "parallel_tool_calls": parallel, "response_format": rf,
+            "cache_salt": req.cache_salt, "chat_template_kwargs": kwargs}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def content_blocks(message: dict) -> list[dict]:
+    """A parsed assistant message as Anthropic content blocks: thinking, text, tool_use."""
+    out: list[dict] = []
+    if message.get("reasoning_content"):
+        out.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
+    if message.get("content"):
+        out.append({"type": "text", "text": message["content"]})
+    for c in message.get("tool_calls") or []:
+        try:
+            args = json.loads(c["function"]["arguments"] or "{}")
+        except ValueError:
+            args = {}
+        out.append({"type": "tool_use", "id": tool_id(c["id"]), "name": c["function"]["name"], "input": args})
+    return out
+
+
+def tool_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(reason: Optional[str], finished: Optional[dict]) -> tuple[str, Optional[str]]:
+    """``(stop_reason, stop_sequence)`` from the chat finish reason and the scheduler's finish dict."""
+    matched = (finished or {}).get("matched")
+    if reason == "tool_calls":
+        return "tool_use", None
+    if reason == "length":
+        return "max_tokens", None
+    if isinstance(matched, str):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def usage(o) -> dict:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the cache."""
+    return {"input_tokens": o.prompt_tokens - o.cached_tokens, "output_tokens": o.completion_tokens,
+            "cache_read_input_tokens": o.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def new_msg_id() -> str:
+    return "msg_" + uuid.uuid4().hex[:24]
