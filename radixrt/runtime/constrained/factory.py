@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from .base import GrammarBackend
 
-BACKEND_CHOICES = ("xgrammar", "outlines", "none")
+BACKEND_CHOICES = ("xgrammar", "llguidance", "outlines", "none")
 
 
 def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> GrammarBackend | None:
-    """Build the backend called ``name`` (``"xgrammar"``, the default for None; ``"outlines"``; ``"none"``).
+    """Build the backend called ``name`` (``"xgrammar"``, the default for None; ``"llguidance"``; ``"outlines"``;
+    ``"none"``).
 
     Args:
         tokenizer: the loaded Hugging Face tokenizer (never fetched from a hub).
@@ -27,6 +28,10 @@ def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> Gr
         from .xgrammar_backend import XGrammarBackend
 
         return XGrammarBackend(tokenizer, vocab_size, **kwargs)
+    if key == "llguidance":
+        from .llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend(tokenizer, vocab_size, **kwargs)
     if key in ("outlines", "outlines_core", "outlines-core"):
         from .outlines_backend import OutlinesBackend
 
