@@ -20,7 +20,8 @@ import xgrammar as xgr
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
 from .json_strings import enforceable_pattern, fix_json_string_rules
-from .schema_prep import prepare_schema, rewrite_patterns
+from .schema_prep import prepare_schema, rewrite_local_refs, rewrite_patterns
+from .schema_sound import make_sound
 from .structural_tags import normalize_structural_tag
 from .vocab import special_token_ids
 
@@ -138,7 +139,9 @@ class XGrammarBackend(GrammarBackend):
 
     def _json_schema(self, text: str, any_whitespace: bool) -> xgr.CompiledGrammar:
         # a pattern xgrammar cannot lower (lookaround) would be dropped silently: refuse it first
-        schema = rewrite_patterns(prepare_schema(json.loads(text)), enforceable_pattern)
+        # allOf folded, keywords xgrammar would drop refused (schema_sound), then typed (schema_prep)
+        schema = make_sound(rewrite_local_refs(json.loads(text)), self.name)
+        schema = rewrite_patterns(prepare_schema(schema), enforceable_pattern)
         text = json.dumps(schema, ensure_ascii=False)
         kw = dict(any_whitespace=any_whitespace, strict_mode=self.strict_mode)
         if not any_whitespace:
