@@ -167,6 +167,9 @@ def _check_node(node: dict, backend: str, path: list[str]) -> None:
     mult = node.get("multipleOf")
     if isinstance(mult, (int, float)) and not isinstance(mult, bool) and not float(mult).is_integer():
         raise _refuse(backend, "multipleOf", path, "only integral multipleOf is enforced")
+    if backend == "outlines" and ("minProperties" in node or "maxProperties" in node):
+        raise _refuse(backend, "minProperties" if "minProperties" in node else "maxProperties", path,
+                      "property counts are not enforced")
     if backend == "outlines" and any(k in node for k in _NUMBER_KEYWORDS):
         k = next(k for k in _NUMBER_KEYWORDS if k in node)
         raise _refuse(backend, k, path, "number bounds are not enforced")
