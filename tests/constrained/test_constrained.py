@@ -469,7 +469,7 @@ def _random_regex(rnd, depth: int = 0) -> str:
     return atom + rnd.choice(["", "", "?", "*", "+", "{0,1}", "{1,2}"])
 
 
-@pytest.mark.parametrize("backend,count", [("xgrammar", 60), ("outlines", 12)])
+@pytest.mark.parametrize("backend,count", [("xgrammar", 300), ("llguidance", 300), ("outlines", 60)])
 def test_patterns_match_python_re(env, backend, count):
     """A schema ``pattern`` accepts exactly the strings Python's ``re.fullmatch`` does.
 
