@@ -125,6 +125,10 @@ class LLGuidanceBackend(GrammarBackend):
         """llguidance's grammar for a validated spec (see the module doc for each kind)."""
         if kind == "json_schema":
             schema = rewrite_local_refs(json.loads(text))
+            if isinstance(schema, bool):  # llguidance takes options only on an object schema
+                if not schema:
+                    raise ValueError("the schema `false` accepts no value")
+                schema = {}
             return llg.LLMatcher.grammar_from_json_schema(schema, defaults=json_options(any_whitespace))
         if kind == "regex":
             return llg.LLMatcher.grammar_from_regex(text)
