@@ -454,7 +454,8 @@ def test_dev_corpus_compile_counts(env):
     for line in rejected:
         print("  ", line[:200])
     assert ok + len(rejected) == len(files) == 120
-    assert ok == 120, "update this pin (and docs/grammar_keywords.md) if the count changes"
+    # 22 refused by schema_sound (overlapping oneOf, uniqueItems, pattern beside a length or a format, ...)
+    assert ok == 98, "update this pin (and docs/grammar_keywords.md) if the count changes"
 
 
 def _random_regex(rnd, depth: int = 0) -> str:
@@ -491,7 +492,9 @@ def test_patterns_match_python_re(env, backend, count):
         compiled = env[backend].compile("json_schema", json.dumps(
             {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}))
         for s in texts:
-            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(re.search(pattern, s) if pattern == prom
+            # llguidance matches "pattern" as JSON Schema says (a search); the others anchor it (documented)
+            search = pattern == prom or backend == "llguidance"
+            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(re.search(pattern, s) if search
                                                                     else re.fullmatch(pattern, s)):
                 wrong.append((pattern, s))
     assert wrong == []
