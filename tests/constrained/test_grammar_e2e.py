@@ -317,7 +317,7 @@ def test_grammar_backend_none_rejects_grammars():
 def test_bad_specs_rejected_before_queueing(engine):
     for sp, needle in (({"json_schema": '{"type": "object"'}, "json_schema"), ({"regex": "("}, "regex"),
                        ({"json_schema": {"properties": {"x": {"pattern": "("}}}}, "pattern"),
-                       ({"ebnf": "root ::= "}, "ebnf")):
+                       ({"ebnf": 'root ::= "a" undefined_rule'}, "ebnf")):
         with pytest.raises(ValueError, match=needle):
             engine.generate("x", {**sp, "max_new_tokens": 4})
 
