@@ -26,7 +26,7 @@ import torch
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
 from .llg_tags import structural_tag_lark
-from .schema_prep import rewrite_local_refs
+from .schema_prep import _children, rewrite_local_refs
 
 
 def json_options(any_whitespace: bool) -> dict:
@@ -35,6 +35,21 @@ def json_options(any_whitespace: bool) -> dict:
         return {"whitespace_flexible": True, "json_allow_general_unicode_escapes": True}
     return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
             "json_allow_general_unicode_escapes": True}
+
+
+def strict(schema) -> None:
+    """xgrammar's strict mode, in place: an object with ``properties`` and no word on extra keys gets
+    ``additionalProperties: false`` (a subset of the schema, so still sound; generations keep to the declared
+    keys instead of inventing more)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("properties"), dict) and not any(
+                k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+            node["additionalProperties"] = False
+        stack.extend(sub for _, sub in _children(node))
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -129,6 +144,7 @@ class LLGuidanceBackend(GrammarBackend):
                 if not schema:
                     raise ValueError("the schema `false` accepts no value")
                 schema = {}
+            strict(schema)
             return llg.LLMatcher.grammar_from_json_schema(schema, defaults=json_options(any_whitespace))
         if kind == "regex":
             return llg.LLMatcher.grammar_from_regex(text)
