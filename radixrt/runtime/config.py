@@ -10,7 +10,7 @@ from typing import Optional
 from radixrt.runtime.mem.eviction import POLICIES
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
-GRAMMAR_BACKENDS = ("xgrammar", "outlines", "none")
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "fp16", "bf16", "int8", "q4", "q4_k")
@@ -42,7 +42,8 @@ class ServerArgs:
     eviction_policy: str = field(default="gdsf", metadata={"help": "gdsf|lru|lfu: which cached prefix goes first when pages run short (mem/eviction.py)"})
     request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
     request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
-    grammar_backend: str = field(default="xgrammar", metadata={"help": "xgrammar|outlines|none"})
+    grammar_backend: str = field(default="llguidance", metadata={"help": "llguidance|xgrammar|outlines|none (llguidance: the only one with no invalid output on the schema benchmark, benchmarks/results/grammar_backends.md)"})
+    grammar_overlap: bool = field(default=False, metadata={"help": "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, benchmarks/results/grammar_backends.md)"})
     disable_jump_forward: bool = field(default=True, metadata={"help": "on by default (jump-forward off): it loses wall time at 16 concurrent requests; --no-disable-jump-forward appends grammar-forced text in one extend step"})
     max_pinned_tokens: Optional[int] = field(default=None, metadata={"help": "cap on KV tokens that open sessions may pin, summed over sessions; default: no cap"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})

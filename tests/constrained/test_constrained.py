@@ -57,7 +57,8 @@ def env():
     vocab = load_config().vocab_size
     xg = create_backend("xgrammar", tok, vocab)
     oc = create_backend("outlines", tok, vocab)
-    return {"tok": tok, "vocab": vocab, "xgrammar": xg, "outlines": oc}
+    llg = create_backend("llguidance", tok, vocab)
+    return {"tok": tok, "vocab": vocab, "xgrammar": xg, "outlines": oc, "llguidance": llg}
 
 
 def _bit(bitmask: torch.Tensor, row: int, token: int) -> bool:
@@ -100,7 +101,7 @@ def _keyword_failures(env, backend: str, skip=frozenset()) -> set[str]:
     return failures
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines", "llguidance"])
 def test_keywords_match_documented_failures(env, backend):
     known = _known_failures(backend)
     assert len(known) > 10, f"no known-failure table for {backend} in {DOC}"
@@ -124,7 +125,7 @@ def test_root_schemas_without_properties(env, schema):
     good, bad = ROOTS[schema]
     # outlines-core: {"type":"object"} takes ~3 s and {} / true ~1 min to index (a correct index, see
     # outlines_backend.SENTINEL); too slow for this file, documented in docs/grammar_keywords.md.
-    backends = ["xgrammar"] + (["outlines"] if schema in ('{"type":"string"}', '{"type":"integer"}') else [])
+    backends = ["xgrammar", "llguidance"] + (["outlines"] if schema in ('{"type":"string"}', '{"type":"integer"}') else [])
     for name in backends:
         compiled = env[name].compile("json_schema", schema)
         for text in good:
@@ -134,7 +135,8 @@ def test_root_schemas_without_properties(env, schema):
             assert not accepts(env, compiled, text), (name, schema, text)
 
 
-@pytest.mark.parametrize("backend,limit", [("xgrammar", 40), ("xgrammar", 255), ("outlines", 40)])
+@pytest.mark.parametrize("backend,limit", [("xgrammar", 40), ("xgrammar", 255), ("outlines", 40),
+                                                   ("llguidance", 40), ("llguidance", 255)])
 def test_escapes_in_bounded_strings(env, backend, limit):
     be = env[backend]
     bounded = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","maxLength":%d}},'
@@ -159,18 +161,21 @@ def test_escapes_in_bounded_strings(env, backend, limit):
     assert not accepts(env, longer, '{"s":"%s"}' % (r"\"\n" + "y" * 97))
     pattern = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","pattern":'
                                         '"^a.b$"}},"required":["s"]}')
-    for text in (r'{"s":"a\"b"}', r'{"s":"a\\b"}', r'{"s":"a\tb"}', r'{"s":"axb"}', r'{"s":"a/b"}',
-                 r'{"s":"a\/b"}'):
+    # llguidance refuses the optional "\/" spelling of "/" in a patterned string (incomplete, documented)
+    for text in (r'{"s":"a\"b"}', r'{"s":"a\\b"}', r'{"s":"a\tb"}', r'{"s":"axb"}', r'{"s":"a/b"}') + \
+            ((r'{"s":"a\/b"}',) if backend != "llguidance" else ()):
         assert accepts(env, pattern, text), (backend, text)
     # "." does not match a line terminator (ECMA-262), raw or escaped; raw '"' and controls are not JSON
-    for text in (r'{"s":"a""b"}', r'{"s":"ab"}', '{"s":"a\nb"}', r'{"s":"a\nb"}', r'{"s":"a\rb"}'):
+    # (llguidance's "." is Python's: it matches "\r", as jsonschema's own check does)
+    for text in (r'{"s":"a""b"}', r'{"s":"ab"}', '{"s":"a\nb"}', r'{"s":"a\nb"}') + \
+            ((r'{"s":"a\rb"}',) if backend != "llguidance" else ()):
         assert not accepts(env, pattern, text), (backend, text)
-    if limit == 255:  # bounds above 64: escapes only among the first 64 characters (documented limit)
+    if limit == 255 and backend == "xgrammar":  # bounds above 64: escapes among the first 64 only (documented)
         assert accepts(env, bounded, '{"s":"%s"}' % (r"\"" + "z" * 60 + r"\n" + "z" * 150))
         assert not accepts(env, bounded, '{"s":"%s"}' % ("z" * 150 + r"\n"))
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines", "llguidance"])
 def test_numbers_follow_rfc8259(env, backend):
     be = env[backend]
     number = be.compile("json_schema", '{"type":"number"}')
@@ -227,8 +232,8 @@ def test_choices_to_regex_errors():
 
 
 def test_backend_errors(env):
-    with pytest.raises(ValueError, match=r"unknown grammar backend 'llguidance'.*xgrammar.*outlines.*none"):
-        create_backend("llguidance", env["tok"], env["vocab"])
+    with pytest.raises(ValueError, match=r"unknown grammar backend 'guidance'.*xgrammar.*llguidance.*outlines.*none"):
+        create_backend("guidance", env["tok"], env["vocab"])
     assert create_backend("none", env["tok"], env["vocab"]) is None
     with pytest.raises(ValueError, match="^xgrammar: cannot compile ebnf: "):
         env["xgrammar"].compile("ebnf", 'root ::= "a" undefined_rule')
@@ -247,7 +252,7 @@ def test_backend_errors(env):
 
 
 # ---- regex, choices, EBNF, structural tags ----
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines", "llguidance"])
 def test_regex_and_choices(env, backend):
     be = env[backend]
     phone = be.compile("regex", r"\+?[1-9][0-9]{7,14}")
@@ -280,29 +285,31 @@ number ::= [0-9]+
 '''
 
 
-def test_ebnf_arithmetic(env):
-    compiled = env["xgrammar"].compile("ebnf", ARITH)
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_ebnf_arithmetic(env, backend):
+    compiled = env[backend].compile("ebnf", ARITH)
     for good in ("1", "1+2*3", "(1+2)*(3-4)/56", "((7))"):
         assert accepts(env, compiled, good), good
     for bad in ("", "1+", "(1", "1++2", "1 + 2", "a", "()"):
         assert not accepts(env, compiled, bad), bad
 
 
-def test_structural_tag(env):
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_structural_tag(env, backend):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     new_form = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool>"], "tags": [
         {"type": "tag", "begin": "<tool>", "content": {"type": "json_schema", "json_schema": schema},
          "end": "</tool>"}]}}
     legacy = {"structures": [{"begin": "<tool>", "schema": schema, "end": "</tool>"}], "triggers": ["<tool>"]}
     for spec in (new_form, legacy, new_form["format"]):
-        compiled = env["xgrammar"].compile("structural_tag", json.dumps(spec))
+        compiled = env[backend].compile("structural_tag", json.dumps(spec))
         assert accepts(env, compiled, 'Let me check. <tool>{"city": "Paris"}</tool> Done.')
         assert accepts(env, compiled, "no tool call at all")
         assert not accepts(env, compiled, '<tool>{"town": "Paris"}</tool>')
 
 
 # ---- matcher protocol: EOS, termination, rollback ----
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines", "llguidance"])
 def test_eos_termination_and_rollback(env, backend):
     tok, vocab = env["tok"], env["vocab"]
     m = env[backend].compile("regex", "[0-9]{1,3}").matcher()
@@ -333,7 +340,7 @@ def test_eos_termination_and_rollback(env, backend):
 def test_special_tokens_never_allowed(env):
     """Control tokens (<|endoftext|>, <|im_start|>, <repo_name>, ...) never match grammar text."""
     quote = env["tok"].encode('"', add_special_tokens=False)
-    for name in ("xgrammar", "outlines"):
+    for name in ("xgrammar", "outlines", "llguidance"):
         m = env[name].compile("json_schema", '{"type":"string"}').matcher()
         assert all(m.accept_token(t) for t in quote)  # inside a string, where any text may follow
         bm = allocate_token_bitmask(1, env["vocab"])
@@ -447,7 +454,8 @@ def test_dev_corpus_compile_counts(env):
     for line in rejected:
         print("  ", line[:200])
     assert ok + len(rejected) == len(files) == 120
-    assert ok == 120, "update this pin (and docs/grammar_keywords.md) if the count changes"
+    # 22 refused by schema_sound (overlapping oneOf, uniqueItems, pattern beside a length or a format, ...)
+    assert ok == 98, "update this pin (and docs/grammar_keywords.md) if the count changes"
 
 
 def _random_regex(rnd, depth: int = 0) -> str:
@@ -462,7 +470,7 @@ def _random_regex(rnd, depth: int = 0) -> str:
     return atom + rnd.choice(["", "", "?", "*", "+", "{0,1}", "{1,2}"])
 
 
-@pytest.mark.parametrize("backend,count", [("xgrammar", 60), ("outlines", 12)])
+@pytest.mark.parametrize("backend,count", [("xgrammar", 300), ("llguidance", 300), ("outlines", 60)])
 def test_patterns_match_python_re(env, backend, count):
     """A schema ``pattern`` accepts exactly the strings Python's ``re.fullmatch`` does.
 
@@ -484,13 +492,15 @@ def test_patterns_match_python_re(env, backend, count):
         compiled = env[backend].compile("json_schema", json.dumps(
             {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}))
         for s in texts:
-            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(re.search(pattern, s) if pattern == prom
+            # llguidance matches "pattern" as JSON Schema says (a search); the others anchor it (documented)
+            search = pattern == prom or backend == "llguidance"
+            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(re.search(pattern, s) if search
                                                                     else re.fullmatch(pattern, s)):
                 wrong.append((pattern, s))
     assert wrong == []
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines", "llguidance"])
 def test_type_beside_any_of_reaches_the_branches(env, backend):
     """``{"type": "string", "anyOf": [{pattern}, {maxLength}]}`` (dev corpus: Snowplow) is a string: xgrammar
     lowered only the branches, which have no type, and generated ``{"schema": {"": ""}}``."""
@@ -503,7 +513,7 @@ def test_type_beside_any_of_reaches_the_branches(env, backend):
         assert not accepts(env, compiled, text), (backend, text)
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines", "llguidance"])
 def test_lookaround_patterns_are_refused(env, backend):
     """xgrammar's own lowering of ``^(?!l)[a-z]{3}$`` accepted ``"let"``: a pattern neither backend can
     enforce is a compile error (a 400 on the server), named and without C++ source paths."""

@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding: xgrammar (default) and outlines-core behind one interface.
+"""Grammar-constrained decoding: llguidance (default), xgrammar and outlines-core behind one interface.
 
 See :mod:`.base` for the per-step protocol and EOS semantics, :mod:`.cache` for off-thread compilation,
 :mod:`.factory` to pick a backend by name, :mod:`.vocab` for special tokens and token bytes.

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from .base import GrammarBackend
 
-BACKEND_CHOICES = ("xgrammar", "outlines", "none")
+BACKEND_CHOICES = ("xgrammar", "llguidance", "outlines", "none")
 
 
 def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> GrammarBackend | None:
-    """Build the backend called ``name`` (``"xgrammar"``, the default for None; ``"outlines"``; ``"none"``).
+    """Build the backend called ``name`` (``"llguidance"``, the default for None, chosen by measurement; ``"xgrammar"``;
+    ``"outlines"``; ``"none"``).
 
     Args:
         tokenizer: the loaded Hugging Face tokenizer (never fetched from a hub).
@@ -20,13 +21,17 @@ def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> Gr
     Raises:
         ValueError: unknown ``name``; the message lists the choices.
     """
-    key = "xgrammar" if name is None else str(name).strip().lower()
+    key = "llguidance" if name is None else str(name).strip().lower()
     if key == "none":
         return None
     if key == "xgrammar":
         from .xgrammar_backend import XGrammarBackend
 
         return XGrammarBackend(tokenizer, vocab_size, **kwargs)
+    if key == "llguidance":
+        from .llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend(tokenizer, vocab_size, **kwargs)
     if key in ("outlines", "outlines_core", "outlines-core"):
         from .outlines_backend import OutlinesBackend
 

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from .base import allocate_token_bitmask, apply_token_bitmask_
+from .mask_fill import MaskPrefetcher, fill_rows
 
 
 @dataclass
@@ -42,22 +43,35 @@ class GrammarMask:
         logits[self.rows] = sub
 
 
-def build_grammar_mask(reqs: Sequence[Any], vocab_size: int) -> GrammarMask | None:
-    """Ask every constrained request's matcher for its next-token bits (its state is unchanged).
+def build_grammar_mask(reqs: Sequence[Any], vocab_size: int,
+                       prefetch: "MaskPrefetcher | None" = None) -> GrammarMask | None:
+    """Every constrained request's next-token bits (matcher states are unchanged).
 
     Args:
         reqs: the B requests being sampled, in logits-row order.
         vocab_size: the logits width in tokens.
+        prefetch: rows filled ahead (while the forward ran) are taken from it when still current.
 
     Returns:
         The mask, or None when no request has a grammar.
     """
+    ready = prefetch.collect() if prefetch is not None else {}
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
         return None
     bitmask = allocate_token_bitmask(len(rows), vocab_size)
+    todo, src, dst = [], [], []
     for j, i in enumerate(rows):
-        reqs[i].grammar.fill_next_token_bitmask(bitmask, j)
+        hit = ready.get(id(reqs[i].grammar))
+        if hit is not None and hit[1] == len(reqs[i].output_ids):
+            src.append(hit[0])
+            dst.append(j)
+        else:
+            todo.append((reqs[i].grammar, j))
+    if src:
+        bitmask[dst] = prefetch.bitmask[src]  # one copy for all prefetched rows
+        prefetch.used += len(src)
+    fill_rows(todo, bitmask)
     return GrammarMask(rows, bitmask, len(rows) == len(reqs))
 
 

@@ -21,7 +21,8 @@ import torch
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
 from .json_strings import pattern_to_json_regex
-from .schema_prep import prepare_schema, rewrite_patterns
+from .schema_prep import prepare_schema, rewrite_local_refs, rewrite_patterns
+from .schema_sound import make_sound
 from .vocab import piece_bytes, special_token_ids
 
 # outlines-core 0.2.14's JSON regexes deviate from RFC 8259; these textual fixes restore it:
@@ -203,7 +204,8 @@ class OutlinesBackend(GrammarBackend):
         text = checked_spec(self.name, kind, spec)
         try:
             if kind == "json_schema":
-                schema = rewrite_patterns(prepare_schema(json.loads(text), expand_types=False, explicit_any=True),
+                schema = make_sound(rewrite_local_refs(json.loads(text)), self.name)
+                schema = rewrite_patterns(prepare_schema(schema, expand_types=False, explicit_any=True),
                                           pattern_to_json_regex)
                 text = json.dumps(schema, ensure_ascii=False)
             regex = self.schema_to_regex(text, any_whitespace) if kind == "json_schema" else text

@@ -156,6 +156,19 @@ def _rewrite_refs(root: dict) -> None:
         node["$ref"] = "#" + json_pointer(target) + frag
 
 
+def rewrite_local_refs(schema: Any) -> Any:
+    """A deep copy of ``schema`` with rule 4 only (``$ref`` through embedded ids made local pointers).
+
+    Raises:
+        ValueError: a ``$ref`` that cannot be resolved within the schema.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = copy.deepcopy(schema)
+    _rewrite_refs(out)
+    return out
+
+
 def prepare_schema(schema: Any, expand_types: bool = True, explicit_any: bool = False) -> Any:
     """A rewritten deep copy of ``schema`` (a parsed JSON object or boolean); see the module doc.
 

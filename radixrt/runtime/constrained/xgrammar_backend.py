@@ -20,7 +20,9 @@ import xgrammar as xgr
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
 from .json_strings import enforceable_pattern, fix_json_string_rules
-from .schema_prep import prepare_schema, rewrite_patterns
+from .schema_prep import prepare_schema, rewrite_local_refs, rewrite_patterns
+from .schema_sound import make_sound
+from .structural_tags import normalize_structural_tag
 from .vocab import special_token_ids
 
 logger = logging.getLogger(__name__)
@@ -42,29 +44,6 @@ def build_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]) 
             encoded[tid] = ""
     return xgr.TokenizerInfo(encoded, probe.vocab_type, vocab_size=vocab_size, stop_token_ids=stop_token_ids,
                              add_prefix_space=probe.add_prefix_space)
-
-
-def _structural_tag_json(text: str) -> str:
-    """Normalize the accepted structural-tag spellings to xgrammar's ``{"type":"structural_tag",...}``."""
-    obj = json.loads(text)
-    if "structures" in obj or ("triggers" in obj and "type" not in obj):
-        structures = obj.get("structures")
-        triggers = obj.get("triggers")
-        if not isinstance(structures, list) or not isinstance(triggers, list):
-            raise ValueError("legacy form needs 'structures' (list) and 'triggers' (list)")
-        tags = []
-        for i, st in enumerate(structures):
-            if not isinstance(st, dict) or not {"begin", "schema", "end"} <= st.keys():
-                raise ValueError(f"structures[{i}] needs 'begin', 'schema' and 'end'")
-            tags.append({"type": "tag", "begin": st["begin"], "end": st["end"],
-                         "content": {"type": "json_schema", "json_schema": st["schema"]}})
-        obj = {"type": "structural_tag",
-               "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
-    elif obj.get("type") != "structural_tag":
-        if "type" not in obj:
-            raise ValueError("missing 'type' (expected \"structural_tag\" with a 'format')")
-        obj = {"type": "structural_tag", "format": obj}
-    return json.dumps(obj, ensure_ascii=False)
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -160,7 +139,9 @@ class XGrammarBackend(GrammarBackend):
 
     def _json_schema(self, text: str, any_whitespace: bool) -> xgr.CompiledGrammar:
         # a pattern xgrammar cannot lower (lookaround) would be dropped silently: refuse it first
-        schema = rewrite_patterns(prepare_schema(json.loads(text)), enforceable_pattern)
+        # allOf folded, keywords xgrammar would drop refused (schema_sound), then typed (schema_prep)
+        schema = make_sound(rewrite_local_refs(json.loads(text)), self.name)
+        schema = rewrite_patterns(prepare_schema(schema), enforceable_pattern)
         text = json.dumps(schema, ensure_ascii=False)
         kw = dict(any_whitespace=any_whitespace, strict_mode=self.strict_mode)
         if not any_whitespace:
@@ -187,7 +168,7 @@ class XGrammarBackend(GrammarBackend):
             elif kind == "ebnf":
                 compiled = self._compiler.compile_grammar(text, root_rule_name="root")
             else:
-                compiled = self._compiler.compile_structural_tag(_structural_tag_json(text))
+                compiled = self._compiler.compile_structural_tag(normalize_structural_tag(text))
         except BaseException as e:  # RuntimeError/ValueError/InvalidJSONError/pydantic errors
             reraise_fatal(e)
             reason = str(e).strip().splitlines()

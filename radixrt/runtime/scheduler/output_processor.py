@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from radixrt.runtime.constrained.grammar_step import advance_matchers, build_grammar_mask
+from radixrt.runtime.constrained.mask_fill import MaskPrefetcher
 from radixrt.runtime.executor.forward_batch import ForwardBatch
 from radixrt.runtime.io_struct import TokenOut
 from radixrt.runtime.scheduler.jump_forward import try_jump_forward
@@ -30,13 +31,17 @@ class OutputProcessor:
         context_length: the longest prompt + output, in tokens.
         jump_forward: append grammar-forced text in one extend step (requests without logprobs or stop
             strings, whose matcher offers ``find_jump_forward_string``).
+        grammar_overlap: fill the next step's grammar masks on a worker thread (constrained/mask_fill.py).
 
     Attributes:
         jump_forward_tokens: output tokens appended by jump-forward so far (not sampled).
     """
 
-    def __init__(self, tokenizer, eos_ids: set[int], context_length: int, jump_forward: bool = False):
+    def __init__(self, tokenizer, eos_ids: set[int], context_length: int, jump_forward: bool = False,
+                 grammar_overlap: bool = False):
         self.tokenizer, self.eos_ids, self.context_length = tokenizer, eos_ids, context_length
+        # next-step grammar masks filled on a worker thread while the scheduler runs the next forward
+        self.prefetch = MaskPrefetcher() if grammar_overlap else None
         self.jump_forward = jump_forward
         self.jump_forward_tokens = 0
         self.share_tokens = None  # under --tp: TPGroup.share_tokens, rank 0's samples on every rank
@@ -84,7 +89,7 @@ class OutputProcessor:
         srows = [SampleRow(req.params, req.generator, req.input_ids, req.output_ids, self._blocked(req),
                            req.top_logprobs_num if req.return_logprob else 0, req.return_logprob)
                  for req in reqs]
-        out = sample(sub, srows, build_grammar_mask(reqs, sub.shape[-1]))
+        out = sample(sub, srows, build_grammar_mask(reqs, sub.shape[-1], self.prefetch))
         if self.share_tokens is not None:
             out.token_ids = self.share_tokens(out.token_ids)
         advance_matchers(reqs, out.token_ids)
@@ -99,6 +104,9 @@ class OutputProcessor:
                 reason = self._jump(req)
             if reason is not None:
                 finished.append((req, reason))
+        if self.prefetch is not None:  # after jump-forward: the matchers are final for this step
+            done = {id(r) for r, _ in finished}
+            self.prefetch.start([r for r in reqs if id(r) not in done], sub.shape[-1])
         return finished
 
     def _jump(self, req: Req) -> dict | None:

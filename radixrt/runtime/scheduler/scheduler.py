@@ -47,7 +47,8 @@ class Scheduler:
         self.grammar_cache = grammar_cache
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
-                                       jump_forward=not args.disable_jump_forward)
+                                       jump_forward=not args.disable_jump_forward,
+                                       grammar_overlap=args.grammar_overlap)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []

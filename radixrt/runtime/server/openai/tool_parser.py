@@ -37,7 +37,7 @@ named                         one JSON object ``{"name": "<that tool>", "argumen
 ``<args>`` always matches the tool's ``parameters`` JSON schema (a missing ``parameters`` means no
 arguments: ``{}``). Inside a structural tag, JSON whitespace is bounded (at most one whitespace character
 between tokens), so a call never loops on spaces. ``required``/named go through the ``json_schema`` kind, so
-they work with both grammar backends; ``auto`` needs a backend that takes ``structural_tag`` (xgrammar).
+they work with both grammar backends; ``auto`` needs a backend that takes ``structural_tag`` (llguidance, xgrammar).
 
 Earlier turns: an assistant message's ``tool_calls`` are rendered after its content in the
 ``<tool_call>...</tool_call>`` form, and ``tool`` messages keep their role (the template prints it).

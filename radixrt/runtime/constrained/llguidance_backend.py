@@ -1,0 +1,171 @@
+"""The llguidance grammar backend: an Earley parser over lazily built lexer DFAs, masks computed per token.
+
+Kinds: ``json_schema`` (llguidance's own JSON-schema compiler; compact separators ``,``/``:`` unless
+``any_whitespace``; keywords it does not implement are refused by name, e.g. ``Unimplemented keys:
+["uniqueItems"]``, never dropped), ``regex`` (full match), ``ebnf`` (GBNF as xgrammar takes it, converted
+with llguidance's ``gbnf_to_lark``, or Lark text with a ``start`` rule) and ``structural_tag`` (the xgrammar
+spellings of :mod:`.xgrammar_backend`, lowered to Lark with lazy trigger lexemes, see :mod:`.llg_tags`).
+
+Why it is here: on JSONSchemaBench's MaskBench llguidance accepts no instance the schema rejects, where
+xgrammar and outlines-core do (guidance-ai/jsonschemabench); its mask costs tens of microseconds per token
+with no per-grammar precompute, so compiling is milliseconds.
+
+Matchers are ``LLMatcher`` copies of one per-grammar prototype (``deep_copy`` skips re-parsing the
+grammar). ``accept_token`` uses ``try_consume_tokens`` so an illegal token leaves the state unchanged
+(``consume_token`` would put the matcher in a sticky error state). Rollback is unlimited; the forced
+bytes (``compute_ff_bytes``) serve jump-forward.
+"""
+from __future__ import annotations
+
+import json
+
+import llguidance as llg
+import llguidance.hf
+import torch
+
+from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
+                   fill_single_token, reraise_fatal)
+from .llg_tags import structural_tag_lark
+from .schema_prep import _children, rewrite_local_refs
+
+
+def json_options(any_whitespace: bool) -> dict:
+    """llguidance's JSON compile options for our whitespace rule (compact unless ``any_whitespace``)."""
+    if any_whitespace:
+        return {"whitespace_flexible": True, "json_allow_general_unicode_escapes": True}
+    return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
+            "json_allow_general_unicode_escapes": True}
+
+
+def strict(schema) -> None:
+    """xgrammar's strict mode, in place: an object with ``properties`` and no word on extra keys gets
+    ``additionalProperties: false`` (a subset of the schema, so still sound; generations keep to the declared
+    keys instead of inventing more)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("properties"), dict) and not any(
+                k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+            node["additionalProperties"] = False
+        stack.extend(sub for _, sub in _children(node))
+
+
+class LLGuidanceMatcher(GrammarMatcher):
+    """Wraps ``llguidance.LLMatcher``. Not thread-safe (one thread at a time; the batched fill in
+    :mod:`.grammar_step` hands matchers to llguidance's executor only while no other call runs)."""
+
+    def __init__(self, m: llg.LLMatcher, eos_token_id: int):
+        self.ll = m
+        self._eos = eos_token_id
+        self._terminated = False
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """See :meth:`GrammarMatcher.fill_next_token_bitmask`. After termination the row allows EOS only.
+
+        Raises:
+            ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
+        """
+        target = bitmask[row]
+        if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
+            raise ValueError(f"llguidance: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
+                             f"on {bitmask.device}")
+        if self._terminated:
+            fill_single_token(bitmask, row, self._eos)
+            return
+        self.ll.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        token_id = int(token_id)
+        if token_id == self._eos:
+            self._terminated = bool(self.ll.is_accepting())
+            if self._terminated:
+                self.ll.consume_token(token_id)
+            return self._terminated
+        return self.ll.try_consume_tokens([token_id]) == 1
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def can_terminate(self) -> bool:
+        return self._terminated or bool(self.ll.is_accepting())
+
+    def rollback(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"rollback: n must be >= 0, got {n}")
+        if n and self._terminated:
+            self._terminated = False
+        if n and not self.ll.rollback(n):
+            raise ValueError(f"llguidance: cannot roll back {n} tokens: {self.ll.get_error()}")
+
+    def find_jump_forward_string(self) -> str:
+        """The text the grammar forces next (may be empty), cut to whole UTF-8 characters."""
+        if self._terminated:
+            return ""
+        return self.ll.compute_ff_bytes().decode("utf-8", errors="ignore")
+
+
+class LLGuidanceCompiled(CompiledGrammar):
+    def __init__(self, kind: str, grammar: str, prototype: llg.LLMatcher, eos_token_id: int):
+        self.kind = kind
+        self.grammar = grammar  # llguidance's grammar text (JSON or Lark)
+        self._proto = prototype
+        self._eos = eos_token_id
+
+    def matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._proto.deep_copy(), self._eos)
+
+
+class LLGuidanceBackend(GrammarBackend):
+    """Compiles specs with llguidance; ``compile`` is thread-safe (it drops the GIL while building).
+
+    Args:
+        tokenizer: the loaded HF fast tokenizer (llguidance reads its serialized Rust tokenizer).
+        vocab_size: the model's vocab size (bitmask width ``ceil(vocab_size/32)``).
+        eos_token_id: default ``tokenizer.eos_token_id``.
+    """
+
+    name = "llguidance"
+
+    def __init__(self, tokenizer, vocab_size: int, *, eos_token_id: int | None = None):
+        self.vocab_size = int(vocab_size)
+        self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
+        self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
+                                                         eos_token=self.eos_token_id)
+
+    def grammar_text(self, kind: str, text: str, any_whitespace: bool = False) -> str:
+        """llguidance's grammar for a validated spec (see the module doc for each kind)."""
+        if kind == "json_schema":
+            schema = rewrite_local_refs(json.loads(text))
+            if isinstance(schema, bool):  # llguidance takes options only on an object schema
+                if not schema:
+                    raise ValueError("the schema `false` accepts no value")
+                schema = {}
+            strict(schema)
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=json_options(any_whitespace))
+        if kind == "regex":
+            return llg.LLMatcher.grammar_from_regex(text)
+        if kind == "ebnf":
+            from llguidance.gbnf_to_lark import any_to_lark
+            return llg.LLMatcher.grammar_from_lark(any_to_lark(text))
+        return llg.LLMatcher.grammar_from_lark(structural_tag_lark(text))
+
+    def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> LLGuidanceCompiled:
+        """See :meth:`GrammarBackend.compile`. Raises ValueError("llguidance: cannot compile <kind>: ...")."""
+        text = checked_spec(self.name, kind, spec)
+        try:
+            grammar = self.grammar_text(kind, text, any_whitespace)
+            err = llg.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+            proto = None if err else llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+            if proto is not None and proto.is_error():
+                err = proto.get_error()
+        except BaseException as e:  # ValueError from our converters, GbnfToLarkError, pyo3 panics
+            reraise_fatal(e)
+            err = f"{type(e).__name__}: {e}"
+        if err:
+            msg = err.strip()
+            raise compile_error(self.name, kind, msg[:500] + ("..." if len(msg) > 500 else "")) from None
+        return LLGuidanceCompiled(kind, grammar, proto, self.eos_token_id)

@@ -1,0 +1,214 @@
+"""Keep xgrammar and outlines-core sound: fold ``allOf`` into its parent, refuse what they would drop.
+
+Both libraries drop some keywords silently, so a finished output could fail the schema. Before lowering,
+:func:`make_sound` (on a schema already through :func:`.schema_prep.prepare_schema`'s ``$ref`` rewrite):
+
+1. **merges ``allOf``** into the subschema that holds it (xgrammar lowered the branches only, losing the
+   parent's keywords, ``type`` included). A branch that is a local ``$ref`` is inlined. Keywords merge
+   by meaning: ``properties`` union (a key in both gets ``allOf`` of both schemas, merged in turn),
+   ``required`` union, ``type`` intersection, lower bounds max, upper bounds min, annotations kept from the
+   parent; anything else that differs between the parts is refused. ``additionalProperties`` next to
+   properties declared by another part is refused (the merge would let those through where the part
+   forbids them).
+2. **refuses** (ValueError naming the keyword and where it is) each keyword the backend does not enforce:
+   ``uniqueItems``, ``not``, ``if``/``then``/``else``, ``contains``, ``dependent*``, ``propertyNames``,
+   ``unevaluated*``, a non-integral ``multipleOf``, a ``format`` the backend does not know, a ``pattern``
+   beside a ``format``, a ``pattern`` beside ``minLength``/``maxLength`` unless the pattern already implies
+   them (Python's ``re`` gives the widths), a ``patternProperties`` key that matches a declared property,
+   and a ``oneOf`` whose branches are not provably disjoint (distinct types, or distinct ``const``/``enum``
+   values of one required property): both libraries treat ``oneOf`` as ``anyOf``.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from .json_pointer import json_pointer, split_pointer
+from .schema_prep import _children
+
+_ALWAYS_REFUSED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired",
+                   "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+                   "$dynamicRef")
+XGRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "duration", "email", "uuid", "uri", "uri-reference",
+                              "uri-template", "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer"})
+OUTLINES_FORMATS = frozenset({"date", "time", "date-time", "email", "uri", "uuid"})
+_ANNOTATIONS = ("title", "description", "$comment", "examples", "default", "$schema", "$id", "id", "definitions",
+                "$defs", "readOnly", "writeOnly", "deprecated")
+_LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
+_UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def _refuse(backend: str, keyword: str, path: list[str], why: str) -> ValueError:
+    return ValueError(f"json_schema: '{keyword}' at {json_pointer(path) or '/'} is not supported by {backend}: "
+                      f"{why} (use --grammar-backend llguidance)")
+
+
+def _resolve(root: dict, ref: str) -> Any:
+    node: Any = root
+    for part in split_pointer(ref[1:]):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
+def _types(t: Any) -> set[str]:
+    return set(t) if isinstance(t, list) else {t}
+
+
+def _merge_into(a: dict, b: dict, backend: str, path: list[str]) -> None:
+    for k, v in b.items():
+        if k not in a:
+            if k in ("additionalProperties", "patternProperties") and isinstance(a.get("properties"), dict) and \
+                    set(a["properties"]) - set(b.get("properties") or {}):
+                raise _refuse(backend, "allOf", path, f"'{k}' of one part would constrain the properties of another")
+            a[k] = copy.deepcopy(v)
+        elif k == "properties" and isinstance(v, dict) and isinstance(a[k], dict):
+            extra = set(v) - set(a[k])
+            if extra and ("additionalProperties" in a or "patternProperties" in a):
+                raise _refuse(backend, "allOf", path, "'additionalProperties' of one part would constrain the "
+                              "properties of another")
+            for name, sub in v.items():
+                if name not in a[k] or a[k][name] == sub:
+                    a[k][name] = copy.deepcopy(sub)
+                else:
+                    a[k][name] = {"allOf": [a[k][name], copy.deepcopy(sub)]}
+        elif k == "required" and isinstance(v, list) and isinstance(a[k], list):
+            a[k] = a[k] + [x for x in v if x not in a[k]]
+        elif k == "type":
+            ta, tb = _types(a[k]), _types(v)
+            both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
+                                ("number" in ta and "integer" in tb) else set())
+            if not both:
+                raise _refuse(backend, "allOf", path, f"the parts' types {sorted(ta)} and {sorted(tb)} do not meet")
+            a[k] = sorted(both) if len(both) > 1 else both.pop()
+        elif a[k] == v or k in _ANNOTATIONS:
+            continue
+        elif k in _LOWER and isinstance(v, (int, float)) and isinstance(a[k], (int, float)):
+            a[k] = max(a[k], v)
+        elif k in _UPPER and isinstance(v, (int, float)) and isinstance(a[k], (int, float)):
+            a[k] = min(a[k], v)
+        else:
+            raise _refuse(backend, "allOf", path, f"'{k}' differs between its parts")
+
+
+def merge_all_of(root: dict, node: dict, backend: str, path: list[str], depth: int = 0) -> None:
+    """Fold ``node["allOf"]`` (and any ``allOf`` it brings in) into ``node``, in place; see the module doc."""
+    while "allOf" in node:
+        if depth > 16:
+            raise _refuse(backend, "allOf", path, "nested too deeply")
+        parts = node.pop("allOf")
+        if not isinstance(parts, list):
+            raise _refuse(backend, "allOf", path, "not a list")
+        for part in parts:
+            if part is True or part == {}:
+                continue
+            if part is False:
+                raise _refuse(backend, "allOf", path, "a part is `false`")
+            part = copy.deepcopy(part)
+            while isinstance(part, dict) and isinstance(part.get("$ref"), str) and part["$ref"].startswith("#"):
+                ref = part.pop("$ref")
+                target = copy.deepcopy(_resolve(root, ref))
+                if not isinstance(target, dict) or "$ref" in target and target["$ref"] == ref:
+                    raise _refuse(backend, "allOf", path, f"cannot inline {ref!r}")
+                _merge_into(part, target, backend, path)
+            if "$ref" in part:
+                raise _refuse(backend, "allOf", path, "a part holds a $ref that is not local")
+            merge_all_of(root, part, backend, path, depth + 1)
+            _merge_into(node, part, backend, path)
+        depth += 1
+
+
+def _disjoint(branches: list) -> bool:
+    """True when no instance can match two of ``branches`` (by type, or by a required discriminator)."""
+    if not all(isinstance(b, dict) for b in branches):
+        return False
+    types = [_types(b["type"]) if "type" in b else None for b in branches]
+    if all(t is not None for t in types):
+        norm = [t | ({"integer"} if "number" in t else set()) for t in types]
+        if all(not (norm[i] & norm[j]) for i in range(len(norm)) for j in range(i)):
+            return True
+    for key in (branches[0].get("properties") or {}):
+        values = []
+        for b in branches:
+            sub = (b.get("properties") or {}).get(key)
+            if key not in (b.get("required") or []) or not isinstance(sub, dict):
+                break
+            vals = [sub["const"]] if "const" in sub else sub.get("enum")
+            if not isinstance(vals, list):
+                break
+            values.append({repr(v) for v in vals})
+        else:
+            if all(not (values[i] & values[j]) for i in range(len(values)) for j in range(i)):
+                return True
+    return False
+
+
+def _implied(pattern: str, lo: int, hi: int | None) -> bool:
+    """Whether every full match of ``pattern`` has between ``lo`` and ``hi`` characters."""
+    try:
+        import re._parser as sre_parse  # Python >= 3.11
+    except ImportError:  # pragma: no cover
+        import sre_parse
+    try:
+        wmin, wmax = sre_parse.parse(pattern).getwidth()
+    except (re.error, RecursionError, OverflowError):
+        return False
+    anchored = pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")
+    return anchored and wmin >= lo and (hi is None or wmax <= hi)
+
+
+def _check_node(node: dict, backend: str, path: list[str]) -> None:
+    for k in _ALWAYS_REFUSED:
+        if k in node:
+            raise _refuse(backend, k, path + [k], "not enforced by its grammar")
+    if node.get("uniqueItems") is True and not (isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
+        raise _refuse(backend, "uniqueItems", path, "a grammar cannot express it")
+    mult = node.get("multipleOf")
+    if isinstance(mult, (int, float)) and not isinstance(mult, bool) and not float(mult).is_integer():
+        raise _refuse(backend, "multipleOf", path, "only integral multipleOf is enforced")
+    if backend == "outlines" and ("minProperties" in node or "maxProperties" in node):
+        raise _refuse(backend, "minProperties" if "minProperties" in node else "maxProperties", path,
+                      "property counts are not enforced")
+    if backend == "outlines" and any(k in node for k in _NUMBER_KEYWORDS):
+        k = next(k for k in _NUMBER_KEYWORDS if k in node)
+        raise _refuse(backend, k, path, "number bounds are not enforced")
+    fmt = node.get("format")
+    known = XGRAMMAR_FORMATS if backend == "xgrammar" else OUTLINES_FORMATS
+    if isinstance(fmt, str) and fmt not in known:
+        raise _refuse(backend, "format", path, f"format {fmt!r} is not enforced")
+    pat = node.get("pattern")
+    if isinstance(pat, str) and isinstance(fmt, str):
+        raise _refuse(backend, "format", path, "a 'pattern' beside a 'format' would be dropped")
+    if isinstance(pat, str) and ("minLength" in node or "maxLength" in node) and \
+            not _implied(pat, node.get("minLength", 0), node.get("maxLength")):
+        key = "maxLength" if "maxLength" in node else "minLength"
+        raise _refuse(backend, key, path, "a length beside a 'pattern' that does not imply it would be dropped")
+    props, pprops = node.get("properties"), node.get("patternProperties")
+    if isinstance(props, dict) and isinstance(pprops, dict):
+        for key in pprops:
+            hit = next((p for p in props if re.search(key, p)), None)
+            if hit is not None:
+                raise _refuse(backend, "patternProperties", path, f"{key!r} matches the declared property {hit!r}")
+    one = node.get("oneOf")
+    if isinstance(one, list) and len(one) > 1 and not _disjoint(one):
+        raise _refuse(backend, "oneOf", path, "its branches may overlap (it would act as anyOf)")
+
+
+def make_sound(schema: Any, backend: str) -> Any:
+    """``schema`` with every ``allOf`` merged, checked for what ``backend`` drops; modified in place.
+
+    Raises:
+        ValueError: ``json_schema: '<keyword>' at <pointer> is not supported by <backend>: <why> ...``.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    stack = [(schema, [])]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        merge_all_of(schema, node, backend, path)
+        _check_node(node, backend, path)
+        stack.extend((sub, path + suffix) for suffix, sub in _children(node))
+    return schema

@@ -1,0 +1,110 @@
+"""The combinations xgrammar and outlines-core dropped silently (issue 29), each a named test that fails
+without ``schema_sound``: the shape is either enforced (allOf merged) or refused with the keyword named.
+
+Found on the dev corpus: a ``pattern`` beside ``maxLength`` (4 schemas), a ``pattern`` beside a ``format``,
+the parent's keywords beside ``allOf`` (3 schemas), overlapping ``oneOf`` branches, ``uniqueItems``.
+llguidance enforces or refuses all of them itself; it is checked the same way.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixrt.runtime.constrained import allocate_token_bitmask, create_backend
+
+EOS = 2
+BACKENDS = ["xgrammar", "outlines", "llguidance"]
+
+
+@pytest.fixture(scope="module")
+def env():
+    from radixrt.runtime.models.loader import load_config, load_tokenizer
+
+    tok = load_tokenizer()
+    vocab = load_config().vocab_size
+    return {"tok": tok, "vocab": vocab, **{b: create_backend(b, tok, vocab) for b in BACKENDS}}
+
+
+def accepts(env, compiled, text: str) -> bool:
+    """Every token of ``text`` allowed by the mask in turn, then EOS allowed."""
+    m = compiled.matcher()
+    bm = allocate_token_bitmask(1, env["vocab"])
+    for t in env["tok"].encode(text, add_special_tokens=False) + [EOS]:
+        m.fill_next_token_bitmask(bm, 0)
+        if not (int(bm[0, t // 32]) >> (t % 32)) & 1:
+            return False
+        assert m.accept_token(t)
+    return True
+
+
+def _obj(prop: dict) -> str:
+    return json.dumps({"type": "object", "properties": {"s": prop}, "required": ["s"], "additionalProperties": False})
+
+
+def _refused_or_enforced(env, backend, schema: str, bad: list[str], good: list[str], keyword: str):
+    try:
+        compiled = env[backend].compile("json_schema", schema)
+    except ValueError as e:
+        assert f"'{keyword}'" in str(e) or keyword in str(e), (backend, str(e))
+        assert str(e).startswith(f"{backend}: cannot compile json_schema: ")
+        return "refused"
+    for text in bad:
+        assert not accepts(env, compiled, text), (backend, text)
+    for text in good:
+        assert accepts(env, compiled, text), (backend, text)
+    return "enforced"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pattern_beside_max_length(env, backend):
+    """``^[a-z]+$`` with ``maxLength: 3`` generated ``"rownames"`` on xgrammar."""
+    how = _refused_or_enforced(env, backend, _obj({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}),
+                               ['{"s":"rownames"}', '{"s":"abcd"}'], ['{"s":"abc"}'], "maxLength")
+    assert how == ("enforced" if backend == "llguidance" else "refused")
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_pattern_that_implies_the_length_is_kept(env, backend):
+    compiled = env[backend].compile("json_schema", _obj({"type": "string", "pattern": "^[a-z]{2,3}$", "maxLength": 3}))
+    assert accepts(env, compiled, '{"s":"abc"}') and not accepts(env, compiled, '{"s":"abcd"}')
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pattern_beside_format(env, backend):
+    """``"format": "date", "pattern": "^2"``: xgrammar dropped the pattern (a 1999 date passed)."""
+    how = _refused_or_enforced(env, backend, _obj({"type": "string", "format": "date", "pattern": "^2"}),
+                               ['{"s":"1999-01-01"}'], ['{"s":"2020-01-01"}'], "format")
+    assert how == ("enforced" if backend == "llguidance" else "refused")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_of_keeps_the_parent(env, backend):
+    """``{"type": "string", "allOf": [...]}`` gave an object on xgrammar: the parent's keywords were lost."""
+    schema = _obj({"type": "string", "allOf": [{"maxLength": 3}, {"minLength": 2}]})
+    how = _refused_or_enforced(env, backend, schema, ['{"s":{}}', '{"s":"abcd"}', '{"s":"a"}', '{"s":1}'],
+                               ['{"s":"ab"}', '{"s":"abc"}'], "allOf")
+    assert how == "enforced"
+    refs = json.dumps({"type": "object", "$defs": {"a": {"properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+                       "allOf": [{"$ref": "#/$defs/a"}, {"properties": {"y": {"type": "boolean"}}, "required": ["y"]}]})
+    _refused_or_enforced(env, backend, refs, ['{"x":1}', '{"y":true}', '{"x":"1","y":true}'],
+                         ['{"x":1,"y":true}'], "allOf")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overlapping_one_of_is_refused(env, backend):
+    """Both libraries treat ``oneOf`` as ``anyOf``: ``3`` matches both branches and is invalid."""
+    how = _refused_or_enforced(env, backend, json.dumps({"oneOf": [{"type": "integer"}, {"minimum": 2}]}),
+                               ["3"], ["1"], "oneOf")
+    assert how == "refused"
+    disjoint = env[backend].compile("json_schema", json.dumps({"oneOf": [{"type": "integer"}, {"type": "string"}]}))
+    assert accepts(env, disjoint, "3") and accepts(env, disjoint, '"a"') and not accepts(env, disjoint, "null")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prop,keyword", [({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                                           "uniqueItems"),
+                                          ({"type": "integer", "not": {"const": 3}}, "not")])
+def test_unsupported_keywords_are_named(env, backend, prop, keyword):
+    with pytest.raises(ValueError, match=f"^{backend}: cannot compile json_schema: .*{keyword}"):
+        env[backend].compile("json_schema", _obj(prop))
