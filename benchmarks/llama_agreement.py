@@ -63,8 +63,9 @@ def prompts() -> list[list[int]]:
     from radixrt.runtime.models.loader import load_tokenizer
 
     tok = load_tokenizer()
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-            for q in QUESTIONS]
+    texts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+             for q in QUESTIONS]
+    return [list(tok.encode(t, add_special_tokens=False)) for t in texts]
 
 
 def radixrt_tokens(path: str, ids: list[list[int]], n: int) -> list[list[int]]:
@@ -100,10 +101,13 @@ def llama_tokens(path: str, ids: list[list[int]], n: int) -> list[list[int]]:
         out = []
         for p in ids:
             body = json.dumps({"prompt": p, "n_predict": n, "temperature": 0, "top_k": 1, "cache_prompt": False,
-                               "ignore_eos": True, "return_tokens": True, "seed": 0}).encode()
+                               "ignore_eos": True, "return_tokens": True, "seed": 0, "n_probs": 3}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
                                          {"Content-Type": "application/json"})
-            out.append(json.loads(urllib.request.urlopen(req, timeout=600).read())["tokens"])
+            r = json.loads(urllib.request.urlopen(req, timeout=600).read())
+            top = [[(t["id"], round(t["logprob"], 3)) for t in step["top_logprobs"]]
+                   for step in r.get("completion_probabilities", [])]
+            out.append((r["tokens"], top))
         return out
     finally:
         srv.terminate()
@@ -132,14 +136,19 @@ def main() -> None:
     from radixrt.runtime.models.loader import load_tokenizer
     tok = load_tokenizer()
     for t, path in files(a.types.split(",")).items():
-        ours, theirs = radixrt_tokens(path, ids, a.new_tokens), llama_tokens(path, ids, a.new_tokens)
+        ours, theirs_top = radixrt_tokens(path, ids, a.new_tokens), llama_tokens(path, ids, a.new_tokens)
+        theirs = [t for t, _ in theirs_top]
         r = agreement(ours, theirs)
+        # llama.cpp's own top-3 logprobs where the two first differ: a near tie there is rounding, not a bug
+        r["llama_top3_at_divergence"] = [{"radixrt_token": x[k], "top3": top[k] if k < len(top) else None}
+                                         for x, (_, top), k in zip(ours, theirs_top, r["common_prefix"]) if k < len(x)]
         r.update(file=os.path.basename(path), file_bytes=os.path.getsize(path), radixrt=ours, llama_server=theirs,
                  first_divergence=[{"radixrt": tok.decode(x[:k + 1]), "llama_server": tok.decode(y[:k + 1])}
                                    for x, y, k in zip(ours, theirs, r["common_prefix"]) if k < len(x)])
         res["files"][t] = r
         print(f"{t}: {r['prefix_tokens']}/{r['of']} tokens equal up to the first divergence, {r['exact_prompts']}/"
-              f"{r['prompts']} prompts identical (per prompt {r['common_prefix']})", flush=True)
+              f"{r['prompts']} prompts identical (per prompt {r['common_prefix']}); llama.cpp's top-1 minus radixrt's token's logprob at each "
+              f"divergence: {[round(d['top3'][0][1] - dict(d['top3']).get(d['radixrt_token'], float('nan')), 3) for d in r['llama_top3_at_divergence'] if d['top3']]}", flush=True)
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:
