@@ -116,6 +116,7 @@ def make_hf(shape: str) -> str:
     with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": index}, f)
     cfg.torch_dtype = "bfloat16"
+    cfg.architectures = [type(model).__name__]  # what model.save_pretrained would record; the converter needs it
     cfg.save_pretrained(d)
     tok.save_pretrained(d)
     return d
