@@ -146,9 +146,12 @@ def main() -> None:
                  first_divergence=[{"radixrt": tok.decode(x[:k + 1]), "llama_server": tok.decode(y[:k + 1])}
                                    for x, y, k in zip(ours, theirs, r["common_prefix"]) if k < len(x)])
         res["files"][t] = r
+        gaps = [round(d["top3"][0][1] - dict(d["top3"]).get(d["radixrt_token"], float("nan")), 3)
+                for d in r["llama_top3_at_divergence"] if d["top3"]]
+        r["llama_top1_minus_radixrt_token_logprob"] = gaps
         print(f"{t}: {r['prefix_tokens']}/{r['of']} tokens equal up to the first divergence, {r['exact_prompts']}/"
-              f"{r['prompts']} prompts identical (per prompt {r['common_prefix']}); llama.cpp's top-1 minus radixrt's token's logprob at each "
-              f"divergence: {[round(d['top3'][0][1] - dict(d['top3']).get(d['radixrt_token'], float('nan')), 3) for d in r['llama_top3_at_divergence'] if d['top3']]}", flush=True)
+              f"{r['prompts']} prompts identical (per prompt {r['common_prefix']}); llama.cpp's top-1 minus "
+              f"radixrt's token's logprob at each divergence: {gaps}", flush=True)
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:

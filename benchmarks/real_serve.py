@@ -119,7 +119,8 @@ def run_one(system: str, path: str, a) -> dict:
         rec["peak_rss_by_process"] = hwm
         rec["peak_rss_total_bytes"] = sum(hwm.values())
         if system == "radixrt":
-            rec["server_info_memory"] = json.loads(urllib.request.urlopen(url + "/get_server_info").read()).get("memory")
+            info = json.loads(urllib.request.urlopen(url + "/get_server_info").read())
+            rec["server_info_memory"] = info.get("memory")
     finally:
         try:
             os.killpg(srv.pid, 15)

@@ -26,8 +26,9 @@ def rows() -> list[str]:
         r = json.loads(line)
         if "error" not in r:
             serve.setdefault(r["file"], {})[r["system"]] = r
-    out = ["| file | size MiB | Engine peak RSS MiB (bound) | serve peak RSS MiB (bound) | decode tok/s: radixrt / llama.cpp = ratio "
-           "| prefill 512 tok/s: radixrt / llama.cpp = ratio | cold load to 1st token s: radixrt / llama-server | load avg | commit |",
+    out = ["| file | size MiB | Engine peak RSS MiB (bound) | serve peak RSS MiB (bound) "
+           "| decode tok/s: radixrt / llama.cpp = ratio | prefill 512 tok/s: radixrt / llama.cpp = ratio "
+           "| cold load to 1st token s: radixrt / llama-server | load avg | commit |",
            "|---|---|---|---|---|---|---|---|---|"]
     order = ["llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b"]
     types = ["F16", "Q8_0", "Q4_K_M", "Q4_0"]
