@@ -30,7 +30,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py --workloads all
 
-# llama.cpp's llama-server and llama-bench, built once into ~/.cache/radixrt/peers (about 10 min on 2 cores);
+# llama.cpp's llama-server, llama-bench and llama-quantize, built once into ~/.cache/radixrt/peers (about 10 min on 2 cores);
 # `make bench` runs them as the llama.cpp peer. Not part of `make test`.
 peers:
 	sh benchmarks/build_peers.sh

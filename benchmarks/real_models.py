@@ -1,7 +1,8 @@
 """radixrt against llama.cpp on GGUF files of real model shapes (random weights).
 
 ``make``: a random-weight Hugging Face directory of the shape's real config (built with transformers on
-the meta device, ``to_empty``, filled normal std 0.02 with norms 1.0, saved as bf16 safetensors) under
+the meta device for its parameter names and shapes, each tensor filled normal std 0.02 (norms 1.0) and
+written into ~2 GB bf16 safetensors shards one at a time, so an 8B model never sits whole in memory) under
 ``~/.cache/radixrt/models/<shape>/hf``, the SmolLM2 tokenizer copied in (the converter pads the vocabulary
 to the config's ``vocab_size`` with ``[PAD<i>]`` tokens; it recognises SmolLM2's pre-tokenizer as
 ``smollm``), then ``convert_hf_to_gguf.py --outtype f16`` and ``llama-quantize`` to each type. Files that
@@ -87,17 +88,36 @@ def make_hf(shape: str) -> str:
     cfg = (LlamaConfig if arch == "llama" else Qwen2Config)(**spec)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.to_empty(device="cpu")
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            else:  # weights and q/k/v biases
-                p.normal_(0.0, 0.02, generator=g)
-    model.tie_weights()
+    # one tensor at a time into ~2 GB shards: an 8B model never sits whole in this box's 24 GB
+    from safetensors.torch import save_file
     os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d, safe_serialization=True)
+    g = torch.Generator().manual_seed(0)
+    cur, size, total, index = {}, 0, 0, {}
+
+    def flush() -> None:
+        fn = f"model-{len(set(index.values())) + 1:05d}.safetensors"
+        save_file(cur, os.path.join(d, fn), metadata={"format": "pt"})
+        index.update({k: fn for k in cur})
+        cur.clear()
+
+    for name, p in model.named_parameters():  # a tied head is not listed: HF omits it from the files too
+        t = torch.empty(p.shape, dtype=torch.bfloat16)
+        if "norm" in name:
+            t.fill_(1.0)
+        else:  # weights and q/k/v biases
+            t.normal_(0.0, 0.02, generator=g)
+        cur[name] = t
+        size, total = size + t.numel() * 2, total + t.numel() * 2
+        if size >= 2 << 30:
+            flush()
+            size = 0
+    if cur:
+        flush()
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": index}, f)
+    cfg.torch_dtype = "bfloat16"
+    cfg.architectures = [type(model).__name__]  # what model.save_pretrained would record; the converter needs it
+    cfg.save_pretrained(d)
     tok.save_pretrained(d)
     return d
 
