@@ -51,3 +51,27 @@ def test_truncated_header_is_named(tmp_path):
     cut.write_bytes(open(default_gguf_path(), "rb").read(100_000))  # inside the vocabulary arrays
     with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file \(truncated or corrupt"):
         read_header(str(cut))
+
+
+@pytest.mark.parametrize("in_child", [False, True])
+def test_meta_cache_is_used_only_when_its_manifest_checks(tmp_path, monkeypatch, in_child):
+    """The converted tokenizer/config are written with a manifest of their hashes; a file altered by hand
+    (or a directory without a manifest) is never read: the metadata is converted again, in this process or
+    (``in_child``, as the server's torch-free main process does) in a child process."""
+    from radixrt.runtime.models.meta_cache import MANIFEST, ensure_converted, verified
+
+    monkeypatch.setenv("RADIXRT_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(default_gguf_path(), path)
+    d = ensure_converted(str(path), in_child=in_child)
+    files = sorted(os.listdir(d))
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", MANIFEST} <= set(files) and verified(d)
+    tok = os.path.join(d, "tokenizer.json")
+    original = open(tok, "rb").read()
+    with open(tok, "ab") as f:
+        f.write(b" ")
+    assert not verified(d)
+    assert ensure_converted(str(path), in_child=in_child) == d and open(tok, "rb").read() == original
+    os.remove(os.path.join(d, MANIFEST))  # a directory this code did not finish is not used either
+    assert not verified(d) and ensure_converted(str(path), in_child=in_child) == d and verified(d)
+    assert sorted(os.listdir(d)) == files

@@ -20,7 +20,10 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch where bitmasks are built or applied: the main process only compiles grammars
+    import torch
 
 from .specs import GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, choices_to_regex, validate_spec
 
@@ -132,10 +135,11 @@ def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     """An all-allowed bitmask: int32 ``[batch, ceil(vocab_size/32)]`` of -1 (all bits set), on CPU."""
     if batch < 0 or vocab_size <= 0:
         raise ValueError(f"allocate_token_bitmask: bad shape batch={batch} vocab_size={vocab_size}")
+    import torch
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
+_SHIFTS: dict = {}  # torch.device -> int32 [32]
 
 
 def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
@@ -150,6 +154,8 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     Raises:
         ValueError: wrong ranks, dtype, or batch sizes that differ.
     """
+    import torch
+
     if logits.dim() != 2 or bitmask.dim() != 2:
         raise ValueError(f"apply_token_bitmask_: need 2-D logits and bitmask, got {tuple(logits.shape)} "
                          f"and {tuple(bitmask.shape)}")

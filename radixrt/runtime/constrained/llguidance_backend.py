@@ -18,10 +18,13 @@ bytes (``compute_ff_bytes``) serve jump-forward.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import llguidance as llg
 import llguidance.hf
-import torch
+
+if TYPE_CHECKING:  # torch only where a bitmask is filled (the scheduler), not where grammars compile
+    import torch
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
@@ -67,6 +70,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         Raises:
             ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
         """
+        import torch
+
         target = bitmask[row]
         if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
             raise ValueError(f"llguidance: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "

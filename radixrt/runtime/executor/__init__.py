@@ -4,8 +4,26 @@
 graph, ``cuda_graph_runner``). It makes no decisions. May import models, layers, mem and kernels; never
 the scheduler or the server.
 """
-from radixrt.runtime.executor.forward_batch import ForwardBatch
-from radixrt.runtime.executor.model_runner import ModelRunner
-from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixrt.runtime.executor.forward_batch import ForwardBatch
+    from radixrt.runtime.executor.model_runner import ModelRunner
+    from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
+
+# Lazy (PEP 562): the server's main process reads ``memory``'s /proc readers and must not load torch.
+_WHERE = {
+    "ForwardBatch": "radixrt.runtime.executor.forward_batch",
+    "ModelRunner": "radixrt.runtime.executor.model_runner",
+    "ScheduledBatch": "radixrt.runtime.executor.scheduled_batch",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ModelRunner", "ForwardBatch", "ScheduledBatch"]

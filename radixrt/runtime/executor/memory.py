@@ -6,9 +6,11 @@ when ``--max-total-tokens`` is unset.
 from __future__ import annotations
 
 import resource
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch only where tensors are counted: the server's main process reads /proc here
+    import torch
+    from torch import nn
 
 
 def _tensor_bytes(t: torch.Tensor) -> tuple[int, int]:
@@ -22,6 +24,8 @@ def _tensor_bytes(t: torch.Tensor) -> tuple[int, int]:
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of every tensor the model holds (parameters, buffers, tensor attributes and the layouts of
     :class:`~radixrt.kernels.gemv.DenseWeight`), each storage counted once."""
+    import torch
+
     seen: dict[int, int] = {}
 
     def add(v) -> None:

@@ -4,9 +4,30 @@ request's own pages (``req_pages``: admit, grow, cache, release). The allocator 
 requests. Invariant: free + evictable + protected (+ private while busy) = total pages. Imports nothing
 else of radixrt.
 """
-from radixrt.runtime.mem.allocator import PageAllocator
-from radixrt.runtime.mem.kv_pool import KVPool
-from radixrt.runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
-from radixrt.runtime.mem.req_pages import ReqPages
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixrt.runtime.mem.allocator import PageAllocator
+    from radixrt.runtime.mem.kv_pool import KVPool
+    from radixrt.runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
+    from radixrt.runtime.mem.req_pages import ReqPages
+
+# Lazy (PEP 562): the server's main process reads ``eviction.POLICIES`` for its arguments and must not load torch (``kv_pool``).
+_WHERE = {
+    "PageAllocator": "radixrt.runtime.mem.allocator",
+    "KVPool": "radixrt.runtime.mem.kv_pool",
+    "MatchResult": "radixrt.runtime.mem.radix_cache",
+    "RadixCache": "radixrt.runtime.mem.radix_cache",
+    "TreeNode": "radixrt.runtime.mem.radix_cache",
+    "ReqPages": "radixrt.runtime.mem.req_pages",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["KVPool", "MatchResult", "PageAllocator", "RadixCache", "ReqPages", "TreeNode"]

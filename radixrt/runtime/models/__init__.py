@@ -5,7 +5,27 @@ directory). May import layers and kernels; never the runtime's upper layers. The
 are re-exported here (the decoder itself is imported from :mod:`.llama`, so that a tokenizer-only user
 does not build kernels).
 """
-from radixrt.runtime.models.args import ModelArgs
-from radixrt.runtime.models.loader import ModelSource, load_config, load_tokenizer, resolve_model
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixrt.runtime.models.args import ModelArgs
+    from radixrt.runtime.models.loader import ModelSource, load_config, load_tokenizer, resolve_model
+
+# Lazy (PEP 562): the server's main process checks config and tokenizer and must not load torch.
+_WHERE = {
+    "ModelArgs": "radixrt.runtime.models.args",
+    "ModelSource": "radixrt.runtime.models.loader",
+    "load_config": "radixrt.runtime.models.loader",
+    "load_tokenizer": "radixrt.runtime.models.loader",
+    "resolve_model": "radixrt.runtime.models.loader",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ModelArgs", "ModelSource", "load_config", "load_tokenizer", "resolve_model"]

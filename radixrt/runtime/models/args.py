@@ -13,11 +13,12 @@ only in the switches of :class:`Family`:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
+from radixrt.runtime.models.rope_params import check_rope
 
-from radixrt.runtime.models.rope import inv_freq
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,21 @@ class ModelArgs:
     qk_norm: bool = False
     model_type: str = "llama"
 
+    @staticmethod
+    def check(cfg) -> None:
+        """What :meth:`from_hf` refuses, without torch (the server's main process checks a model with it).
+
+        Raises:
+            ValueError: an unsupported architecture or rope type.
+        """
+        family(cfg)
+        check_rope(cfg)
+
     @classmethod
     def from_hf(cls, cfg) -> "ModelArgs":
         """Raises ValueError for an unsupported architecture or rope type."""
+        from radixrt.runtime.models.rope import inv_freq  # torch: only where a model is built
+
         fam = family(cfg)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         freqs, scaling = inv_freq(cfg, head_dim)

@@ -18,11 +18,14 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-import torch
+from typing import TYPE_CHECKING
 
 from radixrt.runtime.models.args import FAMILIES, SUPPORTED_ARCHS, ModelArgs
 
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+
+if TYPE_CHECKING:
+    import torch
 
 ALIASES = ("smollm2-135m", "smollm2-135m-instruct", "smollm2", "default")
 
@@ -71,66 +74,55 @@ def resolve_model(model: str | None) -> ModelSource:
         f"of {list(SUPPORTED_ARCHS)}, or a local Hugging Face directory with config.json and safetensors")
 
 
+_TOKENIZER_ONLY = False  # set by tokenizer_only_transformers: GGUF metadata is then converted in a child
+
+
+def tokenizer_only_transformers() -> None:
+    """Make transformers in this process tokenizer- and config-only: it imports torch whenever torch is
+    installed (config and tokenizer modules included, ~235 MiB and seconds), so torch is hidden while
+    transformers first asks whether it is available (``is_torch_available`` caches the answer), then shown
+    again for the modules that do need it (an xgrammar or outlines grammar backend). For processes that
+    run no model (the server's main process); no effect where transformers or torch is already imported.
+    """
+    import sys
+
+    global _TOKENIZER_ONLY
+    if "torch" in sys.modules or "transformers" in sys.modules:
+        return
+    _TOKENIZER_ONLY = True
+    sys.modules["torch"] = None  # import torch -> ImportError; importlib.util.find_spec -> None
+    verbosity = os.environ.get("TRANSFORMERS_VERBOSITY")
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"  # not its "PyTorch was not found" warning
+    try:
+        from transformers.utils.import_utils import is_torch_available
+        is_torch_available()
+    finally:
+        del sys.modules["torch"]
+        if verbosity is None:
+            del os.environ["TRANSFORMERS_VERBOSITY"]
+        else:
+            os.environ["TRANSFORMERS_VERBOSITY"] = verbosity
+
+
 def _kw(src: ModelSource) -> dict:
     return {"gguf_file": src.gguf_file} if src.gguf_file else {}
 
 
 def _cache_dir(src: ModelSource) -> str | None:
-    """Where a GGUF's config and tokenizer, converted by transformers, are kept after the first load (a
-    128k-token vocabulary takes seconds to convert). No weights are kept. The key is checked against the
-    file every time, never trusted blindly: its size, mtime (ns) and a hash of its whole header (metadata
-    and tensor table, :mod:`.gguf_header`; milliseconds), so a changed file is converted again.
-    ``RADIXRT_CACHE_DIR`` overrides the location (default ``~/.cache/radixrt``)."""
+    """The :mod:`.meta_cache` directory of a GGUF source (None for a Hugging Face directory)."""
     if src.gguf_file is None:
         return None
-    path = os.path.join(src.directory, src.gguf_file)
-    st = os.stat(path)
-    root = os.environ.get("RADIXRT_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "radixrt"))
-    digest = _header_digest(os.path.realpath(path), st.st_size, st.st_mtime_ns)
-    return os.path.join(root, "meta", f"{src.gguf_file}-{st.st_size}-{st.st_mtime_ns}-{digest}")
-
-
-def _header_digest(path: str, size: int, mtime_ns: int) -> str:
-    """blake2b (16 hex digits) of the file's header bytes; ValueError naming a file that is not a GGUF.
-    Computed at every call (milliseconds), never memoized: a file rewritten in place must not match."""
-    import hashlib
-
-    from radixrt.runtime.models.gguf_header import read_header
-
-    n = read_header(path).header_bytes
-    with open(path, "rb") as f:
-        return hashlib.blake2b(f.read(n), digest_size=8).hexdigest()
+    from radixrt.runtime.models.meta_cache import cache_dir
+    return cache_dir(os.path.join(src.directory, src.gguf_file))
 
 
 def _converted(model: str | None) -> tuple[ModelSource, str | None]:
-    """Convert a GGUF's metadata once into the cache dir (config.json and the tokenizer's files)."""
+    """A GGUF's metadata converted once into its verified cache directory (:mod:`.meta_cache`)."""
     src = resolve_model(model)
-    cache = _cache_dir(src)
-    if cache is None or os.path.isfile(os.path.join(cache, "config.json")):
-        return src, cache
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    tmp = f"{cache}.tmp{os.getpid()}"
-    os.makedirs(tmp, exist_ok=True)
-    try:
-        AutoTokenizer.from_pretrained(src.directory, **_kw(src)).save_pretrained(tmp)
-        cfg = AutoConfig.from_pretrained(src.directory, **_kw(src))
-    except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which, not the reader's trace
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"{os.path.join(src.directory, src.gguf_file)}: not a readable GGUF file (truncated or "
-                         f"corrupt? {type(e).__name__}: {str(e)[:200]})") from None
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
-    cfg.save_pretrained(tmp)
-    try:
-        os.rename(tmp, cache)  # atomic: concurrent loaders never see half a directory
-    except OSError:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return src, cache
+    if src.gguf_file is None:
+        return src, None
+    from radixrt.runtime.models.meta_cache import ensure_converted
+    return src, ensure_converted(os.path.join(src.directory, src.gguf_file), in_child=_TOKENIZER_ONLY)
 
 
 def _hf_dir(model: str | None) -> tuple[str, dict]:
@@ -153,6 +145,24 @@ def load_tokenizer(model: str | None = None):
     return AutoTokenizer.from_pretrained(d, **kw)
 
 
+def load_backend_tokenizer(model: str | None = None):
+    """The model's ``tokenizers.Tokenizer`` read from its ``tokenizer.json`` (a GGUF's verified converted
+    copy, or the Hugging Face directory's own), without transformers or torch: what the detokenizer process
+    needs (~60 MB and a tenth of a second instead of ~360 MB and seconds). Falls back to the transformers
+    tokenizer's backend where a directory has no ``tokenizer.json``.
+
+    Raises:
+        ValueError: as :func:`load_tokenizer`.
+    """
+    from tokenizers import Tokenizer
+
+    src, cache = _converted(model)
+    path = os.path.join(cache or src.directory, "tokenizer.json")
+    if os.path.isfile(path):
+        return Tokenizer.from_file(path)
+    return load_tokenizer(model).backend_tokenizer
+
+
 @lru_cache(maxsize=4)
 def load_config(model: str | None = None):
     """The transformers config. Raises ValueError for an architecture radixrt does not run."""
@@ -165,7 +175,7 @@ def load_config(model: str | None = None):
     else:
         d, kw = _hf_dir(model)
         cfg = AutoConfig.from_pretrained(d, **kw)
-    ModelArgs.from_hf(cfg)  # raises ValueError naming the supported architectures or rope types
+    ModelArgs.check(cfg)  # raises ValueError naming the supported architectures or rope types
     return cfg
 
 
@@ -193,12 +203,15 @@ def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_hf_model(model: str | None = None, dtype: torch.dtype = torch.float32):
-    """The transformers model (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ...) on the same weights. Used for parity tests and baselines."""
+def load_hf_model(model: str | None = None, dtype: "torch.dtype | None" = None):
+    """The transformers model (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ...) on the same weights, in
+    ``dtype`` (default fp32). Used for parity tests and baselines."""
+    import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     load_config(model)
     hf_logging.disable_progress_bar()
     src = resolve_model(model)
-    return AutoModelForCausalLM.from_pretrained(src.directory, dtype=dtype, **_kw(src)).eval()
+    return AutoModelForCausalLM.from_pretrained(src.directory, dtype=dtype or torch.float32,
+                                                **_kw(src)).eval()

@@ -11,15 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-def rope_parameters(cfg) -> dict:
-    """The config's rope dict (``rope_parameters`` in transformers 5, ``rope_scaling`` + ``rope_theta`` before)."""
-    rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
-    rope.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-    rope["rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
-    return rope
+from radixrt.runtime.models.rope_params import ROPE_TYPES, check_rope, rope_parameters  # noqa: F401 (re-exported)
 
 
 def inv_freq(cfg, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -30,12 +22,8 @@ def inv_freq(cfg, head_dim: int) -> tuple[torch.Tensor, float]:
     Raises:
         ValueError: a ``rope_type`` outside :data:`ROPE_TYPES`, or ``partial_rotary_factor`` != 1.
     """
-    rope = rope_parameters(cfg)
+    rope = check_rope(cfg)
     rtype = rope["rope_type"]
-    if rtype not in ROPE_TYPES:
-        raise ValueError(f"rope_type {rtype!r} is not supported; supported: {list(ROPE_TYPES)}")
-    if rope.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("partial_rotary_factor != 1 is not supported")
     if rtype == "default":
         # fp32 arithmetic in the same order as transformers, so greedy tokens match it exactly
         exps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim

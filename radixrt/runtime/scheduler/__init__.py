@@ -7,8 +7,26 @@ process of ``radixrt serve``) and ``tp_lockstep`` (its ``--tp`` twin). ``build``
 for the Engine and the process alike. It builds no tensors. May import executor, tokenizer, models,
 sampling, layers, mem, constrained, kernels and the loose runtime modules; never the server.
 """
-from radixrt.runtime.scheduler.build import build_scheduler
-from radixrt.runtime.scheduler.request import Req
-from radixrt.runtime.scheduler.scheduler import Scheduler
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixrt.runtime.scheduler.build import build_scheduler
+    from radixrt.runtime.scheduler.request import Req
+    from radixrt.runtime.scheduler.scheduler import Scheduler
+
+# Lazy (PEP 562): the server's main process reads ``server_info`` and must not load torch.
+_WHERE = {
+    "build_scheduler": "radixrt.runtime.scheduler.build",
+    "Req": "radixrt.runtime.scheduler.request",
+    "Scheduler": "radixrt.runtime.scheduler.scheduler",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Scheduler", "Req", "build_scheduler"]

@@ -2,20 +2,10 @@
 from __future__ import annotations
 
 from radixrt.runtime.config import ServerArgs
+from radixrt.runtime.constrained.factory import make_grammar_cache
 from radixrt.runtime.models.loader import load_tokenizer
 from radixrt.runtime.executor.model_runner import ModelRunner
 from radixrt.runtime.scheduler.scheduler import Scheduler
-
-
-def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int):
-    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``).
-
-    Raises:
-        ValueError: an unknown grammar backend.
-    """
-    from radixrt.runtime.constrained import GrammarCache, create_backend
-    backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
-    return None if backend is None else GrammarCache(backend)
 
 
 def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
@@ -29,7 +19,7 @@ def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     """
     tokenizer = load_tokenizer(args.model)
     runner = ModelRunner(args, tp)
-    grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
+    grammar_cache = make_grammar_cache(args.grammar_backend, tokenizer, runner.vocab_size)
     sched = Scheduler(args, runner, tokenizer, grammar_cache)
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens

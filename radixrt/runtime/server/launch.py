@@ -76,6 +76,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
+    from radixrt.runtime.models.loader import tokenizer_only_transformers
+    tokenizer_only_transformers()  # this process runs no model: ~235 MiB and seconds of torch kept out
     from radixrt.runtime.models.loader import load_config, resolve_model
     from radixrt.runtime.server.native.dsl_socket import DslServer
     from radixrt.runtime.server.http_server import create_app

@@ -4,8 +4,27 @@
 and a token's exact bytes for logprobs (``token_texts``). May import sampling, models, constrained and the
 loose runtime modules; never the scheduler, the executor or the server.
 """
-from radixrt.runtime.tokenizer.detokenizer import Detokenizer
-from radixrt.runtime.tokenizer.token_texts import TokenTexts
-from radixrt.runtime.tokenizer.validation import Limits, build_requests
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixrt.runtime.tokenizer.detokenizer import Detokenizer
+    from radixrt.runtime.tokenizer.token_texts import TokenTexts
+    from radixrt.runtime.tokenizer.validation import Limits, build_requests
+
+# Lazy (PEP 562): the server's main process and the detokenizer import single modules of it without torch.
+_WHERE = {
+    "Detokenizer": "radixrt.runtime.tokenizer.detokenizer",
+    "TokenTexts": "radixrt.runtime.tokenizer.token_texts",
+    "Limits": "radixrt.runtime.tokenizer.validation",
+    "build_requests": "radixrt.runtime.tokenizer.validation",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Detokenizer", "Limits", "TokenTexts", "build_requests"]

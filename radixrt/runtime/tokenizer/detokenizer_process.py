@@ -22,14 +22,14 @@ def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out
     """Entry point (multiprocessing "spawn" target)."""
     setup_child(log_level, "detokenizer")
     from radixrt.runtime.tokenizer.detokenizer import Detokenizer
-    from radixrt.runtime.models.loader import load_tokenizer
+    from radixrt.runtime.models.loader import load_backend_tokenizer  # tokenizers only: no torch here
 
     ctx = zmq.Context(1)
     pull = ctx.socket(zmq.PULL)
     pull.bind(in_addr)
     push = ctx.socket(zmq.PUSH)
     push.connect(out_addr)
-    detok = Detokenizer(load_tokenizer(model))
+    detok = Detokenizer(load_backend_tokenizer(model))
     dec = msgspec.msgpack.Decoder(SchedulerProcessOutput)
     enc = msgspec.msgpack.Encoder()
     poller = zmq.Poller()

@@ -72,8 +72,8 @@ class TokenizerManager:
         self.tokenizer = load_tokenizer(self.args.model)
 
     def _make_grammar_cache(self, vocab_size: int) -> None:
-        from radixrt.runtime.scheduler.build import make_grammar_cache
-        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size)
+        from radixrt.runtime.constrained.factory import make_grammar_cache
+        self.grammar_cache = make_grammar_cache(self.args.grammar_backend, self.tokenizer, vocab_size)
 
     async def _on_ready(self, r: ReadyOut) -> None:
         if r.error is not None:
