@@ -41,8 +41,12 @@ def pack_panels(w: torch.Tensor) -> torch.Tensor:
     when ``N`` is ragged."""
     n, k = w.shape
     full = n - n % PANEL
-    head = w[:full].reshape(full // PANEL, PANEL, k).transpose(1, 2).reshape(-1)
-    return torch.cat([head, w[full:].t().reshape(-1)]).contiguous()
+    # copied once, straight into the result: a reshape of the transposed view and a cat would hold two
+    # more copies at once (the whole LM head's worth for a tied embedding, at load time)
+    out = torch.empty(n * k, dtype=w.dtype, device=w.device)
+    out[:full * k].view(full // PANEL, k, PANEL).copy_(w[:full].reshape(full // PANEL, PANEL, k).transpose(1, 2))
+    out[full * k:].view(k, n - full).copy_(w[full:].t())
+    return out
 
 
 def unpack_panels(w_p: torch.Tensor, n: int, k: int) -> torch.Tensor:
