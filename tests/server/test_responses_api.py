@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_util import start_server
+from server_fixtures import server_fixtures
 
 MODEL = "SmolLM2-135M-Instruct"
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
@@ -21,22 +21,7 @@ GREEDY = {"temperature": 0, "max_output_tokens": 40}
 OUT_HI, HI_TOKENS = "I'm here to help with any kind", 21  # "Say hi" after "You are terse.", 8 tokens
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = start_server("--context-length", "1024")
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.fixture(autouse=True)
-def _pool(srv):
-    yield
-    srv.wait_idle()
-
-
-@pytest.fixture(scope="module")
-def oai(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+srv, _idle, oai = server_fixtures("--context-length", "1024")
 
 
 def test_text_response(oai):

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from model_dirs import QWEN_TOKENS, make_model_dir
-from server_util import start_server
+from server_fixtures import server_fixtures
 
 P = 16
 WEATHER = {"type": "function", "function": {
@@ -38,23 +38,8 @@ def qwen3_dir(tmp_path_factory, tokenizer):
                           added_tokens=QWEN_TOKENS)
 
 
-@pytest.fixture(scope="module")
-def srv(qwen3_dir):
-    s = start_server("--model", str(qwen3_dir), "--reasoning-parser", "qwen3", "--reasoning-history", "keep",
-                     "--context-length", "1024")
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.fixture(autouse=True)
-def _pool(srv):
-    yield
-    srv.wait_idle()
-
-
-@pytest.fixture(scope="module")
-def oai(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+srv, _idle, oai = server_fixtures("--model", lambda request: str(request.getfixturevalue("qwen3_dir")),
+                                  "--reasoning-parser", "qwen3", "--reasoning-history", "keep", "--context-length", "1024")
 
 
 def check_steps(steps):
