@@ -18,7 +18,7 @@ from starlette.responses import Response
 from radixrt.runtime.server.anthropic.protocol import (MessagesRequest, chat_body, chat_messages, check_refused,
                                                        content_blocks, new_msg_id, stop_reason, tool_id, usage)
 from radixrt.runtime.server.context import ctx
-from radixrt.runtime.server.http.body import body_json
+from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.errors import ApiError, validation_error
 from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
 from radixrt.runtime.server.openai.chat import ChatRun, run_chat
@@ -35,14 +35,7 @@ def event(typ: str, **data) -> bytes:
 
 async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesRequest, ChatRun]:
     c = ctx(request)
-    body = await body_json(request)
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    check_refused(body)
-    try:
-        req = MessagesRequest.model_validate(body)
-    except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
+    req = await parse_model(request, MessagesRequest, check_refused)
     msgs = chat_messages(req)
     if not submit_it:
         req.max_tokens = req.max_tokens or 1

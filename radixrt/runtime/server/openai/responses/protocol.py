@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
@@ -66,24 +67,12 @@ class ResponsesRequest(BaseModel):
 
 def check_refused(body: dict) -> None:
     """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
-    for k, why in REFUSED_FIELDS.items():
-        if body.get(k) not in (None, False, [], {}):
-            raise ApiError(f"{k} is not supported: {why}", param=k)
+    refuse_set_fields(body, REFUSED_FIELDS)
 
 
 def _text(content: Any, where: str) -> str:
     """A message's content (a string, or a list of text parts) as one string."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(f"{where} must be a string or a list of text parts", param=where)
-    out = []
-    for j, p in enumerate(content):
-        if not isinstance(p, dict) or p.get("type") not in TEXT_PARTS or not isinstance(p.get("text"), str):
-            raise ApiError(f"{where}[{j}]: only text parts (input_text, output_text) are supported",
-                           param=f"{where}[{j}]")
-        out.append(p["text"])
-    return "".join(out)
+    return text_of_parts(content, where, TEXT_PARTS, "", "text parts (input_text, output_text)")
 
 
 def input_messages(inp: Union[str, list, None]) -> list[dict]:

@@ -16,7 +16,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.responses import Response
 
 from radixrt.runtime.server.context import ServerContext, ctx
-from radixrt.runtime.server.http.body import body_json
+from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.errors import ApiError, validation_error
 from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
 from radixrt.runtime.server.openai.chat import run_chat
@@ -48,14 +48,7 @@ def _renamed(e: ApiError) -> ApiError:
 
 
 async def parse_request(request: Request) -> ResponsesRequest:
-    body = await body_json(request)
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    check_refused(body)
-    try:
-        return ResponsesRequest.model_validate(body)
-    except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
+    return await parse_model(request, ResponsesRequest, check_refused)
 
 
 def assistant_message(items: list[dict]) -> dict:
