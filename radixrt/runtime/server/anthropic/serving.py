@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from radixrt.runtime.server.anthropic.protocol import (MessagesRequest, chat_body, chat_messages, check_refused,
                                                        content_blocks, new_msg_id, stop_reason, tool_id, usage)
+from radixrt.runtime.server.api_models import doc
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.errors import ApiError, validation_error
@@ -24,9 +25,7 @@ from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSERespo
 from radixrt.runtime.server.openai.chat import ChatRun, run_chat
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest
 
-# not in /openapi.json yet: tests/server/test_openapi.py fuzzes every listed route from its request model,
-# and these routes have none there (docs/compatibility.md describes their fields)
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
 
 
 def event(typ: str, **data) -> bytes:
@@ -47,7 +46,7 @@ async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesReques
     return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", **doc(request=MessagesRequest, errors=()))  # Anthropic error bodies
 async def count_tokens(request: Request):
     """``{"input_tokens": n}``: the prompt's tokens as ``/v1/messages`` would render it (turns continued
     from earlier outputs count as their generated ids)."""
@@ -96,7 +95,7 @@ class BlockStream:
         return out
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", **doc(request=MessagesRequest, stream=True, errors=()))
 async def create_message(request: Request):
     """Anthropic Messages: ``system``, ``messages`` (text, tool_use, tool_result, thinking blocks), ``tools``
     with ``input_schema``, ``tool_choice``, ``stop_sequences``, ``thinking``, ``max_tokens``, ``stream``."""

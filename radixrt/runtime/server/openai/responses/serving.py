@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError as PydanticValidationError
 from starlette.responses import Response
 
+from radixrt.runtime.server.api_models import doc
 from radixrt.runtime.server.context import ServerContext, ctx
 from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.errors import ApiError, validation_error
@@ -26,9 +27,7 @@ from radixrt.runtime.server.openai.responses.protocol import (ItemIds, Responses
                                                               input_messages, output_items, responses_param)
 from radixrt.runtime.server.openai.responses.store import ResponseStore, Stored
 
-# not in /openapi.json yet: tests/server/test_openapi.py fuzzes every listed route from its request model,
-# and these routes have none there (docs/compatibility.md describes their fields)
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
 SESSION_CAPACITY = 1 << 30  # characters: a stored conversation is bounded by the context, not by this
 
 
@@ -92,7 +91,7 @@ async def _close_sessions(c: ServerContext, sids: list[str]) -> None:
             pass
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", **doc(request=ResponsesRequest, stream=True))
 async def create_response(request: Request):
     """OpenAI Responses: ``input`` (a string or message / function_call / function_call_output / reasoning
     items), ``instructions``, function ``tools`` and ``tool_choice``, ``text.format``, ``max_output_tokens``,
@@ -172,7 +171,7 @@ async def create_response(request: Request):
     return SSEResponse(events(), run.batch.abort_unfinished)
 
 
-@router.get("/v1/responses/{response_id}")
+@router.get("/v1/responses/{response_id}", **doc(errors=(404,)))
 async def get_response(request: Request, response_id: str):
     s = response_store(ctx(request)).get(response_id)
     if s is None:
@@ -180,7 +179,7 @@ async def get_response(request: Request, response_id: str):
     return JSONResp(s.response)
 
 
-@router.delete("/v1/responses/{response_id}")
+@router.delete("/v1/responses/{response_id}", **doc(errors=(404,)))
 async def delete_response(request: Request, response_id: str):
     c = ctx(request)
     found, sids = response_store(c).delete(response_id)
