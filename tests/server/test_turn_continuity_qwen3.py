@@ -49,7 +49,8 @@ def check_steps(steps):
         assert cached >= p0 + c0 - P, steps
 
 
-def test_tool_calls_rendered_by_the_template(oai, qwen3_dir):
+def tool_steps(oai, qwen3_dir) -> list[tuple[int, int, int]]:
+    """Four ``tool_choice: required`` steps; (prompt, completion, cached) per step."""
     from transformers import AutoTokenizer
     end_think = AutoTokenizer.from_pretrained(qwen3_dir).convert_tokens_to_ids("</think>")
     msgs = [{"role": "user", "content": "Weather in Paris, Rome, Oslo and Bern?"}]
@@ -66,11 +67,17 @@ def test_tool_calls_rendered_by_the_template(oai, qwen3_dir):
         msgs += [{"role": "assistant", "content": None, "tool_calls": [
                      {"id": tc.id, "type": "function", "function": {"name": tc.function.name, "arguments": args}}]},
                  {"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"temp_c": 20 + step})}]
+    return steps
+
+
+def test_tool_calls_rendered_by_the_template(oai, qwen3_dir):
+    steps = tool_steps(oai, qwen3_dir)
     assert steps == TOOL_STEPS, steps
     check_steps(steps)
 
 
-def test_reasoning_kept(oai, qwen3_dir):
+def think_steps(oai, qwen3_dir) -> list[tuple[int, int, int]]:
+    """Four thinking-only steps (reasoning cut by max_tokens); (prompt, completion, cached) per step."""
     msgs = [{"role": "user", "content": "Think about the weather in Paris."}]
     steps = []
     for step in range(4):
@@ -81,5 +88,10 @@ def test_reasoning_kept(oai, qwen3_dir):
         assert getattr(m, "reasoning_content", None)  # all of it reasoning: the template drops it from history
         steps.append((u.prompt_tokens, u.completion_tokens, u.prompt_tokens_details.cached_tokens))
         msgs += [{"role": "assistant", "content": m.content}, {"role": "user", "content": f"Go on ({step})."}]
+    return steps
+
+
+def test_reasoning_kept(oai, qwen3_dir):
+    steps = think_steps(oai, qwen3_dir)
     assert steps == THINK_STEPS, steps
     check_steps(steps)
