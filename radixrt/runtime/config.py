@@ -44,6 +44,7 @@ class ServerArgs:
     hicache_size: float = field(default=0.0, metadata={"help": "host store size in GB (turns the tiers on); 0 with --enable-hierarchical-cache: --hicache-ratio x the pool"})
     hicache_ratio: float = field(default=2.0, metadata={"help": "host store size as a multiple of the KV pool, when --hicache-size is 0"})
     hicache_storage: Optional[str] = field(default=None, metadata={"help": "file:DIR: also keep pages in files under DIR (tier 3, created 0700), so a restart with the same model finds them"})
+    hicache_prefetch_threshold: int = field(default=256, metadata={"help": "tokens found in tier 3 beyond the tree and host store for a queued request's pages to be read ahead of its admission"})
     hicache_write_policy: str = field(default="write_through", metadata={"help": "write_through|write_back: tier 3 is written when a page enters the tree, or when it leaves the host store"})
     request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
     request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
@@ -124,6 +125,8 @@ class ServerArgs:
         if not self.drain_timeout >= 0:
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
         choice("hicache_write_policy", ("write_through", "write_back"))
+        if not isinstance(self.hicache_prefetch_threshold, int) or self.hicache_prefetch_threshold < 1:
+            raise ValueError(f"hicache_prefetch_threshold must be an integer >= 1, got {self.hicache_prefetch_threshold!r}")
         if not (isinstance(self.hicache_size, (int, float)) and self.hicache_size >= 0):
             raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size!r}")
         if not (isinstance(self.hicache_ratio, (int, float)) and self.hicache_ratio > 0):

@@ -183,3 +183,25 @@ def test_write_back_spills_host_to_disk(tmp_path, cold, passage_ids):
         assert out["meta_info"]["cached_tokens"] == 96 and out["output_ids"] == ref
     finally:
         close_engine(e)
+
+
+def test_queued_request_is_prefetched_from_disk(tmp_path, cold, passage_ids):
+    """One request runs at a time: while the first decodes, the queued one's six pages are read from their
+    files into tier 2, and its admission copies them from there."""
+    e = make_engine(hicache_storage=f"file:{tmp_path / 'pf'}", hicache_prefetch_threshold=32,
+                    max_running_requests=1, schedule_policy="fcfs", **KW)
+    try:
+        a, b = passage_ids[:100], passage_ids[300:400]
+        sp = {**G, "max_new_tokens": 24}
+        ref = cold.generate(input_ids=a, sampling_params=sp)["output_ids"]
+        e.generate(input_ids=a, sampling_params=sp)
+        assert e.scheduler.mem.hicache.disk.flush()
+        assert e.flush_cache() is True
+        outs = e.generate(input_ids=[b, a], sampling_params=sp)
+        assert outs[0]["meta_info"]["cached_tokens"] == 0
+        assert outs[1]["meta_info"]["cached_tokens"] == 96 and outs[1]["output_ids"] == ref
+        st = tiers(e)
+        assert st["disk"]["prefetched_pages"] == 6
+        assert st["host"]["hit_tokens"] == 96 and st["disk"]["hit_tokens"] == 0
+    finally:
+        close_engine(e)

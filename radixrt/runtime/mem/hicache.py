@@ -30,6 +30,7 @@ from radixrt.runtime.mem.disk_tier import DiskTier
 from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
 from radixrt.runtime.mem.page_hash import page_hashes
+from radixrt.runtime.mem.prefetch import Prefetcher
 
 logger = logging.getLogger(__name__)
 WRITE_POLICIES = ("write_through", "write_back")
@@ -46,7 +47,8 @@ class HiCache:
     """
 
     def __init__(self, tree, codec: PageCodec, allocate: Callable[[int], list[int] | None], host: HostTier,
-                 disk: DiskTier | None = None, write_policy: str = "write_through") -> None:
+                 disk: DiskTier | None = None, write_policy: str = "write_through",
+                 prefetch_threshold: int = 256) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
         self.tree, self.codec, self.allocate, self.host, self.disk = tree, codec, allocate, host, disk
@@ -56,6 +58,9 @@ class HiCache:
         self.host_hit_tokens = self.disk_hit_tokens = 0
         self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
         self.store_seconds = self.load_seconds = 0.0
+        self.prefetcher = Prefetcher(disk) if disk is not None else None
+        self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
+        self.prefetched_pages = 0
         tree.on_evict = self.on_evict
 
     # ---- tree walking --------------------------------------------------------------------------
@@ -104,6 +109,7 @@ class HiCache:
         """Load the pages of ``key`` that follow the tree's match from tiers 2 and 3 into the pool and the
         tree. Returns tokens restored (0 when none, or when the pool cannot make room)."""
         n_pages = len(key) // self.ps
+        self.drain_prefetched()
         m = self.tree.match_prefix(key, salt)
         start = len(m.pages)
         if start >= n_pages or not (self.host.num_used or self.disk is not None):
@@ -150,6 +156,51 @@ class HiCache:
         self.load_seconds += time.perf_counter() - t0
         return n * self.ps
 
+    # ---- prefetch from tier 3 ------------------------------------------------------------------
+    def prefetch(self, key: list[int], salt: str | None) -> bool:
+        """Queue the file reads of ``key``'s pages beyond the tree and tier 2, when at least
+        ``prefetch_min_pages`` consecutive ones have files. Returns True when queued."""
+        if self.prefetcher is None:
+            return False
+        self.drain_prefetched()
+        n_pages = len(key) // self.ps
+        i = len(self.tree.match_prefix(key, salt).pages)
+        if n_pages - i < self.prefetch_min_pages:
+            return False
+        hashes = page_hashes(key[: n_pages * self.ps], self.ps)
+        while i < n_pages and (salt, hashes[i]) in self.host:
+            i += 1
+        j = i
+        while j < n_pages and (salt, hashes[j]) in self.disk:
+            j += 1
+        if j - i < self.prefetch_min_pages:
+            return False
+        return self.prefetcher.submit(key[: j * self.ps], salt, i, hashes[i:j])
+
+    def drain_prefetched(self) -> int:
+        """Put finished prefetch reads into tier 2 (pages now in the tree are dropped). Returns pages put."""
+        if self.prefetcher is None:
+            return 0
+        put = 0
+        for key, salt, start, hashes, rows in self.prefetcher.take_done():
+            in_tree = len(self.tree.match_prefix(key, salt).pages)
+            keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
+                    if start + i >= in_tree and (salt, h) not in self.host]
+            if not keep:
+                continue
+            data = torch.frombuffer(bytearray(b"".join(r for _, r in keep)), dtype=torch.uint8)
+            score = self._fresh_score()
+            self.host.store([(salt, h) for h, _ in keep], [score] * len(keep), data.view(len(keep), -1))
+            put += len(keep)
+        self.prefetched_pages += put
+        return put
+
+    def _fresh_score(self) -> tuple:
+        """The eviction key a node touched now would have (prefetched pages rank as just used)."""
+        probe = _Probe()
+        self.tree.policy.touch(probe, float(getattr(self.tree, "_clock", 0)), False)
+        return self.tree.policy.key(probe)
+
     # ---- maintenance ---------------------------------------------------------------------------
     def flush(self) -> int:
         """Empty tiers 1 and 2 (tier 3 is the durable copy and stays). Returns pool pages freed."""
@@ -162,6 +213,8 @@ class HiCache:
         return freed
 
     def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         if self.disk is not None:
             self.disk.close()
 
@@ -190,5 +243,13 @@ class HiCache:
                            "hit_rate": self.disk_hit_tokens / q, "written_pages": d.written,
                            "read_pages": d.read_pages, "dropped_pages": d.dropped, "pending_writes": d.pending_writes,
                            "bytes_written": d.bytes_written, "bytes_read": d.bytes_read,
-                           "write_seconds": d.write_seconds, "read_seconds": d.read_seconds}
+                           "write_seconds": d.write_seconds, "read_seconds": d.read_seconds,
+                           "prefetched_pages": self.prefetched_pages}
         return out
+
+
+class _Probe:
+    """What an eviction policy reads and writes on a node (``eviction.TreeNode``)."""
+
+    def __init__(self) -> None:
+        self.last_access_time, self.hit_count, self.score = 0.0, 0, 0.0

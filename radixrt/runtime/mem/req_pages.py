@@ -29,6 +29,7 @@ class ReqPages:
         self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
         self.unpin: Callable[[], bool] | None = None
         self.hicache: Any = None
+        self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` free pages, evicting tree leaves (by the eviction policy) if short, then dropping session
@@ -105,6 +106,18 @@ class ReqPages:
                 self.tree.dec_lock_ref(req.last_node)
         req.page_table, req.last_node, req.prefix_len, req.num_computed = [], None, 0, 0
         return kept
+
+    def prefetch(self, waiting: list[Req], limit: int = 4) -> None:
+        """Start tier-3 reads for the first ``limit`` waiting requests not asked for before (mem/prefetch.py)."""
+        if self.hicache is None or self.hicache.prefetcher is None:
+            return
+        asked = self._prefetch_asked
+        if len(asked) > 4096:
+            asked.clear()
+        for req in [r for r in waiting if r.rid not in asked][:limit]:
+            asked.add(req.rid)
+            if req.max_cacheable_prefix() > 0:
+                self.hicache.prefetch(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
 
     def flush(self) -> int:
         """Drop every unlocked cached page (and tier 2's); returns pool pages freed."""

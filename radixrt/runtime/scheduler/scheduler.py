@@ -169,6 +169,7 @@ class Scheduler:
                 batch.add(req, n)
                 budget -= n
         if budget <= 0 or not self.waiting:
+            self.mem.prefetch(self.waiting)
             return batch
         admitted: list[Req] = [r for r, _ in batch if r.extend_len > 1]
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.max_wait_steps):
@@ -194,6 +195,7 @@ class Scheduler:
             budget -= n
         for req in self.waiting:
             req.wait_steps += 1
+        self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
         return batch
 
     def _grow_or_preempt(self, req: Req, n: int, batch: ScheduledBatch) -> bool:
