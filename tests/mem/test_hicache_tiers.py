@@ -78,3 +78,15 @@ def test_disk_tier_checks_every_field(tmp_path):
         DiskTier(str(tmp_path / "kv"), b"x", shape, pb)
     d2.close()
     other.close()
+
+
+@pytest.mark.parametrize("kw,field", [({"hicache_storage": "/tmp/x"}, "hicache_storage"),
+                                      ({"hicache_storage": "file:"}, "hicache_storage"),
+                                      ({"hicache_size": -1.0}, "hicache_size"),
+                                      ({"hicache_ratio": 0.0}, "hicache_ratio"),
+                                      ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
+                                      ({"hicache_prefetch_threshold": 0}, "hicache_prefetch_threshold")])
+def test_bad_tier_flags_name_the_field(kw, field):
+    from radixrt.runtime.config import ServerArgs
+    with pytest.raises(ValueError, match=field):
+        ServerArgs(**kw)

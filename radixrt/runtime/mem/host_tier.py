@@ -77,7 +77,8 @@ class HostTier:
         if not new:
             return evicted
         slots = [self._free.pop() for _ in new]
-        self.rows[torch.tensor(slots, dtype=torch.long)] = rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
+        src = rows if len(new) == len(keys) else rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
+        self.rows[torch.tensor(slots, dtype=torch.long)] = src
         for slot, (i, k) in zip(slots, new):
             self._push(k, slot, scores[i])
         return evicted
