@@ -90,3 +90,10 @@ def test_bad_tier_flags_name_the_field(kw, field):
     from radixrt.runtime.config import ServerArgs
     with pytest.raises(ValueError, match=field):
         ServerArgs(**kw)
+
+
+def test_host_tier_evicts_a_nodes_tail_before_its_head():
+    host = HostTier(4, 1)
+    host.store([(None, i) for i in range(4)], [(1.0,)] * 4, torch.zeros(4, 1, dtype=torch.uint8))
+    spilled = host.store([(None, 9)], [(2.0,)], torch.ones(1, 1, dtype=torch.uint8))
+    assert [k for k, _ in spilled] == [(None, 3)]

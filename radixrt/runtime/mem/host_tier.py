@@ -79,7 +79,9 @@ class HostTier:
         slots = [self._free.pop() for _ in new]
         src = rows if len(new) == len(keys) else rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
         self.rows[torch.tensor(slots, dtype=torch.long)] = src
-        for slot, (i, k) in zip(slots, new):
+        # deepest page first: among equal scores the heap pops the oldest push, so a node's tail goes before
+        # its head, and a prefix never loses a page while keeping the ones after it
+        for slot, (i, k) in reversed(list(zip(slots, new))):
             self._push(k, slot, scores[i])
         return evicted
 
