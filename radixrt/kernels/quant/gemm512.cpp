@@ -1,10 +1,11 @@
 // The AVX-512 VNNI entry of radixrt_ggml.mm for 3 or more activation rows (tiles in gemm512.h; same bits as
 // the AVX2 tiles, which keep every row count on a CPU without AVX-512 VNNI, and 1-2 rows everywhere: decode
 // is memory-bound, and there the AVX2 streaming tile already reads at the memory's speed).
-// RADIXRT_DISABLE_AVX512=1 (read once) keeps the AVX2 tiles, for comparisons.
+// RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <cstdlib>
+#include <string>
 #include "gemm512.h"
 #include "mm_driver.h"
 
@@ -30,7 +31,8 @@ void run512(const Ctx& c, int64_t M, bool xor80, int shift) {
 }  // namespace
 
 bool gemm512_enabled() {
-  static const bool ok = x512::supported() && std::getenv("RADIXRT_DISABLE_AVX512") == nullptr;
+  const char* off = std::getenv("RADIXRT_DISABLE_AVX512");
+  static const bool ok = x512::supported() && (off == nullptr || !*off || std::string(off) == "0");
   return ok;
 }
 
