@@ -155,7 +155,8 @@ class GenerateOutput(_Out):
 
 
 class AbortRequest(BaseModel):
-    rid: str
+    rid: Optional[str] = None
+    abort_all: bool = False  # every request in flight (SGLang's field); excludes rid
 
 
 class OpenSessionRequest(BaseModel):
