@@ -8,7 +8,7 @@ import anthropic
 import httpx
 import pytest
 
-from server_util import start_server
+from server_fixtures import server_fixtures
 
 MODEL = "SmolLM2-135M-Instruct"
 KEY = "sk-anthropic-test"
@@ -20,22 +20,7 @@ ONE_CALL = {"type": "any", "disable_parallel_tool_use": True}
 HI, HI_TOKENS = "I'm here to help with any kind", 21  # "Say hi" after "You are terse.", 8 tokens
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = start_server("--context-length", "1024", api_key=KEY)
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.fixture(autouse=True)
-def _pool(srv):
-    yield
-    srv.wait_idle()
-
-
-@pytest.fixture(scope="module")
-def cl(srv):
-    return anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0, timeout=300)
+srv, _idle, cl = server_fixtures("--context-length", "1024", api_key=KEY, client="anthropic")
 
 
 def test_text_and_stop_sequences(cl):

@@ -24,7 +24,8 @@ import llguidance.hf
 import torch
 
 from .base import CompiledGrammar, GrammarBackend, RowMatcher, checked_spec, compile_error, reraise_fatal
-from .llg_tags import structural_tag_lark
+from .json_pointer import split_pointer
+from .llg_tags import lowers_to_lark, structural_tag_lark
 from .schema_prep import _children, rewrite_local_refs
 
 
@@ -39,16 +40,47 @@ def json_options(any_whitespace: bool) -> dict:
 def strict(schema) -> None:
     """xgrammar's strict mode, in place: an object with ``properties`` and no word on extra keys gets
     ``additionalProperties: false`` (a subset of the schema, so still sound; generations keep to the declared
-    keys instead of inventing more)."""
+    keys instead of inventing more).
+
+    Parts of an ``allOf`` (and the local ``$ref`` targets they name) and a node holding an ``allOf`` are left
+    open: ``additionalProperties`` only sees its own object's ``properties``, so closing one part would forbid
+    the keys another part requires and make the intersection unsatisfiable.
+    """
+    open_ids = _all_of_parts(schema)
     stack = [schema]
     while stack:
         node = stack.pop()
         if not isinstance(node, dict):
             continue
-        if isinstance(node.get("properties"), dict) and not any(
+        if isinstance(node.get("properties"), dict) and id(node) not in open_ids and "allOf" not in node and not any(
                 k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
             node["additionalProperties"] = False
         stack.extend(sub for _, sub in _children(node))
+
+
+def _all_of_parts(schema) -> set[int]:
+    """ids of every ``allOf`` part of ``schema`` and of the local ``$ref`` targets they lead to (transitively)."""
+    parts, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("allOf"), list):
+                parts.extend(p for p in node["allOf"] if isinstance(p, dict))
+            stack.extend(sub for _, sub in _children(node))
+    seen: set[int] = set()
+    while parts:
+        part = parts.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        ref = part.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            target = schema
+            for key in split_pointer(ref[1:]):
+                target = target.get(key) if isinstance(target, dict) else None
+            if isinstance(target, dict):
+                parts.append(target)
+    return seen
 
 
 class LLGuidanceMatcher(RowMatcher):
@@ -119,6 +151,7 @@ class LLGuidanceBackend(GrammarBackend):
     def __init__(self, tokenizer, vocab_size: int, *, eos_token_id: int | None = None):
         self.vocab_size = int(vocab_size)
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
+        self._tokenizer, self._xgrammar = tokenizer, None
         self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
                                                          eos_token=self.eos_token_id)
 
@@ -142,6 +175,8 @@ class LLGuidanceBackend(GrammarBackend):
     def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> LLGuidanceCompiled:
         """See :meth:`GrammarBackend.compile`. Raises ValueError("llguidance: cannot compile <kind>: ...")."""
         text = checked_spec(self.name, kind, spec)
+        if kind == "structural_tag" and not lowers_to_lark(text):
+            return self._xgrammar_backend().compile(kind, spec, any_whitespace)
         try:
             grammar = self.grammar_text(kind, text, any_whitespace)
             err = llg.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
@@ -155,3 +190,13 @@ class LLGuidanceBackend(GrammarBackend):
             msg = err.strip()
             raise compile_error(self.name, kind, msg[:500] + ("..." if len(msg) > 500 else "")) from None
         return LLGuidanceCompiled(kind, grammar, proto, self.eos_token_id)
+
+    def _xgrammar_backend(self) -> GrammarBackend:
+        """xgrammar, for the structural-tag formats :mod:`.llg_tags` does not lower (``const_string``,
+        ``sequence``, ``or``, ``any_text``, ``grammar``, ...): xgrammar defines that format language, so it
+        compiles them as written. Built on first use (its tokenizer info costs about a second)."""
+        if self._xgrammar is None:
+            from .xgrammar_backend import XGrammarBackend
+
+            self._xgrammar = XGrammarBackend(self._tokenizer, self.vocab_size, stop_token_ids=[self.eos_token_id])
+        return self._xgrammar

@@ -206,7 +206,7 @@ class ServerInfo(_Out):
 # itself); the OpenAI routes' request models are openai/protocol.py's, added by http_server.
 REQUEST_MODELS = (GenerateRequest, AbortRequest, OpenSessionRequest,
                   CloseSessionRequest)
-_ERRORS = {400: "bad input", 503: "the model is loading, or a child process died"}
+_ERRORS = {400: "bad input", 404: "no such object", 503: "the model is loading, or a child process died"}
 
 
 def doc(response=None, request=None, stream: bool = False, errors=(400, 503), text: bool = False) -> dict:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
@@ -48,22 +49,12 @@ class MessagesRequest(BaseModel):
 
 
 def check_refused(body: dict) -> None:
-    for k, why in REFUSED_FIELDS.items():
-        if body.get(k) not in (None, False, [], {}):
-            raise ApiError(f"{k} is not supported: {why}", param=k)
+    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
+    refuse_set_fields(body, REFUSED_FIELDS)
 
 
 def _blocks_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(f"{where} must be a string or a list of text blocks", param=where)
-    out = []
-    for j, b in enumerate(content):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise ApiError(f"{where}[{j}]: only text blocks are supported here", param=f"{where}[{j}]")
-        out.append(b["text"])
-    return "\n".join(out)
+    return text_of_parts(content, where, ("text",), "\n", "text blocks")
 
 
 def chat_messages(req: MessagesRequest) -> list[dict]:

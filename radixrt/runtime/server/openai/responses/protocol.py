@@ -12,13 +12,13 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
-    "user": "no per-user accounting", "top_logprobs": "logprobs are not returned on this route",
+    "user": "no per-user accounting",
     "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
     "truncation": "a conversation longer than the context is a 400, never truncated",
-    "include": "nothing extra to include (no files, no encrypted reasoning)",
     "prompt_cache_key": "the radix cache matches prefixes by content (use cache_salt to keep tenants apart)",
     "prompt_cache_options": "the radix cache matches prefixes by content",
     "prompt_cache_retention": "cached pages live until evicted; a stored response pins its conversation",
@@ -50,6 +50,7 @@ class ResponsesRequest(BaseModel):
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_logprobs: Optional[int] = None
+    include: Optional[list[str]] = None  # "message.output_text.logprobs" is acted on; the rest have nothing here
     stream: bool = False
     store: Optional[bool] = True
     previous_response_id: Optional[str] = None
@@ -66,24 +67,12 @@ class ResponsesRequest(BaseModel):
 
 def check_refused(body: dict) -> None:
     """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
-    for k, why in REFUSED_FIELDS.items():
-        if body.get(k) not in (None, False, [], {}):
-            raise ApiError(f"{k} is not supported: {why}", param=k)
+    refuse_set_fields(body, REFUSED_FIELDS)
 
 
 def _text(content: Any, where: str) -> str:
     """A message's content (a string, or a list of text parts) as one string."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(f"{where} must be a string or a list of text parts", param=where)
-    out = []
-    for j, p in enumerate(content):
-        if not isinstance(p, dict) or p.get("type") not in TEXT_PARTS or not isinstance(p.get("text"), str):
-            raise ApiError(f"{where}[{j}]: only text parts (input_text, output_text) are supported",
-                           param=f"{where}[{j}]")
-        out.append(p["text"])
-    return "".join(out)
+    return text_of_parts(content, where, TEXT_PARTS, "", "text parts (input_text, output_text)")
 
 
 def input_messages(inp: Union[str, list, None]) -> list[dict]:
@@ -183,6 +172,16 @@ def response_format(text: Optional[dict]) -> Optional[dict]:
                    param="text.format.type")
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    """Per-token logprobs go on ``output_text`` parts when ``include`` names :data:`LOGPROBS_INCLUDE` or
+    ``top_logprobs`` > 0 asks for alternatives (each entry: ``token``, ``logprob``, ``bytes``, ``top_logprobs``,
+    as on chat)."""
+    return LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
+
+
 def chat_body(req: ResponsesRequest) -> dict:
     """The chat-completions body that runs ``req`` (the messages are passed separately)."""
     body = {"model": req.model, "messages": [], "max_tokens": req.max_output_tokens,
@@ -190,6 +189,8 @@ def chat_body(req: ResponsesRequest) -> dict:
             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": response_format(req.text), "cache_salt": req.cache_salt, "top_k": req.top_k,
             "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs}
+    if wants_logprobs(req):
+        body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -209,22 +210,23 @@ def responses_param(param: Optional[str]) -> Optional[str]:
     return param
 
 
-def output_items(message: dict, ids: "ItemIds") -> list[dict]:
-    """A parsed assistant message as Responses output items: reasoning, message, function calls."""
+def output_items(message: dict, ids: "ItemIds", logprobs: Optional[list] = None) -> list[dict]:
+    """A parsed assistant message as Responses output items: reasoning, message, function calls.
+    ``logprobs`` (chat's per-token entries) go on the message's ``output_text`` part."""
     items = []
     if message.get("reasoning_content"):
         items.append({"type": "reasoning", "id": ids.new("rs"), "summary": [],
                       "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
     if message.get("content") or not message.get("tool_calls"):
-        items.append(message_item(ids.new("msg"), message.get("content") or ""))
+        items.append(message_item(ids.new("msg"), message.get("content") or "", logprobs=logprobs))
     for c in message.get("tool_calls") or []:
         items.append(call_item(ids.new("fc"), c["id"], c["function"]["name"], c["function"]["arguments"]))
     return items
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+def message_item(item_id: str, text: str, status: str = "completed", logprobs: Optional[list] = None) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
