@@ -125,7 +125,9 @@ def test_any_of_keeps_the_parent(env, backend):
                       "oneOf": [{"properties": {"k": {"const": "a"}}}, {"properties": {"k": {"const": "b"}}}]})
     how = _refused_or_enforced(env, backend, one, ['{"k":"a","z":1}', '{"k":"c"}', '{}'],
                                ['{"k":"a"}', '{"k":"b","v":2}'], "oneOf")
-    assert how == "enforced"
+    # distributed, the branches are disjoint by the required k's const; llguidance does not look that far and
+    # refuses the oneOf by name ("oneOf constraints are not supported")
+    assert how == ("refused" if backend == "llguidance" else "enforced")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

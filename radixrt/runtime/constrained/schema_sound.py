@@ -175,6 +175,19 @@ def distribute(root: dict, node: dict, backend: str, path: list[str]) -> None:
         return  # another combinator among ``rest`` is now inside each branch, distributed when reached
 
 
+def _values(sub: Any) -> set[str] | None:
+    """The values (as ``repr``) that ``sub``'s ``const``/``enum`` allow, looking into an ``allOf`` not merged yet
+    (a property both the parent and a distributed branch declare), or None when nothing limits them."""
+    if not isinstance(sub, dict):
+        return None
+    out = None
+    for part in [sub] + [p for p in sub.get("allOf") or [] if isinstance(p, dict)]:
+        vals = [part["const"]] if "const" in part else part.get("enum")
+        if isinstance(vals, list):
+            out = {repr(v) for v in vals} if out is None else out & {repr(v) for v in vals}
+    return out
+
+
 def _disjoint(branches: list) -> bool:
     """True when no instance can match two of ``branches`` (by type, or by a required discriminator)."""
     if not all(isinstance(b, dict) for b in branches):
@@ -187,13 +200,10 @@ def _disjoint(branches: list) -> bool:
     for key in (branches[0].get("properties") or {}):
         values = []
         for b in branches:
-            sub = (b.get("properties") or {}).get(key)
-            if key not in (b.get("required") or []) or not isinstance(sub, dict):
+            vals = _values((b.get("properties") or {}).get(key))
+            if key not in (b.get("required") or []) or vals is None:
                 break
-            vals = [sub["const"]] if "const" in sub else sub.get("enum")
-            if not isinstance(vals, list):
-                break
-            values.append({repr(v) for v in vals})
+            values.append(vals)
         else:
             if all(not (values[i] & values[j]) for i in range(len(values)) for j in range(i)):
                 return True
