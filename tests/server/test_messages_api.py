@@ -71,7 +71,24 @@ BAD = [({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         "tools[0]"),
        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "sometimes"}}, "tool_choice"),
        ({"messages": []}, "messages"),
-       ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "max_tokens")]
+       ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "max_tokens"),
+       # chat-path errors named as the Messages request names the field
+       ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {"type": "bad"}}]},
+        "tools[0].input_schema"),
+       ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "", "input_schema": {}}]}, "tools[0].name"),
+       ({"messages": [{"role": "user", "content": "x"}],
+         "output_config": {"format": {"type": "json_schema", "schema": {"type": "zz"}}}}, "output_config.format.schema"),
+       # Anthropic's own rules
+       ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+       ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+       ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "tool_choice"),
+       ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "bogus"}}, "thinking.type"),
+       ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": -5}},
+        "thinking.budget_tokens"),
+       ({"messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
+       ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "1"}]}]},
+        "messages[2].content[0].tool_use_id")]
 
 
 def test_bad_input_is_400_in_anthropic_shape(srv, cl):
@@ -85,6 +102,10 @@ def test_bad_input_is_400_in_anthropic_shape(srv, cl):
         r = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},
                    headers={"x-api-key": "wrong"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        big = b'{"messages": "' + b"x" * (9 << 20) + b'"}'  # over the 8 MiB bound, with a Content-Length
+        r = h.post("/v1/messages", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "request_too_large", r.text
     with pytest.raises(anthropic.BadRequestError):
         cl.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "robot", "content": "x"}])
     r = cl.messages.create(model=MODEL, max_tokens=8, system="You are terse.",

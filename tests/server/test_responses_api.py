@@ -50,6 +50,15 @@ def test_tool_call_and_previous_response_id(oai):
         prev = r.usage.input_tokens + r.usage.output_tokens
         assert r2.usage.input_tokens_details.cached_tokens == (prev - 1) // 16 * 16
         assert [(o.type, o.arguments) for o in r2.output] == [("function_call", '{"city":"Paris"}')]
+        items = oai.responses.input_items.list(r2.id, order="asc").data
+        assert [(i.type, i.call_id, i.output) for i in items] == [
+            ("function_call_output", call.call_id, '{"temp_c": 21}')]
+        first = oai.responses.input_items.list(r.id).data
+        assert [(i.type, i.role, i.content[0].type, i.content[0].text) for i in first] == [
+            ("message", "user", "input_text", "What is the weather in Paris?")]
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.responses.cancel(r.id)  # foreground responses are finished when stored
+        assert e.value.body["param"] == "response_id"
     finally:
         oai.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
@@ -130,6 +139,9 @@ BAD = [({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
        ({"input": "x", "background": True}, "background"),
        ({"input": "x", "temperature": "hot"}, "temperature"),
+       ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+       ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata.k"),
+       ({"input": "x", "metadata": {"k": 5}}, "metadata.k"),
        ({}, "input")]
 
 
@@ -141,6 +153,8 @@ def test_bad_input_is_400_naming_the_field(srv, oai):
             err = r.json()["error"]
             assert err["param"] == param and err["type"] == "invalid_request_error", (body, err)
         assert h.get("/v1/responses/resp_nope").status_code == 404
+        assert h.get("/v1/responses/resp_nope/input_items").status_code == 404
+        assert h.post("/v1/responses/resp_nope/cancel").status_code == 404
     assert oai.responses.create(model=MODEL, input="Say hi", instructions="You are terse.", store=False,
                                 temperature=0, max_output_tokens=8).output_text == OUT_HI
 

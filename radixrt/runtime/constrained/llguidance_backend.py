@@ -83,6 +83,16 @@ def _all_of_parts(schema) -> set[int]:
     return seen
 
 
+def _first_step_ok(m: llg.LLMatcher, vocab_size: int) -> bool:
+    """False when the grammar is a dead end from the start: its first mask leaves llguidance in its error
+    state (an empty regex such as ``[^\\s\\S]``, a rule that only recurses). Costs one mask (microseconds)."""
+    if m.is_accepting():
+        return True
+    row = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+    m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+    return not m.is_error()
+
+
 class LLGuidanceMatcher(RowMatcher):
     """Wraps ``llguidance.LLMatcher``. Not thread-safe (one thread at a time; the batched fill in
     :mod:`.mask_fill` hands matchers to llguidance's executor only while no other call runs)."""
@@ -110,6 +120,13 @@ class LLGuidanceMatcher(RowMatcher):
 
     def can_terminate(self) -> bool:
         return self._terminated or bool(self.ll.is_accepting())
+
+    def dead_end(self) -> str | None:
+        """llguidance's error once its parser has no way on (its mask then allows only EOS, which must not
+        read as a proper end)."""
+        if self._terminated or not self.ll.is_error():
+            return None
+        return self.ll.get_error() or "no token can continue the grammar"
 
     def rollback(self, n: int) -> None:
         if n < 0:
@@ -183,6 +200,8 @@ class LLGuidanceBackend(GrammarBackend):
             proto = None if err else llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
             if proto is not None and proto.is_error():
                 err = proto.get_error()
+            elif proto is not None and not _first_step_ok(proto.deep_copy(), self.vocab_size):
+                err = "the grammar accepts no string (no first token can start a match)"
         except BaseException as e:  # ValueError from our converters, GbnfToLarkError, pyo3 panics
             reraise_fatal(e)
             err = f"{type(e).__name__}: {e}"

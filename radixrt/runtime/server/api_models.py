@@ -155,7 +155,8 @@ class GenerateOutput(_Out):
 
 
 class AbortRequest(BaseModel):
-    rid: str
+    rid: Optional[str] = None
+    abort_all: bool = False  # every request in flight (SGLang's field); excludes rid
 
 
 class OpenSessionRequest(BaseModel):
@@ -196,6 +197,9 @@ class ServerInfo(_Out):
     process_ids: dict[str, int] = Field(default_factory=dict)
     restarts: dict[str, int] = Field(default_factory=dict, description=(
         "children restarted since start, by the process that died: scheduler, detokenizer, tp_rank"))
+    num_in_flight: int = Field(0, description=(
+        "requests admitted by the main process and not yet finished (bounded by --max-running-requests + "
+        "--max-queued-requests; the SIGTERM drain waits for them)"))
     memory: dict[str, Any] = Field(default_factory=dict, description=(
         "bytes: weight_bytes (as held), kv_pool_bytes, the scheduler's rss_bytes and peak_rss_bytes, and "
         "peak_rss_by_process (each server process, and their total); kv_dtype, the KV pool's element type "

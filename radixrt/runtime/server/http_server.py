@@ -61,7 +61,7 @@ class AuthMiddleware:
                 scheme, key, got = b"bearer", x_key, x_key
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.expected):
                 msg = ("Incorrect API key provided." if got else
-                       "Missing API key: send the header 'Authorization: Bearer <key>'.")
+                       "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>').")
                 resp = error_response(scope["path"], error_body(msg, None, "invalid_request_error", "invalid_api_key"),
                                       401, headers={"WWW-Authenticate": "Bearer"})
                 await resp(scope, receive, send)

@@ -16,10 +16,12 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.responses import Response
 
 from radixrt.runtime.server.anthropic.protocol import (MessagesRequest, chat_body, chat_messages, check_refused,
-                                                       content_blocks, new_msg_id, stop_reason, tool_id, usage)
+                                                       content_blocks, messages_param, new_msg_id, stop_reason,
+                                                       tool_id, usage)
 from radixrt.runtime.server.api_models import doc
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.http.body import parse_model
+from radixrt.runtime.server.http.fields import renamed
 from radixrt.runtime.server.http.errors import ApiError, validation_error
 from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
 from radixrt.runtime.server.openai.chat import ChatRun, run_chat
@@ -41,9 +43,11 @@ async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesReques
     cbody = chat_body(req)
     try:
         chat_req = ChatCompletionRequest.model_validate(cbody)
+        return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)
     except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
-    return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)
+        raise renamed(validation_error(e.errors()), messages_param) from None
+    except ApiError as e:
+        raise renamed(e, messages_param) from None
 
 
 @router.post("/v1/messages/count_tokens", **doc(request=MessagesRequest, errors=()))  # Anthropic error bodies

@@ -1,7 +1,7 @@
 """Field checks shared by the request protocols (Responses, Messages): refused fields and text-only content."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from radixrt.runtime.server.http.errors import ApiError
 
@@ -33,3 +33,14 @@ def text_of_parts(content: Any, where: str, kinds: tuple[str, ...], sep: str, no
                            param=f"{where}[{j}]")
         out.append(p["text"])
     return sep.join(out)
+
+
+def renamed(e: ApiError, rename: Callable[[str], str]) -> ApiError:
+    """``e`` (raised by the chat path a route runs on) with its ``param`` as the route's request names that
+    field, in the message too; ``rename`` maps a chat field path to the route's."""
+    if e.param:
+        p = rename(e.param)
+        if p != e.param:
+            e.message = e.message.replace(e.param, p, 1)
+            e.param = p
+    return e

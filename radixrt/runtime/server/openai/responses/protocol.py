@@ -75,6 +75,24 @@ def _text(content: Any, where: str) -> str:
     return text_of_parts(content, where, TEXT_PARTS, "", "text parts (input_text, output_text)")
 
 
+_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(inp: Union[str, list, None], ids: "ItemIds") -> list[dict]:
+    """``input`` (already checked by :func:`input_messages`) as the items ``input_items.list`` returns: a
+    string as one user message, message contents as ``input_text`` parts, an id on every item."""
+    out = []
+    for it in ([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or []):
+        item = dict(it)
+        typ = item.setdefault("type", "message")
+        if typ == "message" and isinstance(item.get("content"), str):
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("id", ids.new(_ITEM_PREFIX.get(typ, "item")))
+        out.append(item)
+    return out
+
+
 def input_messages(inp: Union[str, list, None]) -> list[dict]:
     """``input`` as template-ready chat messages: messages by role, ``function_call`` items as the
     assistant's ``tool_calls`` (joined to the assistant message before them, the turn they came from),
@@ -182,8 +200,24 @@ def wants_logprobs(req: ResponsesRequest) -> bool:
     return LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
 
 
+def check_metadata(metadata: Optional[dict]) -> None:
+    """OpenAI's limits on ``metadata`` (it is stored with the response): at most 16 pairs, keys of at most 64
+    characters, string values of at most 512. Raises ApiError 400 naming ``metadata`` or ``metadata.<key>``."""
+    if metadata is None:
+        return
+    if len(metadata) > 16:
+        raise ApiError(f"metadata holds {len(metadata)} pairs; at most 16", param="metadata")
+    for k, v in metadata.items():
+        if len(k) > 64:
+            raise ApiError(f"metadata keys are at most 64 characters, got {len(k)}", param="metadata")
+        if not isinstance(v, str) or len(v) > 512:
+            raise ApiError("metadata values are strings of at most 512 characters", param=f"metadata.{k}")
+
+
 def chat_body(req: ResponsesRequest) -> dict:
-    """The chat-completions body that runs ``req`` (the messages are passed separately)."""
+    """The chat-completions body that runs ``req`` (the messages are passed separately). Raises ApiError 400
+    for ``metadata`` beyond OpenAI's limits."""
+    check_metadata(req.metadata)
     body = {"model": req.model, "messages": [], "max_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": chat_tools(req.tools),
             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
