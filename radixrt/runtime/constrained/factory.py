@@ -38,15 +38,3 @@ def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> Gr
         return OutlinesBackend(tokenizer, vocab_size, **kwargs)
     raise ValueError(f"grammar_backend: unknown grammar backend {name!r}; choose one of {list(BACKEND_CHOICES)}")
 
-
-def make_grammar_cache(name: str | None, tokenizer, vocab_size: int):
-    """The compiled-grammar cache (:class:`~.cache.GrammarCache`) of backend ``name``; None for ``"none"``.
-    Shared by the scheduler and the server's main process (which compiles each request's grammar first).
-
-    Raises:
-        ValueError: unknown ``name``.
-    """
-    from .cache import GrammarCache
-
-    backend = create_backend(name, tokenizer, vocab_size)
-    return None if backend is None else GrammarCache(backend)
