@@ -81,7 +81,9 @@ class Speculator:
         if k <= 0:
             return []
         draft = self.drafter.propose(req)[:k]
-        return grammar_prefix(req.grammar, draft) if draft and req.grammar is not None else draft
+        if draft and req.grammar is not None:
+            return grammar_prefix(req.grammar, draft, self.outputs.eos_ids | set(req.params.stop_token_ids))
+        return draft
 
     # ---- verification ------------------------------------------------------------------------------
     def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
@@ -144,21 +146,25 @@ class Speculator:
                 "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0}
 
 
-def grammar_prefix(matcher, draft: list[int]) -> list[int]:
+def grammar_prefix(matcher, draft: list[int], end_ids: set[int] = frozenset()) -> list[int]:
     """The longest prefix of ``draft`` the grammar accepts from its current state (the matcher is rolled
-    back to where it was). Matchers without ``rollback`` (the reasoning gate) keep the whole draft: the
-    verification samples under the grammar mask, so an illegal draft token is rejected there anyway."""
+    back to where it was). An end token (``end_ids``: EOS, stop ids) ends the prefix unchecked: it finishes
+    the request, the verification's mask decides whether it is legal, and it is never fed to the matcher here,
+    because llguidance does not count an EOS that follows a completed grammar in its rollback history.
+    Matchers without ``rollback`` (the reasoning gate) keep the whole draft: the verification samples under
+    the grammar mask, so an illegal draft token is rejected there anyway."""
     if getattr(type(matcher), "rollback", GrammarMatcher.rollback) is GrammarMatcher.rollback:
         return draft
     if matcher.is_terminated():
         return []
-    n = 0
+    n = keep = 0
     for t in draft:
+        if t in end_ids:
+            keep = n + 1
+            break
         if not matcher.accept_token(t):
             break
         n += 1
-        if matcher.is_terminated():
-            break
     if n:
         matcher.rollback(n)
-    return draft[:n]
+    return draft[: max(n, keep)]
