@@ -86,9 +86,8 @@ class ServerProc:
         except PermissionError:
             return True
 
-    def stop(self, timeout: float = 45) -> int:
+    def stop(self, timeout: float = 30) -> int:
         """SIGTERM the server; returns its exit status. Raises if anything of its process group survives."""
-        # 45 s: the drain on SIGTERM waits up to --drain-timeout (30 s) for a request still counted in flight
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:

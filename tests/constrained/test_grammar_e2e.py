@@ -322,6 +322,19 @@ def test_bad_specs_rejected_before_queueing(engine):
             engine.generate("x", {**sp, "max_new_tokens": 4})
 
 
+def test_grammars_that_accept_nothing(engine):
+    """An empty regex or a rule that only recurses is refused at compile time naming the field; a grammar that
+    dead-ends only later (llguidance's lexer limit on ``a{1000000}``) ends the request as an abort naming the
+    grammar, never as a proper ``stop`` after an EOS the dead end allowed."""
+    for sp, field in (({"regex": "[^\\s\\S]"}, "regex"), ({"ebnf": "root ::= root"}, "ebnf"),
+                      ({"ebnf": "root ::= a\na ::= root"}, "ebnf")):
+        with pytest.raises(ValueError, match=f"{field}: the grammar accepts no string"):
+            engine.generate("x", {**sp, "max_new_tokens": 4})
+    out = engine.generate("Hi", {"regex": "a{1000000}", "max_new_tokens": 8, "temperature": 0})
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and "grammar: the output cannot be completed" in reason["message"], out
+
+
 # ---- termination ---------------------------------------------------------------------------------------------
 def test_termination_and_no_whitespace_loops(any_engine):
     """A grammar that is complete ends the request (finish_reason stop) even with a huge max_new_tokens, and

@@ -79,3 +79,40 @@ def test_drain_timeout_aborts_the_rest():
     finally:
         server.kill()
     assert "drain timeout (0.5 s): aborting 1 requests" in server.logs()
+
+
+def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
+    """A 400 found while sending (a seed beyond 64 bits: msgpack refuses it) once left its rid counted in
+    flight forever, so the drain waited its whole --drain-timeout (30 s). Calls aborted right after sending
+    (a constrained one whose grammar may still compile, a plain stream) must not leave one either."""
+    import concurrent.futures
+    server = start_server()  # --drain-timeout 30 (the default)
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 61}}, "required": ["s"]}
+    try:
+        with server.client() as c:
+            for _ in range(2):  # twice with the same rid: the first must not hold it
+                r = c.post("/generate", json={"text": PROMPT, "rid": "big-seed",
+                                              "sampling_params": {"max_new_tokens": 1, "seed": 2 ** 64}})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                for i, delay in enumerate((0.0, 0.01, 0.05)):
+                    rid = f"early-{i}"
+                    fut = pool.submit(c.post, "/generate", json={"text": PROMPT, "rid": rid, "sampling_params": {
+                        "max_new_tokens": 64, "json_schema": schema}})
+                    time.sleep(delay)
+                    assert c.post("/abort_request", json={"rid": rid}).json() == {"success": True}
+                    out = fut.result().json()
+                    assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 64
+            with c.stream("POST", "/generate", json={"text": PROMPT, "stream": True, "rid": "stream-early",
+                                                      "sampling_params": {"max_new_tokens": 200}}):
+                assert c.post("/abort_request", json={"rid": "stream-early"}).json() == {"success": True}
+            server.wait_idle()
+            info = c.get("/get_server_info").json()
+            assert (info["num_in_flight"], info["num_running"], info["num_waiting"]) == (0, 0, 0), info
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=25) == 0
+        assert time.monotonic() - t0 < 5, time.monotonic() - t0
+    finally:
+        server.kill()
+    assert "draining" not in server.logs()

@@ -8,7 +8,7 @@ import anthropic
 import httpx
 import pytest
 
-from server_util import start_server
+from server_fixtures import server_fixtures
 
 MODEL = "SmolLM2-135M-Instruct"
 KEY = "sk-anthropic-test"
@@ -20,22 +20,7 @@ ONE_CALL = {"type": "any", "disable_parallel_tool_use": True}
 HI, HI_TOKENS = "I'm here to help with any kind", 21  # "Say hi" after "You are terse.", 8 tokens
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = start_server("--context-length", "1024", api_key=KEY)
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.fixture(autouse=True)
-def _pool(srv):
-    yield
-    srv.wait_idle()
-
-
-@pytest.fixture(scope="module")
-def cl(srv):
-    return anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0, timeout=300)
+srv, _idle, cl = server_fixtures("--context-length", "1024", api_key=KEY, client="anthropic")
 
 
 def test_text_and_stop_sequences(cl):
@@ -86,7 +71,24 @@ BAD = [({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         "tools[0]"),
        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "sometimes"}}, "tool_choice"),
        ({"messages": []}, "messages"),
-       ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "max_tokens")]
+       ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "max_tokens"),
+       # chat-path errors named as the Messages request names the field
+       ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": {"type": "bad"}}]},
+        "tools[0].input_schema"),
+       ({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "", "input_schema": {}}]}, "tools[0].name"),
+       ({"messages": [{"role": "user", "content": "x"}],
+         "output_config": {"format": {"type": "json_schema", "schema": {"type": "zz"}}}}, "output_config.format.schema"),
+       # Anthropic's own rules
+       ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+       ({"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
+       ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "tool_choice"),
+       ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "bogus"}}, "thinking.type"),
+       ({"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": -5}},
+        "thinking.budget_tokens"),
+       ({"messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
+       ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "1"}]}]},
+        "messages[2].content[0].tool_use_id")]
 
 
 def test_bad_input_is_400_in_anthropic_shape(srv, cl):
@@ -100,6 +102,10 @@ def test_bad_input_is_400_in_anthropic_shape(srv, cl):
         r = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},
                    headers={"x-api-key": "wrong"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        big = b'{"messages": "' + b"x" * (9 << 20) + b'"}'  # over the 8 MiB bound, with a Content-Length
+        r = h.post("/v1/messages", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "request_too_large", r.text
     with pytest.raises(anthropic.BadRequestError):
         cl.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "robot", "content": "x"}])
     r = cl.messages.create(model=MODEL, max_tokens=8, system="You are terse.",

@@ -11,9 +11,11 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance
 
 ROUTES = {"/health", "/health_generate", "/get_model_info", "/get_server_info", "/flush_cache", "/abort_request",
           "/generate", "/v1/models", "/v1/models/{model_id}", "/v1/chat/completions", "/v1/completions",
-          "/open_session", "/close_session", "/dashboard", "/cache_tree"}
+          "/open_session", "/close_session", "/dashboard", "/cache_tree", "/v1/responses",
+          "/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items",
+          "/v1/responses/{response_id}/cancel", "/v1/messages", "/v1/messages/count_tokens"}
 WITH_INPUT = {"/abort_request", "/generate", "/v1/chat/completions", "/v1/completions", "/open_session",
-              "/close_session"}  # invalid inputs exist
+              "/close_session", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}  # invalid inputs exist
 EXAMPLES_PER_ROUTE = 12
 MAX_TOKENS = 2
 
@@ -36,18 +38,19 @@ def test_openapi_and_docs_describe_every_route(api_server):
         for method, op in ops.items():
             ok = op["responses"]["200"]["content"]
             assert ok, (path, method)
-            if method == "post" and path != "/flush_cache":
+            if method == "post" and path not in ("/flush_cache", "/v1/responses/{response_id}/cancel"):
                 ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
                 assert ref.split("/")[-1] in schemas, (path, ref)
     assert {"ChatCompletionRequest", "CompletionRequest", "GenerateRequest", "ChatCompletionResponse",
-            "CompletionResponse", "GenerateOutput", "ErrorResponse", "SamplingParamsBody"} <= set(schemas)
+            "CompletionResponse", "GenerateOutput", "ErrorResponse", "SamplingParamsBody", "ResponsesRequest",
+            "MessagesRequest"} <= set(schemas)
 
 
 def _small(body) -> None:
     """Keep generation to MAX_TOKENS tokens and n <= 2, so each case costs a few steps."""
     if not isinstance(body, dict):
         return
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if not isinstance(body.get(key), int) or body[key] > MAX_TOKENS:
             body[key] = MAX_TOKENS
     if isinstance(body.get("n"), int) and body["n"] > 2:
@@ -69,7 +72,7 @@ def _fuzz_one(api_server, op, mode) -> int:
     @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate])
     def run(case):
-        if case.path in ("/v1/chat/completions", "/v1/completions", "/generate"):
+        if case.path in ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses", "/v1/messages"):
             _small(case.body)
         response = case.call(base_url=api_server.url, timeout=120)
         case.validate_response(response, checks=[not_a_server_error, response_schema_conformance])

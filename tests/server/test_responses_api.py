@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_util import start_server
+from server_fixtures import server_fixtures
 
 MODEL = "SmolLM2-135M-Instruct"
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
@@ -21,22 +21,7 @@ GREEDY = {"temperature": 0, "max_output_tokens": 40}
 OUT_HI, HI_TOKENS = "I'm here to help with any kind", 21  # "Say hi" after "You are terse.", 8 tokens
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = start_server("--context-length", "1024")
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.fixture(autouse=True)
-def _pool(srv):
-    yield
-    srv.wait_idle()
-
-
-@pytest.fixture(scope="module")
-def oai(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+srv, _idle, oai = server_fixtures("--context-length", "1024")
 
 
 def test_text_response(oai):
@@ -65,11 +50,49 @@ def test_tool_call_and_previous_response_id(oai):
         prev = r.usage.input_tokens + r.usage.output_tokens
         assert r2.usage.input_tokens_details.cached_tokens == (prev - 1) // 16 * 16
         assert [(o.type, o.arguments) for o in r2.output] == [("function_call", '{"city":"Paris"}')]
+        items = oai.responses.input_items.list(r2.id, order="asc").data
+        assert [(i.type, i.call_id, i.output) for i in items] == [
+            ("function_call_output", call.call_id, '{"temp_c": 21}')]
+        first = oai.responses.input_items.list(r.id).data
+        assert [(i.type, i.role, i.content[0].type, i.content[0].text) for i in first] == [
+            ("message", "user", "input_text", "What is the weather in Paris?")]
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.responses.cancel(r.id)  # foreground responses are finished when stored
+        assert e.value.body["param"] == "response_id"
     finally:
         oai.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         oai.responses.retrieve(r.id)
     oai.responses.delete(r2.id)
+
+
+def test_logprobs_on_output_text(oai):
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` 2: one entry per output token whose
+    texts make the output text; greedy, so each token is its own first alternative; streamed the same."""
+    kw = dict(model=MODEL, input="Say hi", instructions="You are terse.", store=False, temperature=0,
+              max_output_tokens=8, include=["message.output_text.logprobs"], top_logprobs=2)
+    part = oai.responses.create(**kw).output[0].content[0]
+    lps = [e.model_dump() for e in part.logprobs]
+    assert part.text == OUT_HI and len(lps) == 8 and "".join(e["token"] for e in lps) == OUT_HI
+    for e in lps:
+        assert len(e["top_logprobs"]) == 2 and e["logprob"] <= 0
+        assert (e["top_logprobs"][0]["token"], e["top_logprobs"][0]["logprob"]) == (e["token"], e["logprob"])
+        assert bytes(e["bytes"]).decode() == e["token"]
+    streamed, last = [], None
+    with oai.responses.stream(**kw) as st:
+        for ev in st:
+            if ev.type == "response.output_text.delta":
+                streamed += [e.model_dump() for e in ev.logprobs]
+            last = ev
+    final = last.response.output[0].content[0]  # response.incomplete: cut by max_output_tokens
+    assert [e["token"] for e in streamed] == [e["token"] for e in lps]
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in lps], abs=1e-5)
+    assert len(final.logprobs) == 8
+    plain = oai.responses.create(**{k: v for k, v in kw.items() if k not in ("include", "top_logprobs")})
+    assert plain.output[0].content[0].logprobs == []
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(**{**kw, "top_logprobs": 21})
+    assert e.value.body["param"] == "top_logprobs"
 
 
 def test_stream_events(oai):
@@ -116,6 +139,9 @@ BAD = [({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
        ({"input": "x", "background": True}, "background"),
        ({"input": "x", "temperature": "hot"}, "temperature"),
+       ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+       ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata.k"),
+       ({"input": "x", "metadata": {"k": 5}}, "metadata.k"),
        ({}, "input")]
 
 
@@ -127,6 +153,8 @@ def test_bad_input_is_400_naming_the_field(srv, oai):
             err = r.json()["error"]
             assert err["param"] == param and err["type"] == "invalid_request_error", (body, err)
         assert h.get("/v1/responses/resp_nope").status_code == 404
+        assert h.get("/v1/responses/resp_nope/input_items").status_code == 404
+        assert h.post("/v1/responses/resp_nope/cancel").status_code == 404
     assert oai.responses.create(model=MODEL, input="Say hi", instructions="You are terse.", store=False,
                                 temperature=0, max_output_tokens=8).output_text == OUT_HI
 

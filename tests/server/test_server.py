@@ -643,6 +643,18 @@ def test_abort_request_route(http, server):
         out = fut.result().json()
     # llguidance compiles in milliseconds, so a token or two may come before the abort lands: it is kept all the same
     assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 64
+    # SGLang's abort_all: every request in flight ends as an abort
+    long = {"text": FRANCE, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY}}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futs = [pool.submit(http.post, "/generate", json={**long, "rid": f"all-{i}"}) for i in range(3)]
+        time.sleep(0.5)
+        assert http.post("/abort_request", json={"abort_all": True}).json() == {"success": True}
+        outs = [f.result().json() for f in futs]
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
+    assert all(len(o["output_ids"]) < 200 for o in outs)
+    for body, param in (({"abort_all": "yes"}, "abort_all"), ({}, "rid"), ({"rid": "x", "abort_all": True}, "abort_all")):
+        r = http.post("/abort_request", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_64_concurrent_streams(server, http):

@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from server_util import start_server
+from server_fixtures import server_fixtures
 
 MODEL = "SmolLM2-135M-Instruct"
 P = 16
@@ -34,22 +34,7 @@ def reserialize(args: str) -> str:
     return json.dumps(json.loads(args))  # what most agent frameworks send back: '{"city": "Paris"}'
 
 
-@pytest.fixture(scope="module")
-def srv():
-    s = start_server("--context-length", "1024", "--grammar-backend", "xgrammar")  # outputs pinned under xgrammar
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.fixture(autouse=True)
-def _pool(srv):
-    yield
-    srv.wait_idle()
-
-
-@pytest.fixture(scope="module")
-def oai(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+srv, _idle, oai = server_fixtures("--context-length", "1024", "--grammar-backend", "xgrammar")  # outputs pinned under xgrammar
 
 
 def check_steps(steps: list[tuple[int, int, int]]) -> None:

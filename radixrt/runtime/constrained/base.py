@@ -56,6 +56,12 @@ class GrammarMatcher(ABC):
         """True if the text accepted so far is a complete match (EOS is allowed now)."""
         raise NotImplementedError(f"{type(self).__name__} cannot tell whether it can terminate")
 
+    def dead_end(self) -> str | None:
+        """Why no token can extend the text accepted so far toward a match (a grammar that accepts no string,
+        or a limit of the backend hit on the way), or None while generation can go on or end properly.
+        Backends whose masks never reach a dead end keep the default (None)."""
+        return None
+
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens (an accepted EOS counts as one).
 

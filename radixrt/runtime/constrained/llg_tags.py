@@ -20,6 +20,18 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False) if text else ""
 
 
+def lowers_to_lark(text: str) -> bool:
+    """True when :func:`structural_tag_lark` lowers the spec: a ``triggered_tags`` format whose tags all hold
+    ``json_schema`` content (the tool-call shape). False for any other format, or a spec that does not parse."""
+    try:
+        fmt = json.loads(normalize_structural_tag(text))["format"]
+    except (ValueError, TypeError, KeyError):
+        return False
+    tags = fmt.get("tags") if isinstance(fmt, dict) and fmt.get("type") == "triggered_tags" else None
+    return isinstance(tags, list) and all(isinstance(t, dict) and isinstance(t.get("content"), dict)
+                                          and t["content"].get("type") == "json_schema" for t in tags)
+
+
 def structural_tag_lark(text: str) -> str:
     """The Lark grammar for a structural-tag spec (JSON text).
 

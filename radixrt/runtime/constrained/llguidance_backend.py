@@ -25,7 +25,8 @@ import torch
 
 from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
                    fill_single_token, reraise_fatal)
-from .llg_tags import structural_tag_lark
+from .json_pointer import split_pointer
+from .llg_tags import lowers_to_lark, structural_tag_lark
 from .schema_prep import _children, rewrite_local_refs
 
 
@@ -40,16 +41,57 @@ def json_options(any_whitespace: bool) -> dict:
 def strict(schema) -> None:
     """xgrammar's strict mode, in place: an object with ``properties`` and no word on extra keys gets
     ``additionalProperties: false`` (a subset of the schema, so still sound; generations keep to the declared
-    keys instead of inventing more)."""
+    keys instead of inventing more).
+
+    Parts of an ``allOf`` (and the local ``$ref`` targets they name) and a node holding an ``allOf`` are left
+    open: ``additionalProperties`` only sees its own object's ``properties``, so closing one part would forbid
+    the keys another part requires and make the intersection unsatisfiable.
+    """
+    open_ids = _all_of_parts(schema)
     stack = [schema]
     while stack:
         node = stack.pop()
         if not isinstance(node, dict):
             continue
-        if isinstance(node.get("properties"), dict) and not any(
+        if isinstance(node.get("properties"), dict) and id(node) not in open_ids and "allOf" not in node and not any(
                 k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
             node["additionalProperties"] = False
         stack.extend(sub for _, sub in _children(node))
+
+
+def _all_of_parts(schema) -> set[int]:
+    """ids of every ``allOf`` part of ``schema`` and of the local ``$ref`` targets they lead to (transitively)."""
+    parts, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("allOf"), list):
+                parts.extend(p for p in node["allOf"] if isinstance(p, dict))
+            stack.extend(sub for _, sub in _children(node))
+    seen: set[int] = set()
+    while parts:
+        part = parts.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        ref = part.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            target = schema
+            for key in split_pointer(ref[1:]):
+                target = target.get(key) if isinstance(target, dict) else None
+            if isinstance(target, dict):
+                parts.append(target)
+    return seen
+
+
+def _first_step_ok(m: llg.LLMatcher, vocab_size: int) -> bool:
+    """False when the grammar is a dead end from the start: its first mask leaves llguidance in its error
+    state (an empty regex such as ``[^\\s\\S]``, a rule that only recurses). Costs one mask (microseconds)."""
+    if m.is_accepting():
+        return True
+    row = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+    m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+    return not m.is_error()
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -93,6 +135,13 @@ class LLGuidanceMatcher(GrammarMatcher):
     def can_terminate(self) -> bool:
         return self._terminated or bool(self.ll.is_accepting())
 
+    def dead_end(self) -> str | None:
+        """llguidance's error once its parser has no way on (its mask then allows only EOS, which must not
+        read as a proper end)."""
+        if self._terminated or not self.ll.is_error():
+            return None
+        return self.ll.get_error() or "no token can continue the grammar"
+
     def rollback(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"rollback: n must be >= 0, got {n}")
@@ -133,6 +182,7 @@ class LLGuidanceBackend(GrammarBackend):
     def __init__(self, tokenizer, vocab_size: int, *, eos_token_id: int | None = None):
         self.vocab_size = int(vocab_size)
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
+        self._tokenizer, self._xgrammar = tokenizer, None
         self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
                                                          eos_token=self.eos_token_id)
 
@@ -156,12 +206,16 @@ class LLGuidanceBackend(GrammarBackend):
     def compile(self, kind: str, spec: str, any_whitespace: bool = False) -> LLGuidanceCompiled:
         """See :meth:`GrammarBackend.compile`. Raises ValueError("llguidance: cannot compile <kind>: ...")."""
         text = checked_spec(self.name, kind, spec)
+        if kind == "structural_tag" and not lowers_to_lark(text):
+            return self._xgrammar_backend().compile(kind, spec, any_whitespace)
         try:
             grammar = self.grammar_text(kind, text, any_whitespace)
             err = llg.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
             proto = None if err else llg.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
             if proto is not None and proto.is_error():
                 err = proto.get_error()
+            elif proto is not None and not _first_step_ok(proto.deep_copy(), self.vocab_size):
+                err = "the grammar accepts no string (no first token can start a match)"
         except BaseException as e:  # ValueError from our converters, GbnfToLarkError, pyo3 panics
             reraise_fatal(e)
             err = f"{type(e).__name__}: {e}"
@@ -169,3 +223,13 @@ class LLGuidanceBackend(GrammarBackend):
             msg = err.strip()
             raise compile_error(self.name, kind, msg[:500] + ("..." if len(msg) > 500 else "")) from None
         return LLGuidanceCompiled(kind, grammar, proto, self.eos_token_id)
+
+    def _xgrammar_backend(self) -> GrammarBackend:
+        """xgrammar, for the structural-tag formats :mod:`.llg_tags` does not lower (``const_string``,
+        ``sequence``, ``or``, ``any_text``, ``grammar``, ...): xgrammar defines that format language, so it
+        compiles them as written. Built on first use (its tokenizer info costs about a second)."""
+        if self._xgrammar is None:
+            from .xgrammar_backend import XGrammarBackend
+
+            self._xgrammar = XGrammarBackend(self._tokenizer, self.vocab_size, stop_token_ids=[self.eos_token_id])
+        return self._xgrammar

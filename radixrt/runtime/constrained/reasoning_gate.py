@@ -45,3 +45,6 @@ class ReasoningGate(GrammarMatcher):
 
     def can_terminate(self) -> bool:
         return self.open and self.inner.can_terminate()
+
+    def dead_end(self) -> str | None:
+        return self.inner.dead_end() if self.open else None

@@ -132,6 +132,8 @@ class OutputProcessor:
         Stop strings are searched in the decoded tail of the output, a few tokens longer than the
         longest stop string (the detokenizer trims the text at the match)."""
         p = req.params
+        if req.grammar is not None and (why := req.grammar.dead_end()) is not None:
+            return {"type": "abort", "message": f"grammar: the output cannot be completed: {why}"}
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
             return {"type": "stop", "matched": tok}
         if req.grammar is not None and req.grammar.is_terminated():

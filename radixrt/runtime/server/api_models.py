@@ -155,7 +155,8 @@ class GenerateOutput(_Out):
 
 
 class AbortRequest(BaseModel):
-    rid: str
+    rid: Optional[str] = None
+    abort_all: bool = False  # every request in flight (SGLang's field); excludes rid
 
 
 class OpenSessionRequest(BaseModel):
@@ -196,6 +197,9 @@ class ServerInfo(_Out):
     process_ids: dict[str, int] = Field(default_factory=dict)
     restarts: dict[str, int] = Field(default_factory=dict, description=(
         "children restarted since start, by the process that died: scheduler, detokenizer, tp_rank"))
+    num_in_flight: int = Field(0, description=(
+        "requests admitted by the main process and not yet finished (bounded by --max-running-requests + "
+        "--max-queued-requests; the SIGTERM drain waits for them)"))
     memory: dict[str, Any] = Field(default_factory=dict, description=(
         "bytes: weight_bytes (as held), kv_pool_bytes, the scheduler's rss_bytes and peak_rss_bytes, and "
         "peak_rss_by_process (each server process, and their total); kv_dtype, the KV pool's element type "
@@ -206,7 +210,7 @@ class ServerInfo(_Out):
 # itself); the OpenAI routes' request models are openai/protocol.py's, added by http_server.
 REQUEST_MODELS = (GenerateRequest, AbortRequest, OpenSessionRequest,
                   CloseSessionRequest)
-_ERRORS = {400: "bad input", 503: "the model is loading, or a child process died"}
+_ERRORS = {400: "bad input", 404: "no such object", 503: "the model is loading, or a child process died"}
 
 
 def doc(response=None, request=None, stream: bool = False, errors=(400, 503), text: bool = False) -> dict:

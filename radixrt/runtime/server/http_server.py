@@ -36,6 +36,8 @@ from radixrt.runtime.server.http.body_limit import BodyLimit
 from radixrt.runtime.server.http.errors import add_error_handlers
 from radixrt.runtime.server.http.errors import error_body, error_response
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from radixrt.runtime.server.openai.responses.protocol import ResponsesRequest
+from radixrt.runtime.server.anthropic.protocol import MessagesRequest
 
 
 class AuthMiddleware:
@@ -59,7 +61,7 @@ class AuthMiddleware:
                 scheme, key, got = b"bearer", x_key, x_key
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.expected):
                 msg = ("Incorrect API key provided." if got else
-                       "Missing API key: send the header 'Authorization: Bearer <key>'.")
+                       "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>').")
                 resp = error_response(scope["path"], error_body(msg, None, "invalid_request_error", "invalid_api_key"),
                                       401, headers={"WWW-Authenticate": "Bearer"})
                 await resp(scope, receive, send)
@@ -91,7 +93,7 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            models = (ChatCompletionRequest, CompletionRequest) + REQUEST_MODELS
+            models = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest) + REQUEST_MODELS
             app.openapi_schema = add_request_schemas(schema, models)
         return app.openapi_schema
     app.openapi = openapi

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
@@ -48,22 +49,12 @@ class MessagesRequest(BaseModel):
 
 
 def check_refused(body: dict) -> None:
-    for k, why in REFUSED_FIELDS.items():
-        if body.get(k) not in (None, False, [], {}):
-            raise ApiError(f"{k} is not supported: {why}", param=k)
+    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
+    refuse_set_fields(body, REFUSED_FIELDS)
 
 
 def _blocks_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(f"{where} must be a string or a list of text blocks", param=where)
-    out = []
-    for j, b in enumerate(content):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            raise ApiError(f"{where}[{j}]: only text blocks are supported here", param=f"{where}[{j}]")
-        out.append(b["text"])
-    return "\n".join(out)
+    return text_of_parts(content, where, ("text",), "\n", "text blocks")
 
 
 def chat_messages(req: MessagesRequest) -> list[dict]:
@@ -75,6 +66,7 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
         msgs.append({"role": "system", "content": _blocks_text(req.system, "system")})
     if not req.messages:
         raise ApiError("messages must be a non-empty list", param="messages")
+    open_calls: set[str] = set()  # tool_use ids of the last assistant turn, which tool_result blocks answer
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
         role, content = m.get("role"), m.get("content")
@@ -82,18 +74,24 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
             raise ApiError(f"{where}.role must be 'user' or 'assistant', got {role!r}", param=f"{where}.role")
         if isinstance(content, str):
             msgs.append({"role": role, "content": content})
+            open_calls = set()
             continue
-        if not isinstance(content, list):
-            raise ApiError(f"{where}.content must be a string or a list of blocks", param=f"{where}.content")
+        if not isinstance(content, list) or not content:
+            raise ApiError(f"{where}.content must be a string or a non-empty list of blocks", param=f"{where}.content")
         texts, calls, reasoning = [], [], ""
         for j, b in enumerate(content):
             bw = f"{where}.content[{j}]"
             typ = b.get("type") if isinstance(b, dict) else None
-            if typ == "text" and isinstance(b.get("text"), str):
+            if typ == "text":
+                if not isinstance(b.get("text"), str):
+                    raise ApiError(f"{bw}.text is required (a string)", param=f"{bw}.text")
                 texts.append(b["text"])
             elif typ == "tool_result" and role == "user":
                 if not isinstance(b.get("tool_use_id"), str):
                     raise ApiError(f"{bw}.tool_use_id is required (a string)", param=f"{bw}.tool_use_id")
+                if b["tool_use_id"] not in open_calls:
+                    raise ApiError(f"{bw}.tool_use_id {b['tool_use_id']!r} matches no tool_use block of the previous "
+                                   "assistant turn", param=f"{bw}.tool_use_id")
                 c = b.get("content", "")
                 msgs.append({"role": "tool", "tool_call_id": b["tool_use_id"],
                              "content": _blocks_text(c, f"{bw}.content") if c is not None else ""})
@@ -108,6 +106,7 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
                 reasoning += b.get("thinking") or ""
             else:
                 raise ApiError(f"{bw}.type {typ!r} is not supported in a {role} turn", param=f"{bw}.type")
+        open_calls = {c["id"] for c in calls}
         if role == "assistant":
             msg: dict = {"role": role, "content": "\n".join(texts)}
             if calls:
@@ -115,7 +114,7 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
             if reasoning:
                 msg["reasoning_content"] = reasoning
             msgs.append(msg)
-        elif texts or not content:  # a user turn of tool results only adds no user message
+        elif texts:  # a user turn of tool results only adds no user message
             msgs.append({"role": role, "content": "\n".join(texts)})
     return msgs
 
@@ -145,10 +144,27 @@ def chat_tool_choice(tc: Optional[dict], has_tools: bool) -> tuple[Any, Optional
     if typ in ("auto", "none"):
         return typ, parallel
     if typ == "any":
+        if not has_tools:
+            raise ApiError("tool_choice.type 'any' needs tools", param="tool_choice")
         return "required", parallel
     if typ == "tool" and isinstance(tc.get("name"), str):
         return {"type": "function", "function": {"name": tc["name"]}}, parallel
     raise ApiError("tool_choice.type must be auto, any, tool (with a name) or none", param="tool_choice")
+
+
+def check_thinking(thinking: Optional[dict]) -> None:
+    """``thinking``: ``{"type": "enabled", "budget_tokens": >= 1024}``, ``{"type": "disabled"}`` or
+    ``{"type": "adaptive"}`` (Anthropic's shapes; the budget is not enforced here: the template decides).
+    Raises ApiError 400 naming ``thinking.type`` or ``thinking.budget_tokens``."""
+    if thinking is None:
+        return
+    typ = thinking.get("type")
+    if typ not in ("enabled", "disabled", "adaptive"):
+        raise ApiError(f"thinking.type must be 'enabled', 'disabled' or 'adaptive', got {typ!r}", param="thinking.type")
+    budget = thinking.get("budget_tokens")
+    if typ == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024):
+        raise ApiError(f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}",
+                       param="thinking.budget_tokens")
 
 
 def chat_body(req: MessagesRequest) -> dict:
@@ -162,6 +178,9 @@ def chat_body(req: MessagesRequest) -> dict:
             raise ApiError("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
                            param="output_config.format")
         rf = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    check_thinking(req.thinking)
+    if req.temperature is not None and not 0 <= req.temperature <= 1:
+        raise ApiError(f"temperature must be between 0 and 1, got {req.temperature}", param="temperature")
     kwargs = None
     if req.thinking is not None and req.thinking.get("type") == "disabled":
         kwargs = {"enable_thinking": False}  # Qwen3's switch; other templates ignore it
@@ -212,3 +231,19 @@ def usage(o) -> dict:
 
 def new_msg_id() -> str:
     return "msg_" + uuid.uuid4().hex[:24]
+
+
+# chat's field names in an error, as the Messages request names them
+CHAT_TO_MESSAGES = {"response_format.json_schema.schema": "output_config.format.schema",
+                    "response_format": "output_config.format", "stop": "stop_sequences",
+                    "max_completion_tokens": "max_tokens"}
+
+
+def messages_param(param: str) -> str:
+    """The Messages field of a chat field path (``tools[0].function.parameters`` -> ``tools[0].input_schema``)."""
+    for chat, ours in CHAT_TO_MESSAGES.items():
+        if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
+            return ours + param[len(chat):]
+    if param.startswith("tools[") and ".function" in param:
+        return param.replace(".function.parameters", ".input_schema", 1).replace(".function", "", 1)
+    return param

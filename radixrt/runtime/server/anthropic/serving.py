@@ -16,17 +16,18 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.responses import Response
 
 from radixrt.runtime.server.anthropic.protocol import (MessagesRequest, chat_body, chat_messages, check_refused,
-                                                       content_blocks, new_msg_id, stop_reason, tool_id, usage)
+                                                       content_blocks, messages_param, new_msg_id, stop_reason,
+                                                       tool_id, usage)
+from radixrt.runtime.server.api_models import doc
 from radixrt.runtime.server.context import ctx
-from radixrt.runtime.server.http.body import body_json
+from radixrt.runtime.server.http.body import parse_model
+from radixrt.runtime.server.http.fields import renamed
 from radixrt.runtime.server.http.errors import ApiError, validation_error
 from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
 from radixrt.runtime.server.openai.chat import ChatRun, run_chat
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest
 
-# not in /openapi.json yet: tests/server/test_openapi.py fuzzes every listed route from its request model,
-# and these routes have none there (docs/compatibility.md describes their fields)
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
 
 
 def event(typ: str, **data) -> bytes:
@@ -35,26 +36,21 @@ def event(typ: str, **data) -> bytes:
 
 async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesRequest, ChatRun]:
     c = ctx(request)
-    body = await body_json(request)
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    check_refused(body)
-    try:
-        req = MessagesRequest.model_validate(body)
-    except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
+    req = await parse_model(request, MessagesRequest, check_refused)
     msgs = chat_messages(req)
     if not submit_it:
         req.max_tokens = req.max_tokens or 1
     cbody = chat_body(req)
     try:
         chat_req = ChatCompletionRequest.model_validate(cbody)
+        return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)
     except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
-    return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)
+        raise renamed(validation_error(e.errors()), messages_param) from None
+    except ApiError as e:
+        raise renamed(e, messages_param) from None
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", **doc(request=MessagesRequest, errors=()))  # Anthropic error bodies
 async def count_tokens(request: Request):
     """``{"input_tokens": n}``: the prompt's tokens as ``/v1/messages`` would render it (turns continued
     from earlier outputs count as their generated ids)."""
@@ -103,7 +99,7 @@ class BlockStream:
         return out
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", **doc(request=MessagesRequest, stream=True, errors=()))
 async def create_message(request: Request):
     """Anthropic Messages: ``system``, ``messages`` (text, tool_use, tool_result, thinking blocks), ``tools``
     with ``input_schema``, ``tool_choice``, ``stop_sequences``, ``thinking``, ``max_tokens``, ``stream``."""

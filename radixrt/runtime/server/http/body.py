@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import msgspec
 from fastapi import Request
+from pydantic import BaseModel, ValidationError as PydanticValidationError
 
-from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.http.errors import ApiError, validation_error
+
+M = TypeVar("M", bound=BaseModel)
 
 
 async def body_json(request: Request) -> Any:
@@ -20,6 +23,23 @@ async def body_json(request: Request) -> Any:
         raise ApiError(f"the request body is not valid JSON: {_why(raw, e)}") from None
     except RecursionError:  # msgspec refuses deep nesting this way, not with a DecodeError
         raise ApiError("the request body is nested too deeply") from None
+
+
+async def parse_model(request: Request, model_cls: type[M], check: Callable[[dict], None]) -> M:
+    """The JSON body as ``model_cls``, after ``check(body)`` (which raises ApiError for a refused field).
+
+    Raises:
+        ApiError: 400: not JSON, not an object, what ``check`` refuses, or a pydantic error (``param`` names
+            the first bad field).
+    """
+    body = await body_json(request)
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    check(body)
+    try:
+        return model_cls.model_validate(body)
+    except PydanticValidationError as e:
+        raise validation_error(e.errors()) from None
 
 
 def _why(raw: bytes, e: msgspec.DecodeError) -> str:

@@ -1,4 +1,4 @@
-"""A bound on request bodies: a body over :data:`MAX_BODY_BYTES` is a 413 with an OpenAI error body,
+"""A bound on request bodies: a body over :data:`MAX_BODY_BYTES` is a 413 with the route's error body,
 before it is read (``Content-Length``) or as soon as the bytes received pass the bound (chunked).
 
 Why: a body is read whole, then parsed and tokenized on the event loop; 10 MB of prompt text is far beyond
@@ -7,8 +7,7 @@ generous: 8 MiB holds a 128k-token context as text or as ``input_ids`` many time
 """
 from __future__ import annotations
 
-from radixrt.runtime.server.http.errors import ApiError, error_body
-from radixrt.runtime.server.http.responses import JSONResp
+from radixrt.runtime.server.http.errors import ApiError, error_body, error_response
 
 MAX_BODY_BYTES = 8 << 20
 # an over-long body is still read (and dropped) up to this many bytes before the 413: a client that is
@@ -37,8 +36,8 @@ class BodyLimit:
                 if int(v) <= DISCARD_BYTES:
                     await _discard(receive, 0)
                 err = BodyTooLarge(self.max_bytes)
-                resp = JSONResp(error_body(err.message, None, err.type, err.code), status_code=413,
-                                headers={"Connection": "close"})
+                resp = error_response(scope["path"], error_body(err.message, None, err.type, err.code), 413,
+                                      headers={"Connection": "close"})
                 return await resp(scope, receive, send)
         seen = 0
 

@@ -34,7 +34,7 @@ class Ipc:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(DetokenizerOutput)
 
-    def _encode(self, msg) -> bytes:
+    def encode(self, msg) -> bytes:
         """msgpack bytes of ``msg``. Raises ValidationError (a 400) for an integer outside 64 bits, which
         validation lets through where a field has no upper bound (seeds, top_k, token ids, capacities)."""
         try:
@@ -44,16 +44,20 @@ class Ipc:
             raise ValidationError(f"{field} is outside the 64-bit integer range", field) from None
 
     async def send(self, msg) -> None:
-        await self.push.send(self._encode(msg))
+        await self.push.send(self.encode(msg))
+
+    async def send_frame(self, frame: bytes) -> None:
+        """Send bytes made by :meth:`encode` (a caller that must know a message encodes before acting)."""
+        await self.push.send(frame)
 
     def send_nowait(self, msg) -> None:
         """Queue ``msg`` without waiting (ZMQ buffers it); for callers that cannot await (aborts)."""
-        self.push.send(self._encode(msg))
+        self.push.send(self.encode(msg))
 
     async def ask(self, msg, timeout: float) -> InfoOut:
         """Send ``msg`` and wait for its InfoOut. Raises asyncio.TimeoutError after ``timeout`` seconds,
         or the error given to :meth:`fail_waiters`."""
-        frame = self._encode(msg)  # before queueing a waiter: a bad message must not leave one behind
+        frame = self.encode(msg)  # before queueing a waiter: a bad message must not leave one behind
         fut = asyncio.get_running_loop().create_future()
         self.info_waiters.append(fut)
         await self.push.send(frame)

@@ -207,13 +207,26 @@ class TokenizerManager:
             raise ValidationError(f"rid: the ids of one call must differ: {rids}", "rid")
         if any(r in self.states for r in rids):
             raise ValidationError(f"rid: a request id is already in use: {rids}", "rid")
+        # Encoded before any rid is counted in flight: a 400 here (an int beyond 64 bits) must not leave an
+        # entry in ``states`` that nothing will ever finish (the SIGTERM drain would wait its full timeout).
+        frames = [self.ipc.encode(r) for r in reqs]
         batch = ReqBatch(self, reqs, lp_text)
         for r in reqs:
             self.states[r.rid] = batch
-        for r in reqs:
-            await self.ipc.send(r)
-            if self.early_aborts.pop(r.rid, None) is not None:  # aborted while still being validated
-                self.abort(r.rid)
+        sent = 0
+        try:
+            for r, frame in zip(reqs, frames):
+                await self.ipc.send_frame(frame)
+                sent += 1
+                if self.early_aborts.pop(r.rid, None) is not None:  # aborted while still being validated
+                    self.abort(r.rid)
+        except BaseException:  # cancelled mid-send: unsent rids leave the count, sent ones are aborted
+            for i, r in enumerate(reqs):
+                if i >= sent:
+                    self.states.pop(r.rid, None)
+                else:
+                    self.abort(r.rid)
+            raise
         return batch
 
     def abort(self, rid: str) -> None:
@@ -252,7 +265,8 @@ class TokenizerManager:
 
     async def server_info(self) -> dict:
         """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths (the Engine's shape), the
-        version and the pid of each process."""
+        version, the pid of each process, and ``num_in_flight``: requests this process has admitted and not
+        yet seen finish (what admission control bounds and the SIGTERM drain waits for)."""
         info = await self.get_info()
         r = self.ready_info
         pids = {"main": os.getpid(), **self.children.pids()}
@@ -260,7 +274,8 @@ class TokenizerManager:
         stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting,
                  "memory": memory}
         return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
-                           version=_version(), process_ids=pids, restarts=dict(self.supervisor.restarts))
+                           version=_version(), process_ids=pids, restarts=dict(self.supervisor.restarts),
+                           num_in_flight=len(self.states))
 
     async def open_session(self, body: Any) -> str:
         """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.

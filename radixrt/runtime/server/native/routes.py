@@ -69,11 +69,23 @@ for _method in ("POST", "GET"):
 
 @router.post("/abort_request", **doc(Success, AbortRequest, errors=(400,)))
 async def abort_request(request: Request):
-    """Abort the request ``{"rid": ...}``; its pages are freed. Unknown rids succeed (already finished)."""
+    """Abort the request ``{"rid": ...}``, or every request in flight with ``{"abort_all": true}`` (SGLang's
+    field); their pages are freed. Unknown rids succeed (already finished)."""
     body = await body_json(request)
-    rid = body.get("rid") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    abort_all, rid = body.get("abort_all", False), body.get("rid")
+    if not isinstance(abort_all, bool):
+        raise ApiError("abort_all must be a boolean", param="abort_all")
+    if abort_all:
+        if rid is not None:
+            raise ApiError("rid and abort_all exclude each other", param="abort_all")
+        tm = ctx(request).tm
+        for r in list(tm.states):
+            tm.abort(r)
+        return JSONResp({"success": True})
     if not isinstance(rid, str):
-        raise ApiError("rid must be a string", param="rid")
+        raise ApiError("rid must be a string (or send abort_all: true)", param="rid")
     ctx(request).tm.abort(rid)
     return JSONResp({"success": True})
 

@@ -17,10 +17,9 @@ from typing import Any, Optional, Union
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic import ValidationError as PydanticValidationError
 
-from radixrt.runtime.server.http.body import body_json
-from radixrt.runtime.server.http.errors import ApiError, validation_error
+from radixrt.runtime.server.http.body import parse_model
+from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.tokenizer.token_texts import TokenTexts
 
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -75,14 +74,7 @@ def check_refused(body: dict) -> None:
 async def parse_body(request: Request, model_cls):
     """The JSON body of an OpenAI route as ``model_cls``. Raises ApiError 400: not JSON, not an object, a
     refused field (:data:`REFUSED_FIELDS`), or a pydantic error (``param`` names the first bad field)."""
-    body = await body_json(request)
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    check_refused(body)
-    try:
-        return model_cls.model_validate(body)
-    except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
+    return await parse_model(request, model_cls, check_refused)
 
 
 class _Req(BaseModel):

@@ -45,8 +45,8 @@ class EventStream:
             out.append(self.ev("response.reasoning_text.done", content_index=0, text=text, **self._where()))
         elif self.open == "message":
             part = item["content"][0]
-            out.append(self.ev("response.output_text.done", content_index=0, text=part["text"], logprobs=[],
-                               **self._where()))
+            out.append(self.ev("response.output_text.done", content_index=0, text=part["text"],
+                               logprobs=part["logprobs"], **self._where()))
             out.append(self.ev("response.content_part.done", content_index=0, part=dict(part), **self._where()))
         else:
             out.append(self.ev("response.function_call_arguments.done", arguments=item["arguments"],
@@ -66,7 +66,9 @@ class EventStream:
         out.append(self.ev("response.output_item.added", output_index=len(self.items) - 1, item=shown))
         return out
 
-    def feed(self, delta: dict) -> list[dict]:
+    def feed(self, delta: dict, logprobs: Optional[list] = None) -> list[dict]:
+        """Events for one parser delta; ``logprobs`` (chat's entries of the tokens since the last text delta)
+        ride on its ``output_text.delta`` and join the part's list."""
         out: list[dict] = []
         if delta.get("reasoning_content"):
             if self.open != "reasoning":
@@ -84,8 +86,9 @@ class EventStream:
                 out.append(self.ev("response.content_part.added", content_index=0, part=part, **self._where()))
                 self.items[-1]["content"] = [dict(part)]
             self.items[-1]["content"][0]["text"] += delta["content"]
-            out.append(self.ev("response.output_text.delta", content_index=0, delta=delta["content"], logprobs=[],
-                               **self._where()))
+            self.items[-1]["content"][0]["logprobs"] = self.items[-1]["content"][0]["logprobs"] + (logprobs or [])
+            out.append(self.ev("response.output_text.delta", content_index=0, delta=delta["content"],
+                               logprobs=logprobs or [], **self._where()))
         for tc in delta.get("tool_calls") or []:
             fn = tc.get("function") or {}
             if tc.get("id") is not None:

@@ -12,13 +12,13 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
+from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
-    "user": "no per-user accounting", "top_logprobs": "logprobs are not returned on this route",
+    "user": "no per-user accounting",
     "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
     "truncation": "a conversation longer than the context is a 400, never truncated",
-    "include": "nothing extra to include (no files, no encrypted reasoning)",
     "prompt_cache_key": "the radix cache matches prefixes by content (use cache_salt to keep tenants apart)",
     "prompt_cache_options": "the radix cache matches prefixes by content",
     "prompt_cache_retention": "cached pages live until evicted; a stored response pins its conversation",
@@ -50,6 +50,7 @@ class ResponsesRequest(BaseModel):
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_logprobs: Optional[int] = None
+    include: Optional[list[str]] = None  # "message.output_text.logprobs" is acted on; the rest have nothing here
     stream: bool = False
     store: Optional[bool] = True
     previous_response_id: Optional[str] = None
@@ -66,24 +67,30 @@ class ResponsesRequest(BaseModel):
 
 def check_refused(body: dict) -> None:
     """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
-    for k, why in REFUSED_FIELDS.items():
-        if body.get(k) not in (None, False, [], {}):
-            raise ApiError(f"{k} is not supported: {why}", param=k)
+    refuse_set_fields(body, REFUSED_FIELDS)
 
 
 def _text(content: Any, where: str) -> str:
     """A message's content (a string, or a list of text parts) as one string."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(f"{where} must be a string or a list of text parts", param=where)
+    return text_of_parts(content, where, TEXT_PARTS, "", "text parts (input_text, output_text)")
+
+
+_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(inp: Union[str, list, None], ids: "ItemIds") -> list[dict]:
+    """``input`` (already checked by :func:`input_messages`) as the items ``input_items.list`` returns: a
+    string as one user message, message contents as ``input_text`` parts, an id on every item."""
     out = []
-    for j, p in enumerate(content):
-        if not isinstance(p, dict) or p.get("type") not in TEXT_PARTS or not isinstance(p.get("text"), str):
-            raise ApiError(f"{where}[{j}]: only text parts (input_text, output_text) are supported",
-                           param=f"{where}[{j}]")
-        out.append(p["text"])
-    return "".join(out)
+    for it in ([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or []):
+        item = dict(it)
+        typ = item.setdefault("type", "message")
+        if typ == "message" and isinstance(item.get("content"), str):
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("id", ids.new(_ITEM_PREFIX.get(typ, "item")))
+        out.append(item)
+    return out
 
 
 def input_messages(inp: Union[str, list, None]) -> list[dict]:
@@ -183,13 +190,41 @@ def response_format(text: Optional[dict]) -> Optional[dict]:
                    param="text.format.type")
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    """Per-token logprobs go on ``output_text`` parts when ``include`` names :data:`LOGPROBS_INCLUDE` or
+    ``top_logprobs`` > 0 asks for alternatives (each entry: ``token``, ``logprob``, ``bytes``, ``top_logprobs``,
+    as on chat)."""
+    return LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs)
+
+
+def check_metadata(metadata: Optional[dict]) -> None:
+    """OpenAI's limits on ``metadata`` (it is stored with the response): at most 16 pairs, keys of at most 64
+    characters, string values of at most 512. Raises ApiError 400 naming ``metadata`` or ``metadata.<key>``."""
+    if metadata is None:
+        return
+    if len(metadata) > 16:
+        raise ApiError(f"metadata holds {len(metadata)} pairs; at most 16", param="metadata")
+    for k, v in metadata.items():
+        if len(k) > 64:
+            raise ApiError(f"metadata keys are at most 64 characters, got {len(k)}", param="metadata")
+        if not isinstance(v, str) or len(v) > 512:
+            raise ApiError("metadata values are strings of at most 512 characters", param=f"metadata.{k}")
+
+
 def chat_body(req: ResponsesRequest) -> dict:
-    """The chat-completions body that runs ``req`` (the messages are passed separately)."""
+    """The chat-completions body that runs ``req`` (the messages are passed separately). Raises ApiError 400
+    for ``metadata`` beyond OpenAI's limits."""
+    check_metadata(req.metadata)
     body = {"model": req.model, "messages": [], "max_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": chat_tools(req.tools),
             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": response_format(req.text), "cache_salt": req.cache_salt, "top_k": req.top_k,
             "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs}
+    if wants_logprobs(req):
+        body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -209,22 +244,23 @@ def responses_param(param: Optional[str]) -> Optional[str]:
     return param
 
 
-def output_items(message: dict, ids: "ItemIds") -> list[dict]:
-    """A parsed assistant message as Responses output items: reasoning, message, function calls."""
+def output_items(message: dict, ids: "ItemIds", logprobs: Optional[list] = None) -> list[dict]:
+    """A parsed assistant message as Responses output items: reasoning, message, function calls.
+    ``logprobs`` (chat's per-token entries) go on the message's ``output_text`` part."""
     items = []
     if message.get("reasoning_content"):
         items.append({"type": "reasoning", "id": ids.new("rs"), "summary": [],
                       "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
     if message.get("content") or not message.get("tool_calls"):
-        items.append(message_item(ids.new("msg"), message.get("content") or ""))
+        items.append(message_item(ids.new("msg"), message.get("content") or "", logprobs=logprobs))
     for c in message.get("tool_calls") or []:
         items.append(call_item(ids.new("fc"), c["id"], c["function"]["name"], c["function"]["arguments"]))
     return items
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+def message_item(item_id: str, text: str, status: str = "completed", logprobs: Optional[list] = None) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:

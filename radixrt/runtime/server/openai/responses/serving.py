@@ -15,20 +15,21 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError as PydanticValidationError
 from starlette.responses import Response
 
+from radixrt.runtime.server.api_models import doc
 from radixrt.runtime.server.context import ServerContext, ctx
-from radixrt.runtime.server.http.body import body_json
+from radixrt.runtime.server.http.body import parse_model
+from radixrt.runtime.server.http.fields import renamed
 from radixrt.runtime.server.http.errors import ApiError, validation_error
 from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
 from radixrt.runtime.server.openai.chat import run_chat
-from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, new_id, now
+from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, chat_logprobs, new_id, now
 from radixrt.runtime.server.openai.responses.events import EventStream, sse_event
 from radixrt.runtime.server.openai.responses.protocol import (ItemIds, ResponsesRequest, chat_body, check_refused,
-                                                              input_messages, output_items, responses_param)
+                                                              input_items, input_messages, output_items,
+                                                              responses_param, wants_logprobs)
 from radixrt.runtime.server.openai.responses.store import ResponseStore, Stored
 
-# not in /openapi.json yet: tests/server/test_openapi.py fuzzes every listed route from its request model,
-# and these routes have none there (docs/compatibility.md describes their fields)
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
 SESSION_CAPACITY = 1 << 30  # characters: a stored conversation is bounded by the context, not by this
 
 
@@ -40,22 +41,11 @@ def response_store(c: ServerContext) -> ResponseStore:
 
 def _renamed(e: ApiError) -> ApiError:
     """A chat-path error as the Responses request names the field."""
-    p = responses_param(e.param)
-    if p != e.param and e.param:
-        e.message = e.message.replace(e.param, p, 1)
-        e.param = p
-    return e
+    return renamed(e, responses_param)
 
 
 async def parse_request(request: Request) -> ResponsesRequest:
-    body = await body_json(request)
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    check_refused(body)
-    try:
-        return ResponsesRequest.model_validate(body)
-    except PydanticValidationError as e:
-        raise validation_error(e.errors()) from None
+    return await parse_model(request, ResponsesRequest, check_refused)
 
 
 def assistant_message(items: list[dict]) -> dict:
@@ -99,7 +89,7 @@ async def _close_sessions(c: ServerContext, sids: list[str]) -> None:
             pass
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", **doc(request=ResponsesRequest, stream=True))
 async def create_response(request: Request):
     """OpenAI Responses: ``input`` (a string or message / function_call / function_call_output / reasoning
     items), ``instructions``, function ``tools`` and ``tool_choice``, ``text.format``, ``max_output_tokens``,
@@ -137,11 +127,17 @@ async def create_response(request: Request):
     rid, created = new_id("resp").replace("-", "_"), now()
     ids = ItemIds(rid)
 
+    def lp_entries(pairs, tops) -> Optional[list]:
+        if not wants_logprobs(req):
+            return None
+        return chat_logprobs(c.token_texts(), pairs or [], tops or [], req.top_logprobs or 0)
+
     async def finish(output: list, o, reason: Optional[str]) -> dict:
         status, why = ("incomplete", "max_output_tokens") if reason == "length" else ("completed", None)
         resp = response_obj(rid, created, c.tm.model_name, req, status, output, usage_of(o), why)
         if req.store is not False:
-            await _close_sessions(c, st.put(rid, Stored(resp, conv + [assistant_message(output)], sid, req.cache_salt)))
+            stored = Stored(resp, conv + [assistant_message(output)], sid, req.cache_salt, input_items(req.input, ids))
+            await _close_sessions(c, st.put(rid, stored))
         return resp
 
     if not req.stream:
@@ -150,23 +146,26 @@ async def create_response(request: Request):
         except ClientGone:
             return Response(status_code=499)
         message, reason = run.parse(0)  # the ids are remembered for turn continuity
-        return JSONResp(await finish(output_items(message, ids), outs[0], reason))
+        lp = lp_entries(outs[0].output_token_logprobs, outs[0].output_top_logprobs)
+        return JSONResp(await finish(output_items(message, ids, lp), outs[0], reason))
 
     async def events():
         es = EventStream(ids)
         head = response_obj(rid, created, c.tm.model_name, req, "in_progress", [], None)
         yield sse_event(es.ev("response.created", response=head))
         yield sse_event(es.ev("response.in_progress", response=head))
-        parser = run.turn.parser()
+        parser, pending = run.turn.parser(), []
         try:
             while not run.batch.finished:
                 _, s = await run.batch.next()
+                pending += lp_entries(s.token.output_token_logprobs, s.token.output_top_logprobs) or []
                 deltas = (parser.feed(s.text_delta or "") if parser is not None
                           else [{"content": s.text_delta}] if s.text_delta else [])
                 if s.token.finished_reason is not None and parser is not None:
                     deltas += parser.finish()
                 for d in deltas:
-                    for e in es.feed(d):
+                    lp, pending = (pending, []) if d.get("content") else (None, pending)
+                    for e in es.feed(d, lp):
                         yield sse_event(e)
             for e in es.finish():
                 yield sse_event(e)
@@ -179,15 +178,59 @@ async def create_response(request: Request):
     return SSEResponse(events(), run.batch.abort_unfinished)
 
 
-@router.get("/v1/responses/{response_id}")
-async def get_response(request: Request, response_id: str):
+def _stored(request: Request, response_id: str) -> Stored:
     s = response_store(ctx(request)).get(response_id)
     if s is None:
         raise ApiError(f"no stored response {response_id!r}", param="response_id", status=404, type="not_found_error")
+    return s
+
+
+@router.get("/v1/responses/{response_id}", **doc(errors=(400, 404)))
+async def get_response(request: Request, response_id: str):
+    """A stored response. ``stream=true`` (a replay of its events) is refused: it is answered whole."""
+    s = _stored(request, response_id)
+    if request.query_params.get("stream", "false").lower() not in ("false", "0", ""):
+        raise ApiError("stream: a stored response is returned whole (no event replay)", param="stream")
     return JSONResp(s.response)
 
 
-@router.delete("/v1/responses/{response_id}")
+@router.get("/v1/responses/{response_id}/input_items", **doc(errors=(400, 404)))
+async def list_input_items(request: Request, response_id: str):
+    """The stored response's own input as items (``responses.input_items.list``): ``order`` asc|desc
+    (default desc, as OpenAI's), ``limit`` 1..100 (default 20), ``after`` an item id."""
+    items = list(_stored(request, response_id).input_items)
+    q = request.query_params
+    order, after = q.get("order", "desc"), q.get("after")
+    if order not in ("asc", "desc"):
+        raise ApiError(f"order must be 'asc' or 'desc', got {order!r}", param="order")
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise ApiError(f"limit must be an integer in [1, 100], got {q.get('limit')!r}", param="limit")
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [i["id"] for i in items]
+        if after not in ids:
+            raise ApiError(f"after: no input item {after!r} in this response", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return JSONResp({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                     "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
+
+
+@router.post("/v1/responses/{response_id}/cancel", **doc(errors=(400, 404)))
+async def cancel_response(request: Request, response_id: str):
+    """OpenAI cancels only background responses; here every response runs in the foreground and is finished
+    when stored, so a stored one is a 400 (an unknown one a 404)."""
+    _stored(request, response_id)
+    raise ApiError("only background responses can be cancelled; this server runs responses in the foreground",
+                   param="response_id")
+
+
+@router.delete("/v1/responses/{response_id}", **doc(errors=(404,)))
 async def delete_response(request: Request, response_id: str):
     c = ctx(request)
     found, sids = response_store(c).delete(response_id)

@@ -24,6 +24,7 @@ class Stored:
     messages: list          # the conversation after it, as template-ready chat messages (instructions excluded)
     session_id: Optional[str]
     salt: Optional[str]
+    input_items: list = field(default_factory=list)  # this request's own input, as items with ids
 
 
 @dataclass
