@@ -54,7 +54,8 @@ def rows() -> list[str]:
         else:
             cells.append("-")
         if r and lb:
-            cells.append(f"{r['decode_tok_s']:.2f} / {lb['tg64_tok_s']:.2f} = {m['decode_ratio']:.2f}x")
+            tg = next(v for k, v in lb.items() if k.startswith("tg") and k.endswith("_tok_s"))  # tg64 or tg32
+            cells.append(f"{r['decode_tok_s']:.2f} / {tg:.2f} = {m['decode_ratio']:.2f}x")
             cells.append(f"{r['prefill_tok_s']:.1f} / {lb['pp512_tok_s']:.1f} = {m['prefill_ratio']:.2f}x")
         else:
             cells += ["-", "-"]

@@ -40,6 +40,12 @@ class ServerArgs:
     disable_cascade_attention: bool = field(default=False, metadata={"help": "attend shared prefixes per row instead of once per group (ablation)"})
     cpu_cascade_attention: bool = field(default=False, metadata={"help": "cpu kernels: attend a shared prefix once per group of rows (faster at many rows on a long prefix; not batch-invariant: off by default)"})
     eviction_policy: str = field(default="gdsf", metadata={"help": "gdsf|lru|lfu: which cached prefix goes first when pages run short (mem/eviction.py)"})
+    enable_hierarchical_cache: bool = field(default=False, metadata={"help": "keep pages evicted from the KV pool in a host store (tier 2) and load them back on a match instead of recomputing (mem/hicache.py)"})
+    hicache_size: float = field(default=0.0, metadata={"help": "host store size in GB (turns the tiers on); 0 with --enable-hierarchical-cache: --hicache-ratio x the pool"})
+    hicache_ratio: float = field(default=2.0, metadata={"help": "host store size as a multiple of the KV pool, when --hicache-size is 0"})
+    hicache_storage: Optional[str] = field(default=None, metadata={"help": "file:DIR: also keep pages in files under DIR (tier 3, created 0700), so a restart with the same model finds them"})
+    hicache_prefetch_threshold: int = field(default=256, metadata={"help": "tokens found in tier 3 beyond the tree and host store for a queued request's pages to be read ahead of its admission"})
+    hicache_write_policy: str = field(default="write_through", metadata={"help": "write_through|write_back: tier 3 is written when a page enters the tree, or when it leaves the host store"})
     request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
     request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
     grammar_backend: str = field(default="llguidance", metadata={"help": "llguidance|xgrammar|outlines|none (llguidance: the only one with no invalid output on the schema benchmark, benchmarks/results/grammar_backends.md)"})
@@ -123,6 +129,16 @@ class ServerArgs:
             raise ValueError(f"max_queued_requests must be an integer >= 0, got {self.max_queued_requests!r}")
         if not self.drain_timeout >= 0:
             raise ValueError(f"drain_timeout must be >= 0 seconds, got {self.drain_timeout!r}")
+        choice("hicache_write_policy", ("write_through", "write_back"))
+        if not isinstance(self.hicache_prefetch_threshold, int) or self.hicache_prefetch_threshold < 1:
+            raise ValueError(f"hicache_prefetch_threshold must be an integer >= 1, got {self.hicache_prefetch_threshold!r}")
+        if not (isinstance(self.hicache_size, (int, float)) and self.hicache_size >= 0):
+            raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size!r}")
+        if not (isinstance(self.hicache_ratio, (int, float)) and self.hicache_ratio > 0):
+            raise ValueError(f"hicache_ratio must be > 0, got {self.hicache_ratio!r}")
+        if self.hicache_storage is not None and (not self.hicache_storage.startswith("file:")
+                                                 or len(self.hicache_storage) == len("file:")):
+            raise ValueError(f"hicache_storage must be file:DIR, got {self.hicache_storage!r}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 

@@ -102,7 +102,7 @@ def test_batch_invariant(ops, case, t):
 
 def test_large_k_ragged_n(ops):
     """K over the cache-blocking group, N odd, a shape with several threads' chunks."""
-    for name in ("Q4_0", "Q6_K"):
+    for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
         t = quant.BY_NAME[name]
         w = random_blocks(t, 203, 4096, 3)
         x = torch.randn(9, 4096, generator=torch.Generator().manual_seed(4))
@@ -112,6 +112,33 @@ def test_large_k_ragged_n(ops):
         mag = xq.double().abs() @ wf.abs().T
         assert ((out.double() - xq.double() @ wf.T).abs() <= 2e-6 * mag + 1e-7).all()
         assert torch.equal(ops.mm(x[4:5].contiguous(), w, t.ggml_type), out[4:5])
+
+
+def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
+    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.cpp's tiles: the same bits as the
+    AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
+    and type; elsewhere both processes run the AVX2 tiles."""
+    import subprocess
+    import sys
+    x, ws = case
+    torch.save({"x": x, "ws": ws}, tmp_path / "case.pt")
+    script = ("import sys, torch\nfrom radixrt.kernels import quant\nops = quant.ggml_gemv()\n"
+              "c = torch.load(sys.argv[1])\nout = {}\n"
+              "for t in quant.TYPES.values():\n"
+              "    w = c['ws'][t.name]\n"
+              "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (3, 8, 65, 130)]\n"
+              "out['enabled'] = ops.gemm512_enabled()\ntorch.save(out, sys.argv[2])\n")
+    env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "avx2.pt")],
+                   env=env, check=True)
+    avx2 = torch.load(tmp_path / "avx2.pt")
+    assert avx2["enabled"] is False
+    flags = open("/proc/cpuinfo").read()
+    assert ops.gemm512_enabled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq",
+                                                               "avx512_vnni"))
+    for t in TYPES:
+        for m, ref in zip((3, 8, 65, 130), avx2[t.name]):
+            assert torch.equal(ops.mm(x[:m].contiguous(), ws[t.name], t.ggml_type), ref), (t.name, m)
 
 
 def test_older_ops_agree(ops, case):

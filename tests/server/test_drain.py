@@ -116,3 +116,23 @@ def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
     finally:
         server.kill()
     assert "draining" not in server.logs()
+
+
+def test_sigterm_to_the_process_group_is_a_shutdown_not_a_crash():
+    """Ctrl-C or a container stop signals every process of the group: the children die first, and the
+    supervisor waits for the main process's own drain instead of restarting them."""
+    import os
+    server = start_server()
+    try:
+        with server.client() as c:
+            pids = c.get("/get_server_info").json()["process_ids"]
+        for name, pid in pids.items():  # the children first, as a group signal may well be delivered
+            if name != "main":
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(0.1)
+        os.kill(pids["main"], signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        server.kill()
+    logs = server.logs()
+    assert "exited unexpectedly" not in logs and "restarting the children" not in logs, logs

@@ -1,5 +1,6 @@
 """Products of fp32 activations with GGUF quantized weights, run in the file's own blocks (C++ AVX2, built at
-first use by :mod:`..cpp`), with a torch fallback.
+first use by :mod:`..cpp`; products of 3 or more rows on AVX-512 VNNI tiles where the CPU has them, the same
+bits: ``gemm512.h``), with a torch fallback.
 
 Ops of the loaded library, ``torch.ops.radixrt_ggml`` (fp32 activations are quantized to int8 inside, per row,
 as llama.cpp does):

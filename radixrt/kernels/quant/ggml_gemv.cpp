@@ -224,7 +224,18 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& w, int64_t block_byt
 }
 
 at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& w) { return blocks_mm(x, w, Q4_1_BYTES, Q4_1_FNS); }
-at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& w) { return blocks_mm(x, w, Q8_0_BYTES, Q8_0_FNS); }
+namespace radixrt {
+namespace ggml {
+at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t ggml_type);  // ggml_mm.cpp
+}  // namespace ggml
+}  // namespace radixrt
+
+// Q8_0 at 3 or more rows: radixrt_ggml.mm's tiles (the same bits; the AVX-512 ones where the CPU has them).
+at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& w) {
+  if (x.dim() == 2 && x.size(0) >= 3 && x.scalar_type() == at::kFloat && x.is_contiguous())
+    return radixrt::ggml::mm(x, w, 8);
+  return blocks_mm(x, w, Q8_0_BYTES, Q8_0_FNS);
+}
 
 // Registered as dispatcher ops (torch.ops.radixrt_ggml.*): they show up in the torch profiler by name, and
 // the library needs only ATen headers, which keeps the one-time build short.

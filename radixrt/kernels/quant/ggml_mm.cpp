@@ -29,6 +29,11 @@ const TypeInfo* find_type(int64_t type) {
   return nullptr;
 }
 
+}  // namespace
+
+namespace radixrt {
+namespace ggml {
+
 at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t ggml_type) {
   const TypeInfo* t = find_type(ggml_type);
   TORCH_CHECK(t != nullptr, "radixrt_ggml.mm: no kernel for ggml type ", ggml_type,
@@ -72,7 +77,8 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t ggml_type) {
   return out;
 }
 
-}  // namespace
+}  // namespace ggml
+}  // namespace radixrt
 
 // ggml_gemv.cpp owns TORCH_LIBRARY(radixrt_ggml); this file adds to it.
 TORCH_LIBRARY_FRAGMENT(radixrt_ggml, m) {
@@ -80,4 +86,4 @@ TORCH_LIBRARY_FRAGMENT(radixrt_ggml, m) {
   m.def("mm(Tensor x, Tensor w, int ggml_type) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixrt_ggml, CPU, m) { m.impl("mm", &mm); }
+TORCH_LIBRARY_IMPL(radixrt_ggml, CPU, m) { m.impl("mm", &radixrt::ggml::mm); }

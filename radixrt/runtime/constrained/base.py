@@ -25,7 +25,7 @@ import torch
 from .specs import GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, choices_to_regex, validate_spec
 
 __all__ = [
-    "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "GrammarMatcher", "CompiledGrammar",
+    "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "GrammarMatcher", "RowMatcher", "CompiledGrammar",
     "GrammarBackend", "allocate_token_bitmask", "apply_token_bitmask_",
     "choices_to_regex", "validate_spec", "checked_spec", "compile_error", "fill_single_token",
 ]
@@ -70,6 +70,38 @@ class GrammarMatcher(ABC):
             ValueError: ``n`` is negative or exceeds what can be undone.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support rollback")
+
+
+class RowMatcher(GrammarMatcher):
+    """A matcher whose library writes a mask row through a raw pointer (llguidance, outlines-core): the row
+    checks and the after-EOS row live here, once. Subclasses set ``backend``, ``_eos``, ``_terminated`` (True
+    once EOS was accepted) and implement :meth:`_write_row`."""
+
+    backend: str
+    _eos: int
+    _terminated: bool
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """See :meth:`GrammarMatcher.fill_next_token_bitmask`. After termination the row allows EOS only.
+
+        Raises:
+            ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
+        """
+        target = bitmask[row]
+        if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
+            raise ValueError(f"{self.backend}: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
+                             f"on {bitmask.device}")
+        if self._terminated:
+            fill_single_token(bitmask, row, self._eos)
+            return
+        self._write_row(target)
+
+    @abstractmethod
+    def _write_row(self, target: torch.Tensor) -> None:
+        """Write the allowed-token bits into ``target`` (int32 ``[ceil(vocab/32)]``, CPU, contiguous)."""
+
+    def is_terminated(self) -> bool:
+        return self._terminated
 
 
 class CompiledGrammar(ABC):
@@ -181,14 +213,31 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     logits[:, :n].masked_fill_(~allowed, float("-inf"))
 
 
+_XGR_APPLY: list = []  # [xgrammar.apply_token_bitmask_inplace or None], resolved once
+
+
+def load_cpu_kernel():
+    """xgrammar's C++ CPU bitmask kernel, or None when xgrammar is not installed. Importing xgrammar takes
+    ~0.9 s, so the scheduler calls this at start-up (:func:`.grammar_step.warm_up`) instead of stalling the
+    first constrained decode step (and every request in its batch) on the import."""
+    if not _XGR_APPLY:
+        try:
+            import xgrammar
+            _XGR_APPLY.append(xgrammar.apply_token_bitmask_inplace)
+        except Exception:  # not installed / broken: the torch ops serve
+            _XGR_APPLY.append(None)
+    return _XGR_APPLY[0]
+
+
 def _cpu_kernel(logits: torch.Tensor, bitmask: torch.Tensor, n: int) -> bool:
     """xgrammar's C++ CPU kernel (~6 us for 49k logits; the torch ops below take ms on a busy CPU)."""
+    fn = load_cpu_kernel()
+    if fn is None:
+        return False
     try:
-        import xgrammar
-
-        xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=n, backend="cpu")
+        fn(logits, bitmask, vocab_size=n, backend="cpu")
         return True
-    except Exception:  # not installed / unsupported: fall back to torch ops
+    except Exception:  # an unsupported shape/dtype: fall back to torch ops
         return False
 
 

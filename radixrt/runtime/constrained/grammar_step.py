@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .base import allocate_token_bitmask, apply_token_bitmask_
-from .mask_fill import MaskPrefetcher, fill_rows
+from .base import allocate_token_bitmask, apply_token_bitmask_, load_cpu_kernel
+from .mask_fill import MaskPrefetcher, fill_rows, load_executor
 
 
 @dataclass
@@ -84,6 +84,26 @@ def advance_matchers(reqs: Sequence[Any], tokens: Sequence[int]) -> None:
     for req, tok in zip(reqs, tokens):
         if req.grammar is not None:
             req.grammar.accept_token(tok)
+
+
+_WARM_SCHEMA = '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}'
+
+
+def warm_up(backend: Any, masks: bool = True) -> None:
+    """Do once, at start-up, what the first constrained request would otherwise pay while it (and, in the
+    scheduler, every request of its batch) waits: one compile of a small schema (``jsonschema``'s lazy
+    imports, the backend's first-grammar set-up) and, with ``masks``, one mask fill and apply: xgrammar's CPU
+    bitmask kernel (an ~0.9 s import) and llguidance's fill thread pool. Measured: the first request of a
+    json-decode run waited ~0.4 s longer than the same request later."""
+    matcher = backend.compile("json_schema", _WARM_SCHEMA).matcher()
+    if not masks:
+        return
+    load_cpu_kernel()
+    if backend.name == "llguidance":
+        load_executor()
+    bitmask = allocate_token_bitmask(1, backend.vocab_size)
+    fill_rows([(matcher, 0)], bitmask)
+    apply_token_bitmask_(torch.zeros(1, backend.vocab_size), bitmask)
 
 
 def make_matcher(compiled: Any, reasoning_end_ids: Sequence[int] = ()) -> Any:

@@ -23,8 +23,7 @@ import llguidance as llg
 import llguidance.hf
 import torch
 
-from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
-                   fill_single_token, reraise_fatal)
+from .base import CompiledGrammar, GrammarBackend, RowMatcher, checked_spec, compile_error, reraise_fatal
 from .json_pointer import split_pointer
 from .llg_tags import lowers_to_lark, structural_tag_lark
 from .schema_prep import _children, rewrite_local_refs
@@ -94,28 +93,18 @@ def _first_step_ok(m: llg.LLMatcher, vocab_size: int) -> bool:
     return not m.is_error()
 
 
-class LLGuidanceMatcher(GrammarMatcher):
+class LLGuidanceMatcher(RowMatcher):
     """Wraps ``llguidance.LLMatcher``. Not thread-safe (one thread at a time; the batched fill in
-    :mod:`.grammar_step` hands matchers to llguidance's executor only while no other call runs)."""
+    :mod:`.mask_fill` hands matchers to llguidance's executor only while no other call runs)."""
+
+    backend = "llguidance"
 
     def __init__(self, m: llg.LLMatcher, eos_token_id: int):
         self.ll = m
         self._eos = eos_token_id
         self._terminated = False
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """See :meth:`GrammarMatcher.fill_next_token_bitmask`. After termination the row allows EOS only.
-
-        Raises:
-            ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
-        """
-        target = bitmask[row]
-        if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
-            raise ValueError(f"llguidance: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
-                             f"on {bitmask.device}")
-        if self._terminated:
-            fill_single_token(bitmask, row, self._eos)
-            return
+    def _write_row(self, target: torch.Tensor) -> None:
         self.ll.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
 
     def accept_token(self, token_id: int) -> bool:
@@ -128,9 +117,6 @@ class LLGuidanceMatcher(GrammarMatcher):
                 self.ll.consume_token(token_id)
             return self._terminated
         return self.ll.try_consume_tokens([token_id]) == 1
-
-    def is_terminated(self) -> bool:
-        return self._terminated
 
     def can_terminate(self) -> bool:
         return self._terminated or bool(self.ll.is_accepting())

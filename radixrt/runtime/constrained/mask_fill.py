@@ -35,7 +35,8 @@ def _ll_matcher(m: Any):
     return None if ll is None or getattr(m, "_terminated", True) else ll
 
 
-def _executor():
+def load_executor():
+    """The process's one ``llguidance.LLExecutor`` (up to 8 Rust threads), made on first use."""
     global _EXECUTOR
     if _EXECUTOR is None:
         import llguidance
@@ -61,7 +62,7 @@ def fill_rows(todo: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
         row = bitmask[batched[0][1]]
         batched[0][0].unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
     elif batched:
-        _executor().unsafe_compute_mask_ptr(batched, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+        load_executor().unsafe_compute_mask_ptr(batched, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
 
 
 class MaskPrefetcher:

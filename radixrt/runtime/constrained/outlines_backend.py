@@ -18,8 +18,7 @@ import json
 import outlines_core as oc
 import torch
 
-from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
-                   fill_single_token, reraise_fatal)
+from .base import CompiledGrammar, GrammarBackend, RowMatcher, checked_spec, compile_error, reraise_fatal
 from .json_strings import pattern_to_json_regex
 from .schema_prep import prepare_schema, rewrite_local_refs, rewrite_patterns
 from .schema_sound import make_sound
@@ -70,8 +69,10 @@ def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int, placeholder_
     return oc.Vocabulary(placeholder_id, mapping)
 
 
-class OutlinesMatcher(GrammarMatcher):
+class OutlinesMatcher(RowMatcher):
     """Wraps ``outlines_core.Guide``; rollback up to ``max_rollback`` tokens. Not thread-safe."""
+
+    backend = "outlines"
 
     def __init__(self, index: oc.Index, eos_token_id: int, max_rollback: int):
         self._index = index
@@ -79,19 +80,7 @@ class OutlinesMatcher(GrammarMatcher):
         self._eos = eos_token_id
         self._terminated = False
 
-    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """See :meth:`GrammarMatcher.fill_next_token_bitmask`. After termination the row allows EOS only.
-
-        Raises:
-            ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
-        """
-        target = bitmask[row]
-        if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
-            raise ValueError(f"outlines: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
-                             f"on {bitmask.device}")
-        if self._terminated:
-            fill_single_token(bitmask, row, self._eos)
-            return
+    def _write_row(self, target: torch.Tensor) -> None:
         self._guide.write_mask_into(target.data_ptr(), target.numel(), 4)
         word, bit = divmod(self._eos, 32)
         value = int(target[word]) & ~(1 << bit)  # the sentinel may be "content" too: decide EOS here
@@ -110,9 +99,6 @@ class OutlinesMatcher(GrammarMatcher):
         except (ValueError, OverflowError, TypeError):
             return False
         return True
-
-    def is_terminated(self) -> bool:
-        return self._terminated
 
     def can_terminate(self) -> bool:
         if self._terminated:

@@ -10,11 +10,15 @@ Both libraries drop some keywords silently, so a finished output could fail the 
    parent; anything else that differs between the parts is refused. ``additionalProperties`` next to
    properties declared by another part is refused (the merge would let those through where the part
    forbids them).
-2. **refuses** (ValueError naming the keyword and where it is) each keyword the backend does not enforce:
+2. **drops the keywords of excluded types** (``properties`` beside ``type: array``: no instance can fail them,
+   and outlines-core took them for an object) and **distributes** the keywords beside ``anyOf``/``oneOf``
+   into each branch (both libraries lower the branches alone and lose the parent's keywords);
+3. **refuses** (ValueError naming the keyword and where it is) each keyword the backend does not enforce:
    ``uniqueItems``, ``not``, ``if``/``then``/``else``, ``contains``, ``dependent*``, ``propertyNames``,
-   ``unevaluated*``, a non-integral ``multipleOf``, a ``format`` the backend does not know, a ``pattern``
-   beside a ``format``, a ``pattern`` beside ``minLength``/``maxLength`` unless the pattern already implies
-   them (Python's ``re`` gives the widths), a ``patternProperties`` key that matches a declared property,
+   ``unevaluated*``, a non-integral ``multipleOf``, a ``format`` the backend does not know (for outlines-core
+   also ``time``, ``email``, ``uri``, whose regexes break the JSON string), a ``pattern`` beside a
+   ``format``, a ``pattern`` beside ``minLength``/``maxLength`` unless the pattern already implies them
+   (Python's ``re`` gives the widths), a ``patternProperties`` key that matches a declared property,
    and a ``oneOf`` whose branches are not provably disjoint (distinct types, or distinct ``const``/``enum``
    values of one required property): both libraries treat ``oneOf`` as ``anyOf``.
 """
@@ -32,7 +36,10 @@ _ALWAYS_REFUSED = ("not", "if", "then", "else", "contains", "minContains", "maxC
                    "$dynamicRef")
 XGRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "duration", "email", "uuid", "uri", "uri-reference",
                               "uri-template", "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer"})
-OUTLINES_FORMATS = frozenset({"date", "time", "date-time", "email", "uri", "uuid"})
+# outlines-core's regexes for time, email and uri break the JSON string they sit in (0.1.x): TIME has "\\."
+# (a backslash, then any character: "01:08:31\*57" is an invalid escape), URI "[^\s]+" lets a '"' through and
+# EMAIL's quoted local part starts with a bare '"'; so outlines refuses those formats by name
+OUTLINES_FORMATS = frozenset({"date", "date-time", "uuid"})
 _ANNOTATIONS = ("title", "description", "$comment", "examples", "default", "$schema", "$id", "id", "definitions",
                 "$defs", "readOnly", "writeOnly", "deprecated")
 _LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
@@ -56,17 +63,17 @@ def _types(t: Any) -> set[str]:
     return set(t) if isinstance(t, list) else {t}
 
 
-def _merge_into(a: dict, b: dict, backend: str, path: list[str]) -> None:
+def _merge_into(a: dict, b: dict, backend: str, path: list[str], kw: str = "allOf") -> None:
     for k, v in b.items():
         if k not in a:
             if k in ("additionalProperties", "patternProperties") and isinstance(a.get("properties"), dict) and \
                     set(a["properties"]) - set(b.get("properties") or {}):
-                raise _refuse(backend, "allOf", path, f"'{k}' of one part would constrain the properties of another")
+                raise _refuse(backend, kw, path, f"'{k}' of one part would constrain the properties of another")
             a[k] = copy.deepcopy(v)
         elif k == "properties" and isinstance(v, dict) and isinstance(a[k], dict):
             extra = set(v) - set(a[k])
             if extra and ("additionalProperties" in a or "patternProperties" in a):
-                raise _refuse(backend, "allOf", path, "'additionalProperties' of one part would constrain the "
+                raise _refuse(backend, kw, path, "'additionalProperties' of one part would constrain the "
                               "properties of another")
             for name, sub in v.items():
                 if name not in a[k] or a[k][name] == sub:
@@ -80,7 +87,7 @@ def _merge_into(a: dict, b: dict, backend: str, path: list[str]) -> None:
             both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
                                 ("number" in ta and "integer" in tb) else set())
             if not both:
-                raise _refuse(backend, "allOf", path, f"the parts' types {sorted(ta)} and {sorted(tb)} do not meet")
+                raise _refuse(backend, kw, path, f"the parts' types {sorted(ta)} and {sorted(tb)} do not meet")
             a[k] = sorted(both) if len(both) > 1 else both.pop()
         elif a[k] == v or k in _ANNOTATIONS:
             continue
@@ -89,34 +96,96 @@ def _merge_into(a: dict, b: dict, backend: str, path: list[str]) -> None:
         elif k in _UPPER and isinstance(v, (int, float)) and isinstance(a[k], (int, float)):
             a[k] = min(a[k], v)
         else:
-            raise _refuse(backend, "allOf", path, f"'{k}' differs between its parts")
+            raise _refuse(backend, kw, path, f"'{k}' differs between its parts")
 
 
-def merge_all_of(root: dict, node: dict, backend: str, path: list[str], depth: int = 0) -> None:
-    """Fold ``node["allOf"]`` (and any ``allOf`` it brings in) into ``node``, in place; see the module doc."""
+def merge_all_of(root: dict, node: dict, backend: str, path: list[str], depth: int = 0, kw: str = "allOf") -> None:
+    """Fold ``node["allOf"]`` (and any ``allOf`` it brings in) into ``node``, in place; see the module doc.
+    ``kw`` is the keyword refusals name (the ``anyOf``/``oneOf`` being distributed, see :func:`distribute`)."""
     while "allOf" in node:
         if depth > 16:
-            raise _refuse(backend, "allOf", path, "nested too deeply")
+            raise _refuse(backend, kw, path, "nested too deeply")
         parts = node.pop("allOf")
         if not isinstance(parts, list):
-            raise _refuse(backend, "allOf", path, "not a list")
+            raise _refuse(backend, kw, path, "not a list")
         for part in parts:
             if part is True or part == {}:
                 continue
             if part is False:
-                raise _refuse(backend, "allOf", path, "a part is `false`")
+                raise _refuse(backend, kw, path, "a part is `false`")
             part = copy.deepcopy(part)
             while isinstance(part, dict) and isinstance(part.get("$ref"), str) and part["$ref"].startswith("#"):
                 ref = part.pop("$ref")
                 target = copy.deepcopy(_resolve(root, ref))
                 if not isinstance(target, dict) or "$ref" in target and target["$ref"] == ref:
-                    raise _refuse(backend, "allOf", path, f"cannot inline {ref!r}")
-                _merge_into(part, target, backend, path)
+                    raise _refuse(backend, kw, path, f"cannot inline {ref!r}")
+                _merge_into(part, target, backend, path, kw)
             if "$ref" in part:
-                raise _refuse(backend, "allOf", path, "a part holds a $ref that is not local")
-            merge_all_of(root, part, backend, path, depth + 1)
-            _merge_into(node, part, backend, path)
+                raise _refuse(backend, kw, path, "a part holds a $ref that is not local")
+            merge_all_of(root, part, backend, path, depth + 1, kw)
+            _merge_into(node, part, backend, path, kw)
         depth += 1
+
+
+_BY_TYPE = {  # keywords that constrain instances of one type only (JSON Schema validation, section 6)
+    "object": ("properties", "additionalProperties", "patternProperties", "required", "minProperties",
+               "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
+               "unevaluatedProperties"),
+    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
+              "minContains", "maxContains", "unevaluatedItems"),
+    "string": ("minLength", "maxLength", "pattern"),
+    "number": _NUMBER_KEYWORDS,
+}
+
+
+def prune_inapplicable(node: dict) -> None:
+    """Drop, in place, the keywords of types that ``node["type"]`` excludes: they cannot reject an instance of
+    its types, yet outlines-core reads ``properties`` beside ``type: array`` as an object (the output ``{}``)."""
+    t = node.get("type")
+    if not (isinstance(t, str) or isinstance(t, list) and all(isinstance(x, str) for x in t)):
+        return
+    types = _types(t) | ({"number"} if "integer" in _types(t) else set())
+    for kind, keys in _BY_TYPE.items():
+        if kind not in types:
+            for k in keys:
+                node.pop(k, None)
+
+
+def distribute(root: dict, node: dict, backend: str, path: list[str]) -> None:
+    """Move the keywords beside ``anyOf``/``oneOf`` into each branch, in place: ``{P, anyOf: [A, B]}`` becomes
+    ``{anyOf: [P+A, P+B]}`` (the same instances; for ``oneOf`` too, as exactly one of P+A, P+B holds iff P and
+    exactly one of A, B do). Both libraries lower the branches alone, dropping P: Snowplow's Slack schema
+    (``additionalProperties: false`` beside ``anyOf: [{required: [text]}, ...]``) got extra keys from xgrammar
+    and ``{}`` from outlines-core. Branches merge as in :func:`merge_all_of`; a clash is refused by name."""
+    for kw in ("anyOf", "oneOf"):
+        branches = node.get(kw)
+        rest = {k: v for k, v in node.items() if k != kw and k not in _ANNOTATIONS}
+        if not isinstance(branches, list) or not rest:
+            continue
+        merged = []
+        for branch in branches:
+            if branch is False:
+                continue  # matches nothing, with or without P
+            part = {"allOf": [copy.deepcopy(rest), {} if branch is True else copy.deepcopy(branch)]}
+            merge_all_of(root, part, backend, path + [kw], kw=kw)
+            merged.append(part)
+        for k in rest:
+            del node[k]
+        node[kw] = merged
+        return  # another combinator among ``rest`` is now inside each branch, distributed when reached
+
+
+def _values(sub: Any) -> set[str] | None:
+    """The values (as ``repr``) that ``sub``'s ``const``/``enum`` allow, looking into an ``allOf`` not merged yet
+    (a property both the parent and a distributed branch declare), or None when nothing limits them."""
+    if not isinstance(sub, dict):
+        return None
+    out = None
+    for part in [sub] + [p for p in sub.get("allOf") or [] if isinstance(p, dict)]:
+        vals = [part["const"]] if "const" in part else part.get("enum")
+        if isinstance(vals, list):
+            out = {repr(v) for v in vals} if out is None else out & {repr(v) for v in vals}
+    return out
 
 
 def _disjoint(branches: list) -> bool:
@@ -131,13 +200,10 @@ def _disjoint(branches: list) -> bool:
     for key in (branches[0].get("properties") or {}):
         values = []
         for b in branches:
-            sub = (b.get("properties") or {}).get(key)
-            if key not in (b.get("required") or []) or not isinstance(sub, dict):
+            vals = _values((b.get("properties") or {}).get(key))
+            if key not in (b.get("required") or []) or vals is None:
                 break
-            vals = [sub["const"]] if "const" in sub else sub.get("enum")
-            if not isinstance(vals, list):
-                break
-            values.append({repr(v) for v in vals})
+            values.append(vals)
         else:
             if all(not (values[i] & values[j]) for i in range(len(values)) for j in range(i)):
                 return True
@@ -209,6 +275,8 @@ def make_sound(schema: Any, backend: str) -> Any:
         if not isinstance(node, dict):
             continue
         merge_all_of(schema, node, backend, path)
+        prune_inapplicable(node)
+        distribute(schema, node, backend, path)
         _check_node(node, backend, path)
         stack.extend((sub, path + suffix) for suffix, sub in _children(node))
     return schema

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar
@@ -84,6 +84,9 @@ class RadixCache:
         self.allocator = allocator
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self._roots: dict[str | None, TreeNode] = {None: TreeNode([], [], None)}
+        # called with each leaf as evict() removes it, before its pages are freed (mem/hicache.py copies
+        # them to the host tier); None: evicted pages are simply freed
+        self.on_evict: Callable[[TreeNode], None] | None = None
         self._evictable = 0  # pages in nodes with lock_ref == 0
         self._protected = 0  # pages in nodes with lock_ref > 0
         self._clock = 0.0  # logical time: +1 per match_prefix / insert call
@@ -250,6 +253,8 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             del parent.children[tuple(leaf.key[:self.page_size])]
             self.allocator.free(leaf.value)
             self.policy.evicted(leaf)

@@ -20,6 +20,7 @@ class ReqPages:
     """Attributes:
         unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
             evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
+        hicache: the tiers under the tree (``hicache.HiCache``), or None.
     """
 
     def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):
@@ -27,6 +28,8 @@ class ReqPages:
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
         self.unpin: Callable[[], bool] | None = None
+        self.hicache: Any = None
+        self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` free pages, evicting tree leaves (by the eviction policy) if short, then dropping session
@@ -44,6 +47,8 @@ class ReqPages:
         """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens."""
         pages, node = [], None
         if self.tree is not None and req.max_cacheable_prefix() > 0:
+            if self.hicache is not None:  # pages evicted to the lower tiers come back first
+                self.hicache.restore(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
             m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt, hit=True)
             pages, node = m.pages, m.last_node
             self.tree.inc_lock_ref(node)
@@ -73,6 +78,9 @@ class ReqPages:
         dup = req.page_table[req.prefix_len // self.P: present // self.P]
         if dup:
             self.allocator.free(dup)
+        if self.hicache is not None:
+            first = present // self.P
+            self.hicache.inserted(key, req.cache_salt, first, req.page_table[first: k // self.P])
         m = self.tree.match_prefix(key, req.cache_salt)
         assert len(m.pages) * self.P == k, "inserted prefix must match in full"
         req.page_table[: k // self.P] = m.pages
@@ -98,6 +106,24 @@ class ReqPages:
                 self.tree.dec_lock_ref(req.last_node)
         req.page_table, req.last_node, req.prefix_len, req.num_computed = [], None, 0, 0
         return kept
+
+    def prefetch(self, waiting: list[Req], limit: int = 4) -> None:
+        """Start tier-3 reads for the first ``limit`` waiting requests not asked for before (mem/prefetch.py)."""
+        if self.hicache is None or self.hicache.prefetcher is None:
+            return
+        asked = self._prefetch_asked
+        if len(asked) > 4096:
+            asked.clear()
+        for req in [r for r in waiting if r.rid not in asked][:limit]:
+            asked.add(req.rid)
+            if req.max_cacheable_prefix() > 0:
+                self.hicache.prefetch(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
+
+    def flush(self) -> int:
+        """Drop every unlocked cached page (and tier 2's); returns pool pages freed."""
+        if self.tree is None:
+            return 0
+        return self.hicache.flush() if self.hicache is not None else self.tree.flush()
 
     def stats(self, running: list[Req]) -> dict:
         """Page counts: free + evictable + protected + private == total."""

@@ -7,15 +7,21 @@ from radixrt.runtime.executor.model_runner import ModelRunner
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
 
-def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int):
-    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``).
+def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True):
+    """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``), warmed up
+    (:func:`~radixrt.runtime.constrained.grammar_step.warm_up`; ``masks``: the mask kernels too, which only
+    the process that samples needs).
 
     Raises:
         ValueError: an unknown grammar backend.
     """
     from radixrt.runtime.constrained import GrammarCache, create_backend
+    from radixrt.runtime.constrained.grammar_step import warm_up
     backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
-    return None if backend is None else GrammarCache(backend)
+    if backend is None:
+        return None
+    warm_up(backend, masks)
+    return GrammarCache(backend)
 
 
 def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:

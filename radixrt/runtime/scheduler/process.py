@@ -84,6 +84,8 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     finally:
         if sched.grammar_cache is not None:
             sched.grammar_cache.shutdown(wait=False)
+        if sched.mem.hicache is not None:  # queued tier-3 writes reach their files
+            sched.mem.hicache.close()
 
 
 def _start_tp(args, args_json: bytes):

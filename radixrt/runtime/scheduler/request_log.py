@@ -27,22 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from typing import IO, Any, Optional
 
-HASH_MASK = (1 << 63) - 1
-
-
-def page_hashes(ids: list[int], page_size: int) -> list[int]:
-    """One hash per whole page of ``ids`` (a trailing partial page gets none). Page i's hash covers page
-    i's tokens and page i-1's hash, so it names the whole prefix (as vLLM's block hashes do). BLAKE2b,
-    8-byte digest, top bit cleared so it stays a non-negative JSON integer."""
-    out, prev = [], b""
-    for i in range(len(ids) // page_size):
-        page = ids[i * page_size:(i + 1) * page_size]
-        prev = hashlib.blake2b(prev + struct.pack(f"<{len(page)}q", *page), digest_size=8).digest()
-        out.append(int.from_bytes(prev, "little") & HASH_MASK)
-    return out
+from radixrt.runtime.mem.page_hash import HASH_MASK, page_hashes  # noqa: F401 (re-exported)
 
 
 def salt_hash(salt: Optional[str]) -> Optional[str]:

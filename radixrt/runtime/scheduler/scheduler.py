@@ -26,6 +26,7 @@ from radixrt.runtime.io_struct import GenerateReq, TokenOut, room
 from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.mem.req_pages import ReqPages
+from radixrt.runtime.scheduler.hicache_build import make_hicache
 from radixrt.runtime.scheduler.request_log import RequestLog
 from radixrt.runtime.scheduler.output_processor import OutputProcessor, eos_ids, make_out
 from radixrt.runtime.scheduler.request import Req
@@ -45,6 +46,7 @@ class Scheduler:
         self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
         self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
         self.allocator, self.tree = self.mem.allocator, self.mem.tree
+        self.mem.hicache = make_hicache(args, runner, self.mem)  # tiers 2-3 under the tree, or None
         self.grammar_cache = grammar_cache
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
@@ -114,7 +116,7 @@ class Scheduler:
             return True
         if self.running or self.waiting:
             return False
-        self.tree.flush()
+        self.mem.flush()
         if self.request_log is not None:
             self.request_log.write_flush(time.time())
         return True
@@ -137,7 +139,8 @@ class Scheduler:
                 "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
                 "num_preemptions": self.num_preemptions, "req_forward_passes": self.stats.req_forward_passes,
                 "jump_forward_tokens": self.outputs.jump_forward_tokens, **self.sessions.stats(),
-                "speculative": self.spec.stats()}
+                "speculative": self.spec.stats(),
+                **({"hicache": self.mem.hicache.stats(self.query_tokens)} if self.mem.hicache else {})}
 
     # ---- scheduling --------------------------------------------------------------------------------
     def _promote_grammar_ready(self) -> None:
@@ -170,6 +173,7 @@ class Scheduler:
                 batch.add(req, n)
                 budget -= n
         if budget <= 0 or not self.waiting:
+            self.mem.prefetch(self.waiting)
             return batch
         admitted: list[Req] = [r for r, _ in batch if r.extend_len > 1]
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.max_wait_steps):
@@ -195,6 +199,7 @@ class Scheduler:
             budget -= n
         for req in self.waiting:
             req.wait_steps += 1
+        self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
         return batch
 
     def _grow_or_preempt(self, req: Req, n: int, batch: ScheduledBatch) -> bool:

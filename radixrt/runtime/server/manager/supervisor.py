@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from collections import deque
 from typing import Optional
@@ -32,6 +33,7 @@ from radixrt.runtime.server.manager.ipc import Ipc
 
 logger = logging.getLogger("radixrt.server")
 WINDOW_S = 600.0  # the --max-restarts window: 10 min
+SIGNAL_GRACE_S = 0.5  # a child killed by SIGTERM/SIGINT: how long to wait for the server's own drain
 
 
 class Supervisor:
@@ -69,13 +71,23 @@ class Supervisor:
             logger.warning("the children are back after %.1f s; serving again", time.monotonic() - self.t_died)
             self.tm.dead = None
 
-    def _on_exit(self, children: ChildProcesses, name: str) -> None:
-        """A child's sentinel fired (in the event loop)."""
+    def _on_exit(self, children: ChildProcesses, name: str, deferred: bool = False, code: int | None = None) -> None:
+        """A child's sentinel fired (in the event loop); ``deferred``: called again after SIGNAL_GRACE_S with the
+        exit ``code`` already reaped."""
         tm = self.tm
         if children is not tm.children:  # a child of a generation already replaced
             return
-        code = children.reap(name)
+        if not deferred:
+            code = children.reap(name)
         if tm.closing or self.down:
+            return
+        if code in (-signal.SIGTERM, -signal.SIGINT) and not deferred:
+            # a signal to the whole process group (Ctrl-C, a container stop) reaches the children first: give
+            # the main process's own handler a moment to start the drain before calling this a crash
+            asyncio.get_running_loop().call_later(SIGNAL_GRACE_S, self._on_exit, children, name, True, code)
+            return
+        if deferred and tm.admission.draining is not None:
+            logger.info("the %s process stopped on signal %d while the server shuts down", name, -code)
             return
         note = children.note() if name == "scheduler" else None
         what = f"the {name} process exited unexpectedly (exit code {code}" + (f": {note})" if note else ")")

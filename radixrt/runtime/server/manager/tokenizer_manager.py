@@ -73,7 +73,7 @@ class TokenizerManager:
 
     def _make_grammar_cache(self, vocab_size: int) -> None:
         from radixrt.runtime.scheduler.build import make_grammar_cache
-        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size)
+        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size, masks=False)
 
     async def _on_ready(self, r: ReadyOut) -> None:
         if r.error is not None:

@@ -20,6 +20,10 @@ where both projects name the same quantity, both names are exported. Every famil
 Also ``radixrt:kv_cache_cached_ratio`` (evictable cached pages over all pages), which neither peer has, and
 ``radixrt:process_restarts_total{process}`` (children restarted after ``process`` died: scheduler,
 detokenizer, tp_rank).
+With cache tiers (``--enable-hierarchical-cache``, ``mem/hicache.py``), per ``tier`` (``host``, ``disk``):
+``radixrt:hicache_hit_tokens_total`` (prompt tokens restored from the tier), ``radixrt:hicache_hit_rate``
+(those over all prompt tokens looked up), ``radixrt:hicache_bytes`` (held), ``radixrt:hicache_load_seconds_total``
+and ``radixrt:hicache_store_seconds_total`` (time copying pages in and out of the tier).
 Gauges and the cache counters are refreshed from the scheduler at each scrape; latencies are measured in
 the main process.
 """
@@ -43,6 +47,32 @@ class _SchedulerState:
         self.query = self.hit = 0
         self.memory: dict = {}
         self.spec: dict = {}  # the scheduler's speculative-decoding counters (scheduler/spec_step.py)
+        self.hicache: dict = {}
+
+    def _tiers(self, names: list, vals: list):
+        """The cache tiers' families (none without tiers)."""
+        tiers = [(t, self.hicache[t]) for t in ("host", "disk") if t in self.hicache]
+        if not tiers:
+            return
+        pb = self.hicache.get("page_bytes", 0)
+        rows = {"hit_rate": [], "bytes": [], "hit_tokens": [], "load_seconds": [], "store_seconds": []}
+        for t, d in tiers:
+            disk = t == "disk"
+            rows["hit_rate"].append((t, d["hit_rate"]))
+            rows["bytes"].append((t, d["files"] * pb if disk else d["used_bytes"]))
+            rows["hit_tokens"].append((t, d["hit_tokens"]))
+            rows["load_seconds"].append((t, d["read_seconds"] if disk else d["load_seconds"]))
+            rows["store_seconds"].append((t, d["write_seconds"] if disk else d["store_seconds"]))
+        for suffix, doc, kind in (
+                ("hit_rate", "prompt tokens restored from the tier over those looked up", GaugeMetricFamily),
+                ("bytes", "KV bytes held in the tier", GaugeMetricFamily),
+                ("hit_tokens", "prompt tokens restored from the tier", CounterMetricFamily),
+                ("load_seconds", "seconds spent reading pages from the tier", CounterMetricFamily),
+                ("store_seconds", "seconds spent writing pages to the tier", CounterMetricFamily)):
+            fam = kind(f"radixrt:hicache_{suffix}", doc, labels=names + ["tier"])
+            for t, v in rows[suffix]:
+                fam.add_metric(vals + [t], v)
+            yield fam
 
     def collect(self):
         names = list(self.labels)
@@ -83,6 +113,7 @@ class _SchedulerState:
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric(vals, v)
             yield c
+        yield from self._tiers(names, vals)
 
 
 class Metrics:
@@ -141,6 +172,7 @@ class Metrics:
         s.cached_ratio = c.get("evictable_pages", 0) / total
         s.query, s.hit = c.get("query_tokens", 0), c.get("hit_tokens", 0)
         s.spec = c.get("speculative", {})
+        s.hicache = c.get("hicache") or {}
 
     def update_memory(self, memory: dict) -> None:
         """Refresh the memory gauges from ``get_server_info``'s ``memory`` dict."""

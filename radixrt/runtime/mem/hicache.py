@@ -1,0 +1,255 @@
+"""The cache tiers under the radix tree (SGLang's HiCache): pool (tier 1), host store (tier 2,
+``host_tier.py``), files (tier 3, ``disk_tier.py``).
+
+Hooks (the tree and ``ReqPages`` call them; the logic is all here):
+  ``on_evict(leaf)``   the tree evicts a leaf: its pages' bytes go to tier 2 (one copy out of the pool),
+                       keyed by ``(cache_salt, chained page hash)`` and scored by the tree's eviction key.
+  ``restore(key, salt)`` before an admission's ``match_prefix``: the pages that follow the tree's match
+                       and are found in tier 2 (then tier 3) are copied into fresh pool pages and inserted
+                       into the tree, so the match that follows covers them (no recompute).
+  ``inserted(key, salt, first, pages)`` after a tree insert: tier 2 drops its copies of those pages (a page
+                       is in the pool or in tier 2, never both) and, under ``write_through``, tier 3 gets
+                       them at once (a restart keeps them).
+Where the tree keeps pool pages, the tiers are keyed by the chained page hash, which the tree's keys
+determine: the hash of a prefix is the pointer into tiers 2 and 3, and tier 3 needs it to outlive the tree.
+
+Write policies (``--hicache-write-policy``, SGLang's names) decide when tier 3 is written:
+``write_through`` when a page enters the tree; ``write_back`` when it leaves tier 2 (cheaper; pages
+still in tiers 1-2 at a crash are lost). Tier 2 is always filled on eviction: on the CPU the pool is host
+memory, so a second host copy of live pages would hold nothing more.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from radixrt.runtime.mem.disk_tier import DiskTier
+from radixrt.runtime.mem.host_tier import HostTier
+from radixrt.runtime.mem.page_codec import PageCodec
+from radixrt.runtime.mem.page_hash import page_hashes
+from radixrt.runtime.mem.prefetch import Prefetcher
+
+logger = logging.getLogger(__name__)
+WRITE_POLICIES = ("write_through", "write_back")
+
+
+class HiCache:
+    """Args:
+        tree: the ``RadixCache``; its ``on_evict`` hook is set here.
+        codec: a ``PageCodec`` over the pool.
+        allocate: ``ReqPages.allocate`` (pool pages, evicting if short; None when impossible).
+        host: tier 2; disk: tier 3 or None.
+
+    Raises ValueError on an unknown ``write_policy``.
+    """
+
+    def __init__(self, tree, codec: PageCodec, allocate: Callable[[int], list[int] | None], host: HostTier,
+                 disk: DiskTier | None = None, write_policy: str = "write_through",
+                 prefetch_threshold: int = 256) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        self.tree, self.codec, self.allocate, self.host, self.disk = tree, codec, allocate, host, disk
+        self.write_policy = write_policy
+        self.ps = tree.page_size
+        self._suspended = False  # during flush: evicted pages are dropped, not stored
+        self.host_hit_tokens = self.disk_hit_tokens = 0
+        self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
+        self.store_seconds = self.load_seconds = 0.0
+        self.prefetcher = Prefetcher(disk) if disk is not None else None
+        self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
+        self.prefetched_pages = 0
+        tree.on_evict = self.on_evict
+
+    # ---- tree walking --------------------------------------------------------------------------
+    def _path(self, node) -> tuple[list[int], str | None]:
+        """The whole key from the root to ``node`` and its root's salt."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        salt = next((s for s, r in self.tree.roots.items() if r is node), None)
+        return [t for part in reversed(parts) for t in part], salt
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def on_evict(self, leaf) -> None:
+        """Copy an evicted leaf's pages to tier 2 (before the tree frees them)."""
+        if self._suspended:
+            return
+        t0 = time.perf_counter()
+        key, salt = self._path(leaf)
+        hashes = page_hashes(key, self.ps)[-len(leaf.value):]
+        keys = [(salt, h) for h in hashes]
+        rows = self.codec.pack(leaf.value)
+        score = self.tree.policy.key(leaf)
+        spilled = self.host.store(keys, [score] * len(keys), rows)
+        self.stored_pages += len(keys)
+        self.host_evicted_pages += len(spilled)
+        if self.disk is not None and self.write_policy == "write_back":
+            for (s, h), row in spilled:
+                self.disk.write(s, h, row.numpy().tobytes())
+        self.store_seconds += time.perf_counter() - t0
+
+    def inserted(self, key: list[int], salt: str | None, first: int, pages: list[int]) -> None:
+        """Pages ``first..first+len(pages)`` of ``key`` just entered the tree as ``pages``."""
+        if not pages:
+            return
+        hashes = page_hashes(key[: (first + len(pages)) * self.ps], self.ps)[first:]
+        self.host.discard([(salt, h) for h in hashes])
+        if self.disk is not None and self.write_policy == "write_through":
+            todo = [(i, h) for i, h in enumerate(hashes) if (salt, h) not in self.disk]
+            if todo:
+                rows = self.codec.pack([pages[i] for i, _ in todo]).numpy()
+                for (_, h), row in zip(todo, rows):
+                    self.disk.write(salt, h, row.tobytes())
+
+    def restore(self, key: list[int], salt: str | None) -> int:
+        """Load the pages of ``key`` that follow the tree's match from tiers 2 and 3 into the pool and the
+        tree. Returns tokens restored (0 when none, or when the pool cannot make room)."""
+        n_pages = len(key) // self.ps
+        self.drain_prefetched()
+        m = self.tree.match_prefix(key, salt)
+        start = len(m.pages)
+        if start >= n_pages or not (self.host.num_used or self.disk is not None):
+            return 0
+        t0 = time.perf_counter()
+        hashes = page_hashes(key[: n_pages * self.ps], self.ps)
+        taken: list[tuple[int, tuple, int, tuple]] = []  # (index in the run, key, slot, score) out of tier 2
+        from_disk: list[tuple[int, bytes]] = []  # (index in the run, row)
+        for i in range(start, n_pages):
+            k = (salt, hashes[i])
+            got = self.host.take(k)
+            if got is not None:
+                taken.append((i - start, k, got[0], got[1]))
+                continue
+            row = self.disk.read(salt, hashes[i]) if self.disk is not None else None
+            if row is None:
+                break
+            from_disk.append((i - start, row))
+        n = len(taken) + len(from_disk)
+        if n == 0:
+            return 0
+        self.tree.inc_lock_ref(m.last_node)  # the matched part must survive the allocation below
+        try:
+            pages = self.allocate(n)
+        finally:
+            self.tree.dec_lock_ref(m.last_node)
+        if pages is None:
+            for _, k, slot, score in taken:
+                self.host.put_back(k, slot, score)
+            return 0
+        if taken:
+            slots = [slot for _, _, slot, _ in taken]
+            self.codec.unpack([pages[j] for j, _, _, _ in taken], self.host.rows[torch.tensor(slots, dtype=torch.long)])
+            self.host.release(slots)
+        if from_disk:
+            rows = torch.frombuffer(bytearray(b"".join(r for _, r in from_disk)), dtype=torch.uint8)
+            self.codec.unpack([pages[i] for i, _ in from_disk], rows.view(len(from_disk), -1))
+        end = (start + n) * self.ps
+        present = self.tree.insert(key[:end], m.pages + pages, salt)
+        assert present == start * self.ps, "restored pages must extend the match"
+        self.host_hit_tokens += len(taken) * self.ps
+        self.disk_hit_tokens += len(from_disk) * self.ps
+        self.loaded_pages += n
+        self.load_seconds += time.perf_counter() - t0
+        return n * self.ps
+
+    # ---- prefetch from tier 3 ------------------------------------------------------------------
+    def prefetch(self, key: list[int], salt: str | None) -> bool:
+        """Queue the file reads of ``key``'s pages beyond the tree and tier 2, when at least
+        ``prefetch_min_pages`` consecutive ones have files. Returns True when queued."""
+        if self.prefetcher is None:
+            return False
+        self.drain_prefetched()
+        n_pages = len(key) // self.ps
+        i = len(self.tree.match_prefix(key, salt).pages)
+        if n_pages - i < self.prefetch_min_pages:
+            return False
+        hashes = page_hashes(key[: n_pages * self.ps], self.ps)
+        while i < n_pages and (salt, hashes[i]) in self.host:
+            i += 1
+        j = i
+        while j < n_pages and (salt, hashes[j]) in self.disk:
+            j += 1
+        if j - i < self.prefetch_min_pages:
+            return False
+        return self.prefetcher.submit(key[: j * self.ps], salt, i, hashes[i:j])
+
+    def drain_prefetched(self) -> int:
+        """Put finished prefetch reads into tier 2 (pages now in the tree are dropped). Returns pages put."""
+        if self.prefetcher is None:
+            return 0
+        put = 0
+        for key, salt, start, hashes, rows in self.prefetcher.take_done():
+            in_tree = len(self.tree.match_prefix(key, salt).pages)
+            keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
+                    if start + i >= in_tree and (salt, h) not in self.host]
+            if not keep:
+                continue
+            data = torch.frombuffer(bytearray(b"".join(r for _, r in keep)), dtype=torch.uint8)
+            score = self._fresh_score()
+            self.host.store([(salt, h) for h, _ in keep], [score] * len(keep), data.view(len(keep), -1))
+            put += len(keep)
+        self.prefetched_pages += put
+        return put
+
+    def _fresh_score(self) -> tuple:
+        """The eviction key a node touched now would have (prefetched pages rank as just used)."""
+        probe = _Probe()
+        self.tree.policy.touch(probe, float(getattr(self.tree, "_clock", 0)), False)
+        return self.tree.policy.key(probe)
+
+    # ---- maintenance ---------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Empty tiers 1 and 2 (tier 3 is the durable copy and stays). Returns pool pages freed."""
+        self._suspended = True
+        try:
+            freed = self.tree.flush()
+        finally:
+            self._suspended = False
+        self.host.clear()
+        return freed
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        if self.disk is not None:
+            self.disk.close()
+
+    def check_invariants(self) -> None:
+        """Tier 2's slots are each free or held once; no page of the tree is also held in tier 2.
+        O(tree tokens); tests only. Raises AssertionError."""
+        self.host.check()
+        for node in list(self.tree._nodes()):
+            key, salt = self._path(node)
+            for h in page_hashes(key, self.ps)[-len(node.value):]:
+                assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"
+
+    def stats(self, query_tokens: int) -> dict:
+        """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""
+        pb, q = self.codec.page_bytes, max(query_tokens, 1)
+        out = {"write_policy": self.write_policy, "page_bytes": pb,
+               "host": {"capacity_pages": self.host.num_slots, "used_pages": self.host.num_used,
+                        "capacity_bytes": self.host.num_slots * pb, "used_bytes": self.host.num_used * pb,
+                        "hit_tokens": self.host_hit_tokens, "hit_rate": self.host_hit_tokens / q,
+                        "stored_pages": self.stored_pages, "evicted_pages": self.host_evicted_pages,
+                        "loaded_pages": self.loaded_pages, "store_seconds": self.store_seconds,
+                        "load_seconds": self.load_seconds}}
+        d = self.disk
+        if d is not None:
+            out["disk"] = {"dir": d.dir, "files": len(d.known), "hit_tokens": self.disk_hit_tokens,
+                           "hit_rate": self.disk_hit_tokens / q, "written_pages": d.written,
+                           "read_pages": d.read_pages, "dropped_pages": d.dropped, "pending_writes": d.pending_writes,
+                           "bytes_written": d.bytes_written, "bytes_read": d.bytes_read,
+                           "write_seconds": d.write_seconds, "read_seconds": d.read_seconds,
+                           "prefetched_pages": self.prefetched_pages}
+        return out
+
+
+class _Probe:
+    """What an eviction policy reads and writes on a node (``eviction.TreeNode``)."""
+
+    def __init__(self) -> None:
+        self.last_access_time, self.hit_count, self.score = 0.0, 0, 0.0

@@ -1,0 +1,143 @@
+"""Tier 2: a bounded host store of KV pages evicted from the pool (SGLang's HiCache host pool, L2).
+
+Each entry is one page, keyed by ``(cache_salt, chained page hash)`` (``page_hash.py``): the hash names
+the whole prefix that produced the page's KV, and the salt keeps tenants apart. Its bytes are one row of
+a preallocated uint8 buffer ``[num_slots, page_bytes]`` (``page_codec.py``: the pool's exact bytes). The
+buffer is ``calloc``'d, so slots take memory once written.
+
+Exclusive with the pool: a page restored into the pool leaves this store (``take``), and a page inserted
+into the tree drops its copy here (``discard``), so a page's KV is in the pool or here, never both.
+
+Eviction inside the tier uses the tree's own eviction keys (``--eviction-policy``, GDSF by default): each
+entry keeps ``policy.key(node)`` of the node it was evicted from, and the lowest key goes first. The
+tree's GDSF inflation is already inside those scores, so the tier adds no aging of its own.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+Key = tuple  # (cache_salt: str | None, page hash: int)
+
+
+@dataclass
+class _Entry:
+    slot: int
+    score: tuple
+    seq: int  # the heap item that is current for this entry (older items are stale)
+
+
+class HostTier:
+    """``num_slots`` pages of ``page_bytes`` each. Raises ValueError when either is below 1."""
+
+    def __init__(self, num_slots: int, page_bytes: int) -> None:
+        if num_slots < 1 or page_bytes < 1:
+            raise ValueError(f"hicache_size gives {num_slots} host pages of {page_bytes} bytes; need >= 1")
+        self.num_slots, self.page_bytes = num_slots, page_bytes
+        self.rows = torch.from_numpy(np.zeros((num_slots, page_bytes), dtype=np.uint8))
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._index: dict[Key, _Entry] = {}
+        self._heap: list[tuple[tuple, int, Key]] = []
+        self._seq = itertools.count()
+
+    @property
+    def num_used(self) -> int:
+        return len(self._index)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._index
+
+    def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor) -> list[tuple[Key, torch.Tensor]]:
+        """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys``, evicting the lowest-scored
+        entries when full. A key already present keeps its bytes (the same prefix, the same KV) and takes
+        the higher score. Returns the evicted ``(key, row)`` pairs (the disk tier may keep them)."""
+        evicted: list[tuple[Key, torch.Tensor]] = []
+        new = [(i, k) for i, k in enumerate(keys) if k not in self._index]
+        for i, k in enumerate(keys):
+            e = self._index.get(k)
+            if e is not None and scores[i] > e.score:
+                self._push(k, e.slot, scores[i])
+        # the pages of one evicted node come leaf-last; keep the ones nearest the root when space is short
+        new = new[: self.num_slots]
+        while len(self._free) < len(new):
+            popped = self._pop_lowest()
+            if popped is None:
+                break
+            evicted.append(popped)
+        if len(self._free) < len(new):
+            new = new[: len(self._free)]
+        if not new:
+            return evicted
+        slots = [self._free.pop() for _ in new]
+        src = rows if len(new) == len(keys) else rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
+        self.rows[torch.tensor(slots, dtype=torch.long)] = src
+        # deepest page first: among equal scores the heap pops the oldest push, so a node's tail goes before
+        # its head, and a prefix never loses a page while keeping the ones after it
+        for slot, (i, k) in reversed(list(zip(slots, new))):
+            self._push(k, slot, scores[i])
+        return evicted
+
+    def _push(self, key: Key, slot: int, score: tuple) -> None:
+        seq = next(self._seq)
+        self._index[key] = _Entry(slot, score, seq)
+        heapq.heappush(self._heap, (score, seq, key))
+
+    def _pop_lowest(self) -> tuple[Key, torch.Tensor] | None:
+        while self._heap:
+            _, seq, key = heapq.heappop(self._heap)
+            e = self._index.get(key)
+            if e is not None and e.seq == seq:
+                del self._index[key]
+                row = self.rows[e.slot].clone()
+                self._free.append(e.slot)
+                return key, row
+        return None
+
+    def take(self, key: Key) -> tuple[int, tuple] | None:
+        """Remove ``key``'s entry and return ``(slot, score)``; the slot stays out of the free list until
+        ``release`` (the page is being copied). None when absent."""
+        e = self._index.pop(key, None)
+        return None if e is None else (e.slot, e.score)
+
+    def put_back(self, key: Key, slot: int, score: tuple) -> None:
+        """Undo a ``take`` whose copy did not happen."""
+        self._push(key, slot, score)
+
+    def release(self, slots: list[int]) -> None:
+        """Free slots whose pages were copied out (after ``take``)."""
+        self._free.extend(slots)
+
+    def discard(self, keys: list[Key]) -> int:
+        """Drop the entries of ``keys`` (their pages are in the pool again). Returns how many were held."""
+        n = 0
+        for k in keys:
+            e = self._index.pop(k, None)
+            if e is not None:
+                self._free.append(e.slot)
+                n += 1
+        return n
+
+    def clear(self) -> int:
+        """Drop every entry; returns how many there were."""
+        n = len(self._index)
+        self._free.extend(e.slot for e in self._index.values())
+        self._index.clear()
+        self._heap.clear()
+        return n
+
+    def check(self) -> None:
+        """Raise AssertionError unless every slot is free or held by exactly one entry."""
+        held = [e.slot for e in self._index.values()]
+        assert len(set(held)) == len(held), "a host slot is held by two entries"
+        assert not set(held) & set(self._free), "a host slot is both free and held"
+        assert len(set(self._free)) == len(self._free), "a host slot is free twice"
+        assert len(held) + len(self._free) == self.num_slots, (
+            f"host tier accounting broken: {len(held)} held + {len(self._free)} free != {self.num_slots}")
