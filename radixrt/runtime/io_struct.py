@@ -45,6 +45,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     spaces_between_special_tokens: bool = True  # detokenizer: a space around special tokens (with skip off)
     logit_bias: dict[int, float] = {}           # token id -> added to its logit before sampling
     stream_interval: int = 1                    # streamed /generate: a chunk every this many tokens
+    speculative: bool = True                    # False: this request never carries draft tokens
 
 
 class SessionParams(msgspec.Struct, kw_only=True):

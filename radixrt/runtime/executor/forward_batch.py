@@ -37,6 +37,8 @@ class ForwardBatch:
             ``prefix_groups``, which the attention backend reads; None when nothing is shared or
             ``--disable-cascade-attention`` is set.
         all_rows: ``logit_rows`` is every token row in order (a decode step): ``forward`` skips the gather.
+        spec_at: ``(req, i)``: a decode row carrying ``k = len(req.draft_ids)`` draft tokens; logits rows
+            ``i .. i + k`` score its ``k + 1`` positions (runtime/scheduler/spec_step.py verifies them).
     """
 
     input_ids: torch.Tensor
@@ -47,6 +49,7 @@ class ForwardBatch:
     input_logprob_at: list[tuple["Req", int, int]] = field(default_factory=list)
     prefix_groups: PrefixGroups | None = None
     all_rows: bool = False
+    spec_at: list[tuple["Req", int]] = field(default_factory=list)
 
     @classmethod
     def make(cls, input_ids: list[int], positions: list[int], attn_meta: AttentionMetadata,
@@ -63,6 +66,10 @@ class ForwardBatch:
         i64 = dict(dtype=torch.int64)
         return cls(torch.tensor(input_ids, **i64), torch.tensor(positions, **i64), attn_meta,
                    torch.tensor(logit_rows, **i64), all_rows=logit_rows == list(range(len(input_ids))), **kw)
+
+    def is_spec(self, req: "Req") -> bool:
+        """``req``'s row carried draft tokens this step."""
+        return any(r is req for r, _ in self.spec_at)
 
     @property
     def num_tokens(self) -> int:

@@ -176,11 +176,11 @@ class ModelRunner:
         ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
         (to sample) and of every prompt position whose input logprob is wanted."""
         ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
-        sample_at, lp_at = [], []
+        sample_at, lp_at, spec_at = [], [], []
         for req, n in batch:
             s, e = req.num_computed, req.num_computed + n
-            base = len(ids)
-            ids.extend(req.fill_ids[s:e])
+            base, k = len(ids), len(req.draft_ids)  # k draft tokens follow the row's last sampled token
+            ids.extend(req.fill_ids[s:e] + req.draft_ids if k else req.fill_ids[s:e])
             pos.extend(range(s, e))
             tables.append(req.page_table)
             q_lens.append(n)
@@ -190,7 +190,10 @@ class ModelRunner:
                 for p in range(max(s, first), min(e, len(req.input_ids) - 1)):
                     lp_at.append((req, len(rows), p + 1))
                     rows.append(base + p - s)
-            if e == req.seq_len:
+            if k:  # every position of a draft row is scored (scheduler/spec_step.py)
+                spec_at.append((req, len(rows)))
+                rows.extend(range(base + n - 1 - k, base + n))
+            elif e == req.seq_len:
                 sample_at.append((req, len(rows)))
                 rows.append(base + n - 1)
         groups = None
@@ -202,7 +205,7 @@ class ModelRunner:
             self.cascade_rows += len({r for members in groups.rows for r in members})
         meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size, prefix_groups=groups)
         return ForwardBatch.make(ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at,
-                                 prefix_groups=groups)
+                                 prefix_groups=groups, spec_at=spec_at)
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """One step. Returns fp32 logits ``[len(fb.logit_rows), vocab]``, rows in ``fb.logit_rows`` order.

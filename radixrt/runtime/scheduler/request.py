@@ -26,6 +26,7 @@ class Req:
     session: Any = None                 # the Session that pins this request's KV when it finishes
 
     output_ids: list[int] = field(default_factory=list)
+    draft_ids: list[int] = field(default_factory=list)  # this step's draft tokens (scheduler/spec_step.py)
     # Memory. page_table[i] holds tokens [i*P, (i+1)*P) of fill_ids. The first prefix_len tokens' pages
     # belong to the radix tree (locked through last_node); the rest are the request's own.
     page_table: list[int] = field(default_factory=list)

@@ -33,6 +33,7 @@ from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.scheduler.schedule_policy import order_waiting, shares_uncached
 from radixrt.runtime.scheduler.session import SessionManager
+from radixrt.runtime.scheduler.spec_step import Speculator
 from radixrt.runtime.scheduler.step_stats import StepStats
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Scheduler:
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
                                        jump_forward=not args.disable_jump_forward,
                                        grammar_overlap=args.grammar_overlap)
+        self.spec = Speculator(args, self.outputs, runner.context_length)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -137,6 +139,7 @@ class Scheduler:
                 "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
                 "num_preemptions": self.num_preemptions, "req_forward_passes": self.stats.req_forward_passes,
                 "jump_forward_tokens": self.outputs.jump_forward_tokens, **self.sessions.stats(),
+                "speculative": self.spec.stats(),
                 **({"hicache": self.mem.hicache.stats(self.query_tokens)} if self.mem.hicache else {})}
 
     # ---- scheduling --------------------------------------------------------------------------------
@@ -163,6 +166,7 @@ class Scheduler:
             if req in self.running and self._grow_or_preempt(req, 1, batch):
                 batch.add(req, 1)
                 budget -= 1
+        budget -= self.spec.attach(batch, self.mem, budget)  # draft tokens on decode rows (spec_step.py)
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
@@ -240,11 +244,13 @@ class Scheduler:
         and put every unfinished prefill chunk's KV in the tree at once, for others to hit."""
         now = time.time()
         for req, n in batch:
-            req.advance(n, now)
-        for req, reason in self.outputs.process(fb, logits):
+            req.advance(n - len(req.draft_ids), now)  # a draft's KV counts once it is accepted (verify)
+        finished = self.outputs.process(fb, logits) + self.spec.verify(logits, fb.spec_at)
+        self.spec.settle(batch, self.mem)
+        for req, reason in finished:
             self._finish_running(req, reason)
         for req, n in batch:
-            if req.finished_reason is None and n > 1:
+            if req.finished_reason is None and n > 1 and not fb.is_spec(req):
                 self.mem.cache(req)
 
     def collect_outputs(self) -> list[TokenOut]:
@@ -263,6 +269,7 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
+        self.spec.finish(req)
         if req.session is not None:
             self.sessions.done(req.session)
         self.by_rid.pop(req.rid, None)

@@ -46,6 +46,7 @@ class _SchedulerState:
         self.usage = self.cached_ratio = 0.0
         self.query = self.hit = 0
         self.memory: dict = {}
+        self.spec: dict = {}  # the scheduler's speculative-decoding counters (scheduler/spec_step.py)
         self.hicache: dict = {}
 
     def _tiers(self, names: list, vals: list):
@@ -85,7 +86,10 @@ class _SchedulerState:
                 ("sglang:token_usage", "KV pages held by requests or pinned in the tree, over all", self.usage),
                 ("vllm:kv_cache_usage_perc", "KV pages held by requests or pinned in the tree, over all", self.usage),
                 ("radixrt:kv_cache_cached_ratio", "evictable cached KV pages over all pages", self.cached_ratio),
-                ("sglang:cache_hit_rate", "prompt tokens served from the prefix cache over those looked up", rate)):
+                ("sglang:cache_hit_rate", "prompt tokens served from the prefix cache over those looked up", rate),
+                ("sglang:spec_accept_length", "tokens per verifying request-step (accepted drafts + 1)",
+                 self.spec.get("accept_length", 0.0)),
+                ("radixrt:spec_accept_rate", "accepted over proposed draft tokens", self.spec.get("accept_rate", 0.0))):
             g = GaugeMetricFamily(name, doc, labels=names)
             g.add_metric(vals, v)
             yield g
@@ -99,7 +103,13 @@ class _SchedulerState:
             yield g
         for name, doc, v in (("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", self.query),
                              ("vllm:prefix_cache_hits", "prompt tokens served from the prefix cache", self.hit),
-                             ("sglang:cached_tokens", "prompt tokens served from the prefix cache", self.hit)):
+                             ("sglang:cached_tokens", "prompt tokens served from the prefix cache", self.hit),
+                             ("vllm:spec_decode_num_accepted_tokens", "draft tokens accepted",
+                              self.spec.get("accepted_tokens", 0)),
+                             ("vllm:spec_decode_num_draft_tokens", "draft tokens proposed and verified",
+                              self.spec.get("draft_tokens", 0)),
+                             ("vllm:spec_decode_num_drafts", "request-steps that verified drafts",
+                              self.spec.get("verify_steps", 0))):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric(vals, v)
             yield c
@@ -161,6 +171,7 @@ class Metrics:
         s.usage = (total - c.get("free_pages", 0) - c.get("evictable_pages", 0)) / total
         s.cached_ratio = c.get("evictable_pages", 0) / total
         s.query, s.hit = c.get("query_tokens", 0), c.get("hit_tokens", 0)
+        s.spec = c.get("speculative", {})
         s.hicache = c.get("hicache") or {}
 
     def update_memory(self, memory: dict) -> None:

@@ -1,0 +1,170 @@
+"""Speculative decoding in the batched step: drafts attached to decode rows, verified in one forward.
+
+    schedule():  attach(batch, mem, budget)   a decode row of req carries 1 + k tokens: its last sampled
+                                              token and k drafts (runtime/spec/: suffix or ngram drafter)
+    prepare():   the row is an extend row (causal inside the row) with logits at all of its 1 + k positions
+    conclude():  verify(logits, fb.spec_at)   accepted tokens appended, then settle(batch, mem)
+
+Verification samples position ``j`` of a row exactly as a plain decode step would sample that request's
+next token (penalties, grammar mask, temperature, top-k/p, its own generator), after the tokens accepted
+before it were appended and fed to its grammar matcher; the draft token ``d_j`` is kept iff the sampled
+token equals it, and the first mismatch (or the token after the last draft) is the step's last token.
+At temperature 0 that is greedy acceptance. Above 0 it is the speculative-sampling rule of Leviathan et al.
+(ICML 2023) and Chen et al. (2023) for a draft distribution q that is a point mass on ``d_j`` (draftless
+drafters propose one token): accept with probability ``min(1, p(d)/q(d)) = p(d)``, else sample from the
+residual ``max(0, p - q)`` normalized, which is ``p`` without ``d``. Sampling ``x ~ p`` and keeping ``d`` iff
+``x == d`` realizes exactly that: ``P(x = d) = p(d)``, and given ``x != d``, ``x`` follows the residual. Each
+output token consumes the request's generator as one plain decode step does, so a seeded request gives the
+same tokens with speculation on and off, and every finish check (stop ids, stop strings, max_new_tokens,
+grammar termination) runs after each token, so nothing overshoots.
+
+Rollback: the rejected drafts' KV slots lie past ``num_computed`` and are overwritten by later steps before
+they are read; their pages beyond the next token's are freed at once (``settle``), and the radix tree only
+ever inserts ``fill_ids[:num_computed]``, which holds accepted tokens only.
+"""
+from __future__ import annotations
+
+from radixrt.runtime.constrained.base import GrammarMatcher
+from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
+from radixrt.runtime.scheduler.request import Req
+from radixrt.runtime.spec import DraftConfig, make_drafter
+
+
+class Speculator:
+    """Owns the drafter and the speculation counters (``stats``) of one scheduler.
+
+    Args:
+        args: ServerArgs (``speculative_algorithm``, ``speculative_num_draft_tokens``,
+            ``speculative_max_batch_size``, ``grammar_overlap``, ``tp``).
+        outputs: the scheduler's OutputProcessor, whose ``sample`` verifies each position.
+        context_length: the longest prompt + output, in tokens.
+    """
+
+    def __init__(self, args, outputs, context_length: int):
+        cfg = DraftConfig(num_draft_tokens=args.speculative_num_draft_tokens)
+        # under --tp every rank must draft alike; the ranks' lockstep carries no drafts yet
+        self.drafter = make_drafter(args.speculative_algorithm, cfg) if args.tp == 1 else None
+        self.algorithm = args.speculative_algorithm if self.drafter is not None else "none"
+        self.max_batch = args.speculative_max_batch_size
+        self.outputs, self.context_length = outputs, context_length
+        self.verify_steps = 0      # request-steps that verified drafts
+        self.draft_tokens = 0      # draft tokens proposed and verified
+        self.accepted_tokens = 0   # of those, kept
+        self.emitted_tokens = 0    # tokens those request-steps produced (accepted + one sampled each)
+
+    # ---- drafting ----------------------------------------------------------------------------------
+    def attach(self, batch: ScheduledBatch, mem, budget: int) -> int:
+        """Give each decode row of ``batch`` its drafts (``req.draft_ids``) and the pages for them, from
+        free pages only (drafts never evict cached prefixes nor preempt). Returns the extra tokens."""
+        decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
+        if self.drafter is None or not decodes or len(decodes) > self.max_batch:
+            return 0
+        used = 0
+        for i in decodes:
+            req = batch.reqs[i]
+            if budget - used <= 0:
+                break
+            draft = self._draft(req, mem, budget - used)
+            if draft:
+                mem.grow(req, 1 + len(draft))
+                req.draft_ids = draft
+                batch.num_new_tokens[i] = 1 + len(draft)
+                used += len(draft)
+        return used
+
+    def _draft(self, req: Req, mem, budget: int) -> list[int]:
+        if not req.params.speculative or (req.grammar is not None and self.outputs.prefetch is not None):
+            return []  # opted out; or its matcher belongs to the mask-prefetch thread now
+        room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
+        fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - 1
+        k = min(room, fit, budget)
+        if k <= 0:
+            return []
+        draft = self.drafter.propose(req)[:k]
+        if draft and req.grammar is not None:
+            return grammar_prefix(req.grammar, draft, self.outputs.eos_ids | set(req.params.stop_token_ids))
+        return draft
+
+    # ---- verification ------------------------------------------------------------------------------
+    def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
+        """Sample each spec row position by position (module doc). ``spec_at``: ``(req, first logits row)``;
+        rows ``first .. first + len(req.draft_ids)`` score its positions. Returns the finished requests."""
+        finished: list[tuple[Req, dict]] = []
+        level, j = list(spec_at), 0
+        sampled = {id(r): 0 for r, _ in spec_at}
+        accepted = dict(sampled)
+        while level:
+            before = {id(r): len(r.output_ids) for r, _ in level}
+            fin = self.outputs.sample(logits, [(r, row + j) for r, row in level])
+            finished += fin
+            done = {id(r) for r, _ in fin}
+            nxt = []
+            for req, row in level:
+                sampled[id(req)] += 1
+                hit = (j < len(req.draft_ids) and len(req.output_ids) == before[id(req)] + 1
+                       and req.output_ids[-1] == req.draft_ids[j])
+                accepted[id(req)] += hit
+                if hit and id(req) not in done:
+                    nxt.append((req, row))
+            level, j = nxt, j + 1
+        for req, _ in spec_at:
+            # conclude advanced by the row's first token; each further sampled position's input was an
+            # accepted draft whose KV this forward wrote
+            req.num_computed += sampled[id(req)] - 1
+            k, a = len(req.draft_ids), accepted[id(req)]
+            self.verify_steps += 1
+            self.draft_tokens += k
+            self.accepted_tokens += a
+            self.emitted_tokens += sampled[id(req)]
+            self.drafter.observe(req, k, a)
+        return finished
+
+    def settle(self, batch: ScheduledBatch, mem) -> None:
+        """After verification: free the pages past the next token's that only rejected drafts used, and
+        clear the step's drafts."""
+        for req in batch.reqs:
+            if not req.draft_ids:
+                continue
+            req.draft_ids = []
+            keep = max(-(-(req.num_computed + 1) // mem.P), req.prefix_len // mem.P)
+            if len(req.page_table) > keep:
+                mem.allocator.free(req.page_table[keep:])
+                del req.page_table[keep:]
+
+    def finish(self, req: Req) -> None:
+        """The request ended (finished, aborted or refused): the drafter drops its state, learns its output."""
+        req.draft_ids = []
+        if self.drafter is not None:
+            self.drafter.finish(req)
+
+    def stats(self) -> dict:
+        """``accept_rate``: accepted over proposed draft tokens; ``accept_length``: tokens per verifying
+        request-step (accepted + 1; SGLang's ``spec_accept_length``)."""
+        return {"algorithm": self.algorithm, "verify_steps": self.verify_steps, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens, "emitted_tokens": self.emitted_tokens,
+                "accept_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+                "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0}
+
+
+def grammar_prefix(matcher, draft: list[int], end_ids: set[int] = frozenset()) -> list[int]:
+    """The longest prefix of ``draft`` the grammar accepts from its current state (the matcher is rolled
+    back to where it was). An end token (``end_ids``: EOS, stop ids) ends the prefix unchecked: it finishes
+    the request, the verification's mask decides whether it is legal, and it is never fed to the matcher here,
+    because llguidance does not count an EOS that follows a completed grammar in its rollback history.
+    Matchers without ``rollback`` (the reasoning gate) keep the whole draft: the verification samples under
+    the grammar mask, so an illegal draft token is rejected there anyway."""
+    if getattr(type(matcher), "rollback", GrammarMatcher.rollback) is GrammarMatcher.rollback:
+        return draft
+    if matcher.is_terminated():
+        return []
+    n = keep = 0
+    for t in draft:
+        if t in end_ids:
+            keep = n + 1
+            break
+        if not matcher.accept_token(t):
+            break
+        n += 1
+    if n:
+        matcher.rollback(n)
+    return draft[: max(n, keep)]

@@ -1,0 +1,36 @@
+"""Draftless speculative decoding: drafters that propose the next tokens from token history already held.
+
+A drafter proposes draft token ids for a running request (:class:`~radixrt.runtime.spec.base.Drafter`);
+the scheduler scores them in one forward and keeps the accepted prefix (runtime/scheduler/spec_step.py).
+This package sees requests only through ``rid``, ``input_ids`` and ``output_ids`` and imports nothing else
+of radixrt (pyproject.toml's layer contracts).
+
+    ngram   prompt lookup: the latest earlier occurrence of the context's last n tokens (ngram.py)
+    suffix  frequency-weighted continuations of the longest matched suffix, over the request's own
+            tokens and a bounded global store of recent outputs (suffix.py, token_index.py)
+"""
+from __future__ import annotations
+
+from radixrt.runtime.spec.base import Drafter, DraftConfig
+from radixrt.runtime.spec.ngram import NgramDrafter
+from radixrt.runtime.spec.suffix import SuffixDrafter
+
+ALGORITHMS = ("none", "suffix", "ngram")
+
+
+def make_drafter(algorithm: str, cfg: DraftConfig) -> Drafter | None:
+    """The drafter named by ``--speculative-algorithm`` (None for ``none``).
+
+    Raises:
+        ValueError: an unknown algorithm name.
+    """
+    if algorithm == "none":
+        return None
+    if algorithm == "ngram":
+        return NgramDrafter(cfg)
+    if algorithm == "suffix":
+        return SuffixDrafter(cfg)
+    raise ValueError(f"speculative_algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+__all__ = ["ALGORITHMS", "Drafter", "DraftConfig", "NgramDrafter", "SuffixDrafter", "make_drafter"]

@@ -1,0 +1,225 @@
+"""Speculative decoding (issue 27) on the real model: the same tokens with speculation on and off (greedy,
+seeded sampling, stop strings, length, logprobs, n > 1, sessions, streaming, cache on and off), drafts
+really accepted, the pages of rejected drafts given back, an abort while a row carries drafts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams
+
+from conftest import make_engine, wait_idle
+
+P = 16
+PARITY = ["The capital of France is", "def fib(n):", "List three colors:", "Once upon a time",
+          "Translate to French: good morning", "2 + 2 =", "The quick brown fox", "Write a haiku about the sea."]
+TOOLS = ("Tools: search_files(path, pattern) finds files; read_file(path) returns a file; "
+         "write_file(path, content) saves a file; run_tests(target) runs the tests.")
+CALL = '{"tool": "read_file", "args": {"path": "src/app/main.py"}}'
+AGENT = [f"<|im_start|>system\n{TOOLS}<|im_end|>\n<|im_start|>user\nFix the bug in src/app/main.py.<|im_end|>\n"
+         f"<|im_start|>assistant\n{CALL}<|im_end|>\n<|im_start|>user\nObservation {i}: def main(): return 1/0"
+         f"<|im_end|>\n<|im_start|>assistant\n" + '{"tool": "' for i in range(4)]
+GREEDY = {"temperature": 0, "max_new_tokens": 32}
+
+
+@pytest.fixture(scope="module")
+def off():
+    return make_engine()
+
+
+@pytest.fixture(scope="module")
+def suffix():
+    return make_engine(speculative_algorithm="suffix")
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """Speculation at every batch size (the statistical tests send hundreds of requests at once)."""
+    return make_engine(speculative_algorithm="suffix", speculative_max_batch_size=64)
+
+
+def spec(e) -> dict:
+    return e.get_server_info()["cache"]["speculative"]
+
+
+def ids_of(outs):
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize("algo", ["suffix", "ngram"])
+def test_greedy_tokens_identical_with_speculation(off, suffix, algo):
+    e = suffix if algo == "suffix" else make_engine(speculative_algorithm=algo)
+    want_p, want_a = ids_of(off.generate(PARITY, GREEDY)), ids_of(off.generate(AGENT, GREEDY))
+    before = spec(e)["accepted_tokens"]
+    assert ids_of(e.generate(PARITY, GREEDY)) == want_p                          # batched (8 rows)
+    assert ids_of(e.generate(AGENT, GREEDY)) == want_a
+    assert [e.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want_a[:2]  # alone
+    st = spec(e)
+    assert st["algorithm"] == algo and st["accepted_tokens"] - before > 20  # drafts were really kept
+    assert 0 < st["accept_rate"] <= 1 and st["accept_length"] > 1
+
+
+def test_greedy_identical_without_radix_cache_and_on_gguf_blocks(off):
+    nocache = make_engine(speculative_algorithm="suffix", disable_radix_cache=True)
+    want = [off.generate(p, GREEDY)["output_ids"] for p in AGENT]
+    assert [nocache.generate(p, GREEDY)["output_ids"] for p in AGENT] == want
+    assert spec(nocache)["accepted_tokens"] > 0
+    # the default server configuration: the GGUF's own Q4_1 blocks, fp16 KV pool
+    q_off = make_engine(quantization="auto")
+    q_on = make_engine(quantization="auto", speculative_algorithm="suffix")
+    want = ids_of(q_off.generate(AGENT, GREEDY))
+    assert ids_of(q_on.generate(AGENT, GREEDY)) == want
+    assert spec(q_on)["accepted_tokens"] > 0
+
+
+def test_stop_length_logprobs_n_and_stream_unchanged(off, suffix):
+    cases = [({"temperature": 0, "max_new_tokens": 48, "stop": ['"path']}, {}),
+             ({"temperature": 0, "max_new_tokens": 7, "ignore_eos": True}, {}),
+             ({"temperature": 0, "max_new_tokens": 13, "stop_token_ids": [3]}, {}),
+             ({"temperature": 0, "max_new_tokens": 20}, {"return_logprob": True, "top_logprobs_num": 2}),
+             ({"temperature": 0.7, "max_new_tokens": 20, "n": 2, "seed": 5}, {})]
+    for sp, kw in cases:
+        for p in AGENT[:2]:
+            a, b = off.generate(p, sp, **kw), suffix.generate(p, sp, **kw)
+            if isinstance(a, dict):
+                a, b = [a], [b]
+            for x, y in zip(a, b):
+                assert (y["output_ids"], y["text"]) == (x["output_ids"], x["text"]), sp
+                assert y["meta_info"]["finish_reason"] == x["meta_info"]["finish_reason"]
+                if kw:  # one entry per output token, same ids, same values
+                    lx, ly = x["meta_info"]["output_token_logprobs"], y["meta_info"]["output_token_logprobs"]
+                    assert len(ly) == len(y["output_ids"]) and [t[1] for t in ly] == [t[1] for t in lx]
+                    assert [t[0] for t in ly] == pytest.approx([t[0] for t in lx], abs=1e-5)
+    assert len(off.generate(AGENT[0], {"temperature": 0, "max_new_tokens": 7, "ignore_eos": True})["output_ids"]) == 7
+    chunks = list(suffix.generate(AGENT[1], GREEDY, stream=True))
+    assert chunks[-1]["output_ids"] == off.generate(AGENT[1], GREEDY)["output_ids"]
+    assert chunks[-1]["text"] == off.generate(AGENT[1], GREEDY)["text"]
+
+
+def test_sessions_unchanged(off, suffix):
+    got = []
+    for e in (off, suffix):
+        sid = e.open_session(capacity_of_str_len=8192)
+        a1 = e.generate(AGENT[0], GREEDY, session_params={"id": sid})
+        a2 = e.generate("\n<|im_start|>user\nObservation: fixed<|im_end|>\n<|im_start|>assistant\n", GREEDY,
+                        session_params={"id": sid})
+        got.append((a1["output_ids"], a2["output_ids"], a2["meta_info"]["cached_tokens"]))
+        e.close_session(sid)
+    assert got[1] == got[0]
+
+
+def test_seeded_sampling_identical(off, wide):
+    """Each output token consumes the request's generator once, verified or not (spec_step.py)."""
+    sps = [{"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24, "seed": s} for s in range(8)]
+    prompts = [AGENT[s % 4] for s in range(8)]
+    before = spec(wide)["accepted_tokens"]
+    assert ids_of(wide.generate(prompts, sps)) == ids_of(off.generate(prompts, sps))
+    assert spec(wide)["accepted_tokens"] > before
+
+
+def chi_square_p(a: list[int], b: list[int]) -> float:
+    """Two-sample chi-square test of homogeneity over the tokens of ``a`` and ``b`` (categories with an
+    expected count under 5 pooled). Returns the p-value: the regularized upper incomplete gamma function
+    Q(df/2, x/2)."""
+    from collections import Counter
+    ca, cb = Counter(a), Counter(b)
+    na, nb = len(a), len(b)
+    cats, pool = [], [0, 0]
+    for t in set(ca) | set(cb):
+        tot = ca[t] + cb[t]
+        if min(tot * na, tot * nb) / (na + nb) >= 5:
+            cats.append((ca[t], cb[t]))
+        else:
+            pool[0] += ca[t]
+            pool[1] += cb[t]
+    if sum(pool):
+        cats.append(tuple(pool))
+    x = 0.0
+    for oa, ob in cats:
+        tot = oa + ob
+        for o, n in ((oa, na), (ob, nb)):
+            exp = tot * n / (na + nb)
+            x += (o - exp) ** 2 / exp
+    df = len(cats) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(x / 2, dtype=torch.float64)))
+
+
+def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
+    """Temperature 1: the second output token of 300 seeded requests with a forced one-token draft (the greedy
+    second token, accepted with probability p(draft)) against 300 other seeds without speculation. Chi-square
+    test of homogeneity; the test fails when p < 0.001 (a false alarm once in a thousand runs at most, and
+    the seeds are fixed, so it is deterministic)."""
+    prompt = "Once upon a time"
+    g = off.generate(prompt, {"temperature": 0, "max_new_tokens": 2})["output_ids"]
+    drafter = wide.scheduler.spec.drafter
+    orig = drafter.propose
+    drafter.propose = lambda req: [g[1]] if len(req.output_ids) == 1 else []
+    try:
+        n = 300
+        sp = lambda s: {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True, "seed": s}
+        before = spec(wide)
+        on = [o["output_ids"][1] for o in wide.generate([prompt] * n, [sp(s) for s in range(n)])]
+        after = spec(wide)
+    finally:
+        drafter.propose = orig
+    ref = [o["output_ids"][1] for o in off.generate([prompt] * n, [sp(10_000 + s) for s in range(n)])]
+    assert after["verify_steps"] - before["verify_steps"] == n  # every second token was a verification
+    kept = after["accepted_tokens"] - before["accepted_tokens"]
+    assert kept == sum(t == g[1] for t in on) and 0 < kept < n
+    assert chi_square_p(on, ref) > 1e-3
+    # the test has power: the draft token forced into every output is rejected at p < 0.001
+    assert chi_square_p([g[1]] * n, ref) < 1e-3
+
+
+def test_opt_out_per_request(suffix):
+    before = spec(suffix)["verify_steps"]
+    suffix.generate(AGENT[0], {**GREEDY, "speculative": False})
+    assert spec(suffix)["verify_steps"] == before
+    with pytest.raises(ValueError, match="speculative"):
+        suffix.generate(AGENT[0], {**GREEDY, "speculative": "no"})
+
+
+def _drive(s, rid, ids, abort_after_forward: bool):
+    """On the engine's thread: run steps by hand until the request's row carries drafts. Checks after each
+    step that only the next token's pages stay allocated past the computed tokens; with
+    ``abort_after_forward`` the drafted step's forward runs and the request is aborted before it concludes."""
+    s.add_request(GenerateReq(rid=rid, input_ids=ids, sampling_params=SamplingParams(
+        max_new_tokens=64, temperature=0, ignore_eos=True)))
+    rolled = 0
+    while rid in s.by_rid:
+        batch = s.schedule()
+        req = s.by_rid[rid]
+        drafted = bool(req.draft_ids)
+        fb = s.runner.prepare(batch)
+        logits = s.runner.forward(fb)
+        if drafted and abort_after_forward:
+            computed = req.num_computed
+            s.abort(rid)
+            s.collect_outputs()
+            return computed, req.finished_reason["type"]
+        s.conclude(batch, fb, logits)
+        s.collect_outputs()
+        if drafted and req.finished_reason is None:
+            assert len(req.page_table) == -(-(req.num_computed + 1) // P)
+            st = s.mem.stats(s.running)
+            assert st["free_pages"] + st["evictable_pages"] + st["protected_pages"] + st["private_pages"] \
+                == st["total_pages"]
+            rolled += 1
+    return rolled, None
+
+
+def test_rollback_and_abort_mid_verification(suffix, tokenizer):
+    ids = tokenizer.encode(CALL * 6, add_special_tokens=False)
+    suffix.flush_cache()
+    rolled, _ = suffix._call(lambda: _drive(suffix.scheduler, "spec-roll", ids, False))
+    assert rolled > 0
+    wait_idle(suffix)
+    suffix.flush_cache()
+    computed, reason = suffix._call(lambda: _drive(suffix.scheduler, "spec-abort", ids, True))
+    assert reason == "abort"
+    st = wait_idle(suffix)
+    # every page is free or in the tree, and the tree holds whole pages of computed (accepted) tokens only
+    assert st["private_pages"] == 0 and st["protected_pages"] == 0
+    assert st["evictable_pages"] == computed // P
+    assert st["free_pages"] + st["evictable_pages"] == st["total_pages"]

@@ -1,0 +1,97 @@
+"""The drafters of runtime/spec (issue 27): prompt lookup, the occurrence index's suffix match and frequency
+vote, the suffix drafter's per-request and global stores, and the acceptance-rate adaptation."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from radixrt.runtime.spec import DraftConfig, NgramDrafter, SuffixDrafter, make_drafter
+from radixrt.runtime.spec.base import LOW_ACCEPT, PROBE_EVERY
+from radixrt.runtime.spec.ngram import lookup
+from radixrt.runtime.spec.token_index import TokenIndex, draft_limit, vote_draft
+
+
+def req(rid, prompt, out=()):
+    return SimpleNamespace(rid=rid, input_ids=list(prompt), output_ids=list(out))
+
+
+def test_lookup_takes_the_latest_longest_match():
+    ctx = np.array([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    # the last 2 tokens (2, 3) occur at 1 and 6: the latest (6) is continued by 7, 8, 5
+    assert lookup(ctx, 5, 2, 3) == [7, 8, 5]
+    # a longer suffix wins over a later short one: (5, 2, 3) nowhere, (1, 2, 3)... the suffix is (x, 2, 3)
+    ctx = np.array([4, 2, 3, 6, 1, 2, 3, 7, 4, 2, 3])
+    assert lookup(ctx, 5, 2, 2) == [6, 1]
+    assert lookup(np.array([1, 2, 3, 4]), 5, 2, 4) == []
+
+
+def test_token_index_match_length_and_vote():
+    idx = TokenIndex(key_len=2)
+    idx.extend(0, [5, 1, 2, 3, 4])
+    idx.extend(1, [6, 1, 2, 3, 9])
+    idx.extend(2, [7, 1, 2, 3, 9, 8])
+    occ = idx.matches([0, 6, 1, 2, 3], max_depth=24)
+    # every sequence holds (2, 3); only sequence 1 matches 4 tokens back (6, 1, 2, 3)
+    assert sorted((pos, m) for _, pos, m in occ) == [(4, 3), (4, 3), (4, 4)]
+    assert vote_draft(occ, 8, 0.1) == [9]
+    # with 3 tokens matched by all, the vote picks 9 (two of three), then 8 (one of the two): 2/3 x 1/2
+    occ = idx.matches([0, 1, 2, 3], max_depth=24)
+    assert vote_draft(occ, 8, 0.1) == [9, 8]
+    assert vote_draft(occ, 8, 0.5) == [9]
+    assert draft_limit(3, 1.0, 8) == 3 and draft_limit(20, 1.0, 8) == 8 and draft_limit(3, 1.5, 8) == 5
+
+
+def test_token_index_remove_and_rebuild():
+    idx = TokenIndex(key_len=2)
+    idx.extend(0, [1, 2, 3])
+    idx.extend(1, [1, 2, 4, 5])
+    idx.remove(1)
+    assert idx.num_tokens == 3
+    assert [s[p] for s, p, _ in idx.matches([9, 1, 2], 24)] == [3]
+    idx.remove(0)  # stale entries now outnumber the live ones: rebuilt empty
+    assert idx.index == {} and idx.matches([1, 2], 24) == []
+
+
+def test_suffix_drafts_from_own_prompt_then_from_finished_outputs():
+    d = SuffixDrafter(DraftConfig(num_draft_tokens=8))
+    tool = [40, 41, 42, 43, 44, 45]
+    r = req("a", [1, 2] + tool + [3, 4, 40, 41, 42])
+    # matched (40, 41, 42): 3 tokens, so at most 3 drafted (spec_factor 1.0); adaptation starts at rate 0.5
+    assert d.propose(r) == [43, 44, 45]
+    r.output_ids = [43, 44, 45, 50, 51, 52, 53]
+    d.finish(r)
+    assert "a" not in d.local and d.num_global_tokens == 8 + 7
+    other = req("b", [9, 9, 9, 45, 50, 51, 52])
+    assert d.propose(other) == [53]  # from the global store: (45, 50, 51, 52) matched, 53 followed
+
+
+def test_suffix_global_store_is_bounded():
+    d = SuffixDrafter(DraftConfig(global_tokens=20))
+    for i in range(5):
+        r = req(f"r{i}", [i], [100 + i] * 9)
+        d.propose(r)
+        d.finish(r)
+    assert d.num_global_tokens <= 20 and len(d._order) == 2
+
+
+def test_adaptation_shrinks_then_probes():
+    d = NgramDrafter(DraftConfig(num_draft_tokens=8, ngram_min=2))
+    r = req("x", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2])
+    assert d.propose(r) == [3, 4, 5, 6, 7, 8, 9, 1]  # rate 0.5 at start: min(1, 2 x 0.5) keeps all 8
+    d.observe(r, 8, 2)
+    assert d._track["x"].rate == pytest.approx(0.7 * 0.5 + 0.3 * 0.25)
+    assert d.propose(r) == [3, 4, 5, 6, 7, 8]  # floor(8 x 2 x 0.425) = 6
+    for _ in range(5):
+        d.observe(r, 4, 0)
+    assert d._track["x"].rate < LOW_ACCEPT
+    got = [d.propose(r) for _ in range(PROBE_EVERY)]
+    assert [len(g) for g in got] == [0] * (PROBE_EVERY - 1) + [1]  # one probe of floor(8 x 2 x rate) = 1
+
+
+def test_make_drafter_names():
+    assert make_drafter("none", DraftConfig()) is None
+    assert isinstance(make_drafter("suffix", DraftConfig()), SuffixDrafter)
+    with pytest.raises(ValueError, match="speculative_algorithm"):
+        make_drafter("eagle", DraftConfig())
