@@ -325,10 +325,18 @@ def test_eos_termination_and_rollback(env, backend):
     m.fill_next_token_bitmask(bm, 1)
     assert [i for i in range(vocab) if _bit(bm, 1, i)] == [EOS]  # after termination: EOS only
     assert not m.accept_token(tok.encode("3", add_special_tokens=False)[0])
-    m.rollback(1)  # undo the EOS
+    m.rollback(1)  # undo the EOS, only the EOS: "12" is still there
     assert not m.is_terminated() and m.can_terminate()
-    m.rollback(len(tok.encode("12", add_special_tokens=False)))
+    three = tok.encode("3", add_special_tokens=False)[0]
+    assert m.accept_token(three) and not m.accept_token(three)  # "123", and a 4th digit is refused
+    m.rollback(1 + len(tok.encode("12", add_special_tokens=False)))
     assert not m.can_terminate()
+    obj = env[backend].compile("json_schema", '{"type": "object"}').matcher()
+    for t in tok.encode("{}", add_special_tokens=False):
+        assert obj.accept_token(t)
+    assert obj.accept_token(EOS) and obj.is_terminated()
+    obj.rollback(1)  # a matcher that stopped by itself did not record the EOS: "{}" must stay
+    assert not obj.is_terminated() and obj.can_terminate()
     assert accepts(env, env[backend].compile("regex", "[0-9]{1,3}"), "999")
     full = env[backend].compile("regex", "ab").matcher()
     for t in tok.encode("ab", add_special_tokens=False):

@@ -90,6 +90,7 @@ class RowMatcher(GrammarMatcher):
         Raises:
             ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
         """
+        import torch
         target = bitmask[row]
         if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
             raise ValueError(f"{self.backend}: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "

@@ -103,6 +103,7 @@ class LLGuidanceMatcher(RowMatcher):
         self.ll = m
         self._eos = eos_token_id
         self._terminated = False
+        self._eos_recorded = False  # whether llguidance counted the accepted EOS (see rollback)
 
     def _write_row(self, target: torch.Tensor) -> None:
         self.ll.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
@@ -114,6 +115,8 @@ class LLGuidanceMatcher(RowMatcher):
         if token_id == self._eos:
             self._terminated = bool(self.ll.is_accepting())
             if self._terminated:
+                # a matcher that stopped by itself (nothing may follow) does not record the EOS: rollback must know
+                self._eos_recorded = not self.ll.is_stopped()
                 self.ll.consume_token(token_id)
             return self._terminated
         return self.ll.try_consume_tokens([token_id]) == 1
@@ -133,6 +136,7 @@ class LLGuidanceMatcher(RowMatcher):
             raise ValueError(f"rollback: n must be >= 0, got {n}")
         if n and self._terminated:
             self._terminated = False
+            n -= 0 if self._eos_recorded else 1
         if n and not self.ll.rollback(n):
             raise ValueError(f"llguidance: cannot roll back {n} tokens: {self.ll.get_error()}")
 
