@@ -139,6 +139,8 @@ class ServerArgs:
         if self.hicache_storage is not None and (not self.hicache_storage.startswith("file:")
                                                  or len(self.hicache_storage) == len("file:")):
             raise ValueError(f"hicache_storage must be file:DIR, got {self.hicache_storage!r}")
+        if self.hicache_storage is not None:
+            _check_storage_dir(self.hicache_storage[len("file:"):])
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 
@@ -179,3 +181,21 @@ class ServerArgs:
         d = dataclasses.asdict(self)
         d.pop("api_key")  # never echo the secret
         return d
+
+
+def _check_storage_dir(path: str) -> None:
+    """Before the model loads: ``path`` (tier 3's folder) is a directory, or can be made in an existing,
+    writable directory. Raises ValueError naming ``hicache_storage``."""
+    import os
+    p = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(p):
+        if not os.path.isdir(p):
+            raise ValueError(f"hicache_storage: {p} exists and is not a directory")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"hicache_storage: {p} is not writable")
+        return
+    parent = os.path.dirname(p)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK) or parent.startswith(("/proc", "/sys")):
+        raise ValueError(f"hicache_storage: {p} cannot be created (nearest existing parent: {parent})")

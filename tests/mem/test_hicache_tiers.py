@@ -92,6 +92,17 @@ def test_bad_tier_flags_name_the_field(kw, field):
         ServerArgs(**kw)
 
 
+def test_storage_dir_checked_before_the_model_loads(tmp_path):
+    from radixrt.runtime.config import ServerArgs
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for d, why in ((afile, "exists and is not a directory"), (afile / "sub", "cannot be created"),
+                   ("/proc/radixrt-x", "cannot be created")):
+        with pytest.raises(ValueError, match=f"hicache_storage: .*{why}"):
+            ServerArgs(hicache_storage=f"file:{d}")
+    assert ServerArgs(hicache_storage=f"file:{tmp_path / 'new' / 'dir'}").hicache_storage  # made later, 0700
+
+
 def test_host_tier_evicts_a_nodes_tail_before_its_head():
     host = HostTier(4, 1)
     host.store([(None, i) for i in range(4)], [(1.0,)] * 4, torch.zeros(4, 1, dtype=torch.uint8))

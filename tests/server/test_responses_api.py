@@ -142,6 +142,7 @@ BAD = [({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
        ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
        ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata.k"),
        ({"input": "x", "metadata": {"k": 5}}, "metadata.k"),
+       ({"input": "x", "include": ["reasoning.encrypted_content", "bogus"]}, "include[1]"),
        ({}, "input")]
 
 

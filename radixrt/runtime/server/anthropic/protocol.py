@@ -139,20 +139,24 @@ def chat_tool_choice(tc: Optional[dict], has_tools: bool) -> tuple[Any, Optional
     """``(tool_choice, parallel_tool_calls)`` for chat."""
     if tc is None:
         return ("auto" if has_tools else None), None
-    parallel = False if tc.get("disable_parallel_tool_use") else None
+    dp = tc.get("disable_parallel_tool_use", False)
+    if not isinstance(dp, bool):
+        raise ApiError("tool_choice.disable_parallel_tool_use must be a boolean",
+                       param="tool_choice.disable_parallel_tool_use")
+    parallel = False if dp else None
     typ = tc.get("type")
+    if typ in ("any", "tool") and not has_tools:
+        raise ApiError(f"tool_choice.type {typ!r} needs tools", param="tool_choice")
     if typ in ("auto", "none"):
         return typ, parallel
     if typ == "any":
-        if not has_tools:
-            raise ApiError("tool_choice.type 'any' needs tools", param="tool_choice")
         return "required", parallel
     if typ == "tool" and isinstance(tc.get("name"), str):
         return {"type": "function", "function": {"name": tc["name"]}}, parallel
     raise ApiError("tool_choice.type must be auto, any, tool (with a name) or none", param="tool_choice")
 
 
-def check_thinking(thinking: Optional[dict]) -> None:
+def check_thinking(thinking: Optional[dict], req: "MessagesRequest") -> None:
     """``thinking``: ``{"type": "enabled", "budget_tokens": >= 1024}``, ``{"type": "disabled"}`` or
     ``{"type": "adaptive"}`` (Anthropic's shapes; the budget is not enforced here: the template decides).
     Raises ApiError 400 naming ``thinking.type`` or ``thinking.budget_tokens``."""
@@ -165,6 +169,16 @@ def check_thinking(thinking: Optional[dict]) -> None:
     if typ == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024):
         raise ApiError(f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}",
                        param="thinking.budget_tokens")
+    if typ == "enabled" and req.max_tokens is not None and budget >= req.max_tokens:
+        raise ApiError(f"max_tokens ({req.max_tokens}) must be greater than thinking.budget_tokens ({budget})",
+                       param="max_tokens")
+    if typ != "disabled":  # Anthropic's rules while thinking
+        if req.temperature is not None and req.temperature != 1:
+            raise ApiError("temperature may only be 1 (or unset) while thinking is on", param="temperature")
+        if req.top_k is not None:
+            raise ApiError("top_k is not allowed while thinking is on", param="top_k")
+        if isinstance(req.tool_choice, dict) and req.tool_choice.get("type") in ("any", "tool"):
+            raise ApiError("tool_choice 'any' or 'tool' is not allowed while thinking is on", param="tool_choice")
 
 
 def chat_body(req: MessagesRequest) -> dict:
@@ -178,7 +192,7 @@ def chat_body(req: MessagesRequest) -> dict:
             raise ApiError("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
                            param="output_config.format")
         rf = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
-    check_thinking(req.thinking)
+    check_thinking(req.thinking, req)
     if req.temperature is not None and not 0 <= req.temperature <= 1:
         raise ApiError(f"temperature must be between 0 and 1, got {req.temperature}", param="temperature")
     kwargs = None

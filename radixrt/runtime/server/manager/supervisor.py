@@ -87,7 +87,11 @@ class Supervisor:
             asyncio.get_running_loop().call_later(SIGNAL_GRACE_S, self._on_exit, children, name, True, code)
             return
         if deferred and tm.admission.draining is not None:
-            logger.info("the %s process stopped on signal %d while the server shuts down", name, -code)
+            # its requests cannot finish now: end them at once (503 naming the process) rather than at the
+            # drain timeout
+            msg = f"the {name} process stopped on signal {-code} while the server shuts down"
+            logger.info("%s", msg)
+            tm._fail(msg)
             return
         note = children.note() if name == "scheduler" else None
         what = f"the {name} process exited unexpectedly (exit code {code}" + (f": {note})" if note else ")")

@@ -193,6 +193,19 @@ def response_format(text: Optional[dict]) -> Optional[dict]:
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
+# OpenAI's include values: logprobs are acted on; the others name things this server does not produce
+KNOWN_INCLUDES = (LOGPROBS_INCLUDE, "reasoning.encrypted_content", "file_search_call.results",
+                  "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+                  "computer_call_output.output.image_url", "code_interpreter_call.outputs")
+
+
+def check_include(include: Optional[list]) -> None:
+    """Raises ApiError 400 naming ``include[i]`` for a value OpenAI does not define."""
+    for i, v in enumerate(include or []):
+        if v not in KNOWN_INCLUDES:
+            raise ApiError(f"include[{i}]: unknown value {v!r}; one of {list(KNOWN_INCLUDES)}", param=f"include[{i}]")
+
+
 def wants_logprobs(req: ResponsesRequest) -> bool:
     """Per-token logprobs go on ``output_text`` parts when ``include`` names :data:`LOGPROBS_INCLUDE` or
     ``top_logprobs`` > 0 asks for alternatives (each entry: ``token``, ``logprob``, ``bytes``, ``top_logprobs``,
@@ -218,6 +231,7 @@ def chat_body(req: ResponsesRequest) -> dict:
     """The chat-completions body that runs ``req`` (the messages are passed separately). Raises ApiError 400
     for ``metadata`` beyond OpenAI's limits."""
     check_metadata(req.metadata)
+    check_include(req.include)
     body = {"model": req.model, "messages": [], "max_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": chat_tools(req.tools),
             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
