@@ -3,8 +3,9 @@
 See :mod:`.base` for the per-step protocol and EOS semantics, :mod:`.cache` for off-thread compilation,
 :mod:`.factory` to pick a backend by name, :mod:`.vocab` for special tokens and token bytes.
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .base import (GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, CompiledGrammar, GrammarBackend, GrammarMatcher,
@@ -30,10 +31,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = [

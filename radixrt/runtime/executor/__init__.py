@@ -4,8 +4,9 @@
 graph, ``cuda_graph_runner``). It makes no decisions. May import models, layers, mem and kernels; never
 the scheduler or the server.
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from radixrt.runtime.executor.forward_batch import ForwardBatch
@@ -20,10 +21,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = ["ModelRunner", "ForwardBatch", "ScheduledBatch"]

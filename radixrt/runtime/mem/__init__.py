@@ -4,8 +4,9 @@ request's own pages (``req_pages``: admit, grow, cache, release). The allocator 
 requests. Invariant: free + evictable + protected (+ private while busy) = total pages. Imports nothing
 else of radixrt.
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from radixrt.runtime.mem.allocator import PageAllocator
@@ -24,10 +25,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = ["KVPool", "MatchResult", "PageAllocator", "RadixCache", "ReqPages", "TreeNode"]

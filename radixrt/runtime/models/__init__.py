@@ -5,8 +5,9 @@ directory). May import layers and kernels; never the runtime's upper layers. The
 are re-exported here (the decoder itself is imported from :mod:`.llama`, so that a tokenizer-only user
 does not build kernels).
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from radixrt.runtime.models.args import ModelArgs
@@ -22,10 +23,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = ["ModelArgs", "ModelSource", "load_config", "load_tokenizer", "resolve_model"]

@@ -2,8 +2,9 @@
 names, logit bias, the grammar a request asks for) and the sampler (``sampler``: penalties, grammar mask,
 temperature, top-k/top-p/min-p, logprobs). May import constrained, kernels and the loose runtime modules.
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from radixrt.runtime.sampling.params import grammar_of, normalize
@@ -19,10 +20,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = ["SampleOut", "SampleRow", "grammar_of", "normalize", "sample"]

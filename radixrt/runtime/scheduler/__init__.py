@@ -7,8 +7,9 @@ process of ``radixrt serve``) and ``tp_lockstep`` (its ``--tp`` twin). ``build``
 for the Engine and the process alike. It builds no tensors. May import executor, tokenizer, models,
 sampling, layers, mem, constrained, kernels and the loose runtime modules; never the server.
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from radixrt.runtime.scheduler.build import build_scheduler
@@ -23,10 +24,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = ["Scheduler", "Req", "build_scheduler"]

@@ -4,8 +4,9 @@
 and a token's exact bytes for logprobs (``token_texts``). May import sampling, models, constrained and the
 loose runtime modules; never the scheduler, the executor or the server.
 """
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from radixrt.runtime.tokenizer.detokenizer import Detokenizer
@@ -21,10 +22,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = ["Detokenizer", "Limits", "TokenTexts", "build_requests"]
