@@ -56,8 +56,10 @@ class Speculator:
     def attach(self, batch: ScheduledBatch, mem, budget: int) -> int:
         """Give each decode row of ``batch`` its drafts (``req.draft_ids``) and the pages for them, from
         free pages only (drafts never evict cached prefixes nor preempt). Returns the extra tokens."""
+        if self.drafter is None:  # speculation off: nothing on the per-step path
+            return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
-        if self.drafter is None or not decodes or len(decodes) > self.max_batch:
+        if not decodes or len(decodes) > self.max_batch:
             return 0
         used = 0
         for i in decodes:
@@ -122,6 +124,8 @@ class Speculator:
     def settle(self, batch: ScheduledBatch, mem) -> None:
         """After verification: free the pages past the next token's that only rejected drafts used, and
         clear the step's drafts."""
+        if self.drafter is None:
+            return
         for req in batch.reqs:
             if not req.draft_ids:
                 continue
