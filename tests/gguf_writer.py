@@ -21,9 +21,11 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, tokenizer_gguf: str, name: str) -> Path:
+def write_gguf(model, path: Path, tokenizer_gguf: str, name: str, f16: bool = False) -> Path:
     """Write ``model`` (a transformers causal LM of a supported family) to ``path``; ``name`` becomes
-    ``general.name`` (transformers reads a llama-architecture file named "mistral..." as Mistral)."""
+    ``general.name`` (transformers reads a llama-architecture file named "mistral..." as Mistral).
+    ``f16``: matrices stored F16 (rounded to nearest), norms and biases F32, as ``convert_hf_to_gguf.py
+    --outtype f16`` writes them."""
     import gguf
 
     cfg = model.config
@@ -42,7 +44,7 @@ def write_gguf(model, path: Path, tokenizer_gguf: str, name: str) -> Path:
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     reader = gguf.GGUFReader(tokenizer_gguf)
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
@@ -70,6 +72,8 @@ def write_gguf(model, path: Path, tokenizer_gguf: str, name: str) -> Path:
                 a = _permute(a, cfg.num_attention_heads)
             elif arch == "llama" and mod == "self_attn.k_proj":
                 a = _permute(a, cfg.num_key_value_heads)
+        if f16 and a.ndim == 2:
+            a = a.astype(np.float16)
         w.add_tensor(out, np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from radixrt.runtime.layers import ggml_ops as ggml
+from radixrt.runtime.layers.dense_embed import PanelEmbedding, RowEmbedding
 from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLEmbedding, GGMLLinear
-from radixrt.runtime.layers.quant import FORMATS, Fp32Linear, make_linear
+from radixrt.runtime.layers.quant import FORMATS, DenseLinear, make_linear
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.assemble import assemble
 from radixrt.runtime.models.gguf_weights import GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor
@@ -44,10 +45,11 @@ def _bias(parts: list[RawTensor] | None) -> torch.Tensor | None:
 
 
 def _native(t: RawTensor, bias: torch.Tensor | None) -> nn.Module:
-    """One matrix in its own format: fp32 as is, F16/BF16 widened to fp32, block types in their blocks."""
+    """One matrix in its own format: block types in their blocks, F32/F16/BF16 in their own dtype (the dense
+    panel kernel widens 2-byte weights in registers: an F16 file stays 2 bytes per parameter)."""
     if t.type_name in ggml.SUPPORTED:
         return GGMLLinear(t.type_name, t.torch_bytes(), t.shape[1], bias)
-    return Fp32Linear(t.fp32(), bias)
+    return DenseLinear(t.torch_bytes(), bias, None)
 
 
 def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fmt: str, name: str) -> nn.Module:
@@ -83,11 +85,19 @@ def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module) -> n
     return make_projection([t], None, fmt, "lm_head")
 
 
-def _embedding(t: RawTensor, fmt: str) -> nn.Module:
-    """Block types stay in blocks at every format (a row dequantizes to exactly the fp32 table's values)."""
+def _embed_and_head(w: GGUFWeights, margs: ModelArgs, fmt: str) -> tuple[nn.Module, nn.Module]:
+    """``(embedding, lm_head)``. Block types stay in blocks at every format, F16/BF16/F32 in their own dtype
+    (a row widens to exactly the fp32 table's values). At ``auto`` a tied dense table is held once, as the
+    head's panels, and the embedding reads its rows from them."""
+    t = w.need("token_embd.weight")
     if t.type_name in ggml.SUPPORTED:
-        return GGMLEmbedding(t.type_name, t.torch_bytes(), t.shape[1])
-    return nn.Embedding.from_pretrained(t.fp32(), freeze=True)
+        emb: nn.Module = GGMLEmbedding(t.type_name, t.torch_bytes(), t.shape[1])
+    elif margs.tie_word_embeddings and fmt == "auto":
+        head = _native(t, None)
+        return PanelEmbedding(head.fp32), head
+    else:
+        emb = RowEmbedding(t.torch_bytes())
+    return emb, _head(w, margs, fmt, emb)
 
 
 _CACHE: dict = {}
@@ -123,8 +133,7 @@ def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
             if v is not None:
                 out[f"layers.{i}.{module}.weight"] = v
         _drop_mapped(w)
-    out["embed_tokens"] = _embedding(w.need("token_embd.weight"), fmt)
-    out["lm_head"] = _head(w, margs, fmt, out["embed_tokens"])
+    out["embed_tokens"], out["lm_head"] = _embed_and_head(w, margs, fmt)
     out["norm.weight"] = w.need("output_norm.weight").fp32()
     _drop_mapped(w)
     logger.info("weights from %s: %s, %.1f MiB as stored", path, fmt, w.nbytes() / 2**20)

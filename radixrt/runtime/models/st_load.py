@@ -73,7 +73,9 @@ class SafetensorsDir:
         return max(set(kinds), key=kinds.count) if kinds else torch.float32
 
     def read(self, names: list[str]) -> dict[str, torch.Tensor | None]:
-        """The tensors ``names`` as stored (own copies; a missing name maps to None), each file opened once."""
+        """The tensors ``names`` as stored (a missing name maps to None), each file opened once. They are views
+        of safetensors' memory map (pages read on first touch, gone with the tensor): a caller that keeps one
+        as is takes a copy (``copy=True``), every format built from them copies anyway (panels, blocks)."""
         from safetensors import safe_open
 
         out: dict[str, torch.Tensor | None] = {n: None for n in names}
@@ -84,7 +86,7 @@ class SafetensorsDir:
         for path, ns in by_file.items():
             with safe_open(path, framework="pt") as h:
                 for n in ns:
-                    out[n] = h.get_tensor(n).clone()  # our own memory, not the map's pages
+                    out[n] = h.get_tensor(n)  # no clone: a copy here doubled each layer's transient bytes
         return out
 
 
@@ -119,10 +121,10 @@ def _embed_and_head(table: torch.Tensor, head: torch.Tensor | None, fmt: str) ->
         if head is None:
             lm = DenseLinear(table, None, DTYPES[fmt])
             return PanelEmbedding(lm.fp32), lm
-        return RowEmbedding(table.to(DTYPES[fmt])), DenseLinear(head, None, DTYPES[fmt])
+        return RowEmbedding(table.to(DTYPES[fmt], copy=True)), DenseLinear(head, None, DTYPES[fmt])
     hidden = table.shape[1]
     if hidden % 32:
-        emb = RowEmbedding(table)
+        emb = RowEmbedding(table.clone())
     else:
         emb = GGMLEmbedding("Q8_0", quantize_q8_0(table), hidden)
     if head is None and isinstance(emb, GGMLEmbedding):
@@ -153,13 +155,13 @@ def load_safetensors_weights(directory: str, margs: ModelArgs, fmt: str) -> tupl
         for module in NORMS:
             v = sd.get(p + f"{module}.weight")
             if v is not None:
-                out[f"layers.{i}.{module}.weight"] = v.float()
+                out[f"layers.{i}.{module}.weight"] = v.to(torch.float32, copy=True)
         del sd  # this layer's tensors as stored: gone before the next layer is read
     sd = src.read(["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"])
     head = None if margs.tie_word_embeddings else _need(sd, "lm_head.weight", directory)
     out["embed_tokens"], out["lm_head"] = _embed_and_head(_need(sd, "model.embed_tokens.weight", directory),
                                                           head, fmt)
-    out["norm.weight"] = _need(sd, "model.norm.weight", directory).float()
+    out["norm.weight"] = _need(sd, "model.norm.weight", directory).to(torch.float32, copy=True)
     logger.info("weights from %s: %s, layer by layer", directory, fmt)
     return out, fmt
 
