@@ -48,10 +48,12 @@ def test_weights_kv_and_peak_rss_are_reported(server):
     assert values["radixrt:peak_rss_bytes"] >= peaks["total"]
 
 
-def test_the_detokenizer_runs_without_torch(server):
-    """The detokenizer reads tokenizer.json with ``tokenizers`` alone. (The main process imports torch again
-    since main's grammar warm-up, ``constrained.grammar_step``, merged after this test was written.)"""
+def test_only_the_scheduler_loads_torch(server):
+    """The detokenizer reads tokenizer.json with ``tokenizers`` alone; the main process tokenizes and compiles
+    grammars (its start-up warm-up included, ``constrained.grammar_step.warm_up`` without masks) without
+    torch: only the scheduler maps libtorch."""
     main = server.proc.pid
     kids = [p for p in _children(main) if "resource_tracker" not in open(f"/proc/{p}/cmdline").read()]
     assert len(kids) == 2  # scheduler and detokenizer
     assert sorted(_maps_torch(p) for p in kids) == [False, True]
+    assert not _maps_torch(main)

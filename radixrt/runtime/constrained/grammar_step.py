@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .base import allocate_token_bitmask, apply_token_bitmask_, load_cpu_kernel
 from .mask_fill import MaskPrefetcher, fill_rows, load_executor
+
+if TYPE_CHECKING:  # torch loads where masks are made (the scheduler), not in the HTTP process's warm-up
+    import torch
 
 
 @dataclass
@@ -103,6 +104,7 @@ def warm_up(backend: Any, masks: bool = True) -> None:
         load_executor()
     bitmask = allocate_token_bitmask(1, backend.vocab_size)
     fill_rows([(matcher, 0)], bitmask)
+    import torch
     apply_token_bitmask_(torch.zeros(1, backend.vocab_size), bitmask)
 
 

@@ -18,15 +18,19 @@ bytes (``compute_ff_bytes``) serve jump-forward.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import llguidance as llg
 import llguidance.hf
-import torch
+import numpy as np
 
 from .base import CompiledGrammar, GrammarBackend, RowMatcher, checked_spec, compile_error, reraise_fatal
 from .json_pointer import split_pointer
 from .llg_tags import lowers_to_lark, structural_tag_lark
 from .schema_prep import _children, rewrite_local_refs
+
+if TYPE_CHECKING:
+    import torch
 
 
 def json_options(any_whitespace: bool) -> dict:
@@ -88,8 +92,8 @@ def _first_step_ok(m: llg.LLMatcher, vocab_size: int) -> bool:
     state (an empty regex such as ``[^\\s\\S]``, a rule that only recurses). Costs one mask (microseconds)."""
     if m.is_accepting():
         return True
-    row = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
-    m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+    row = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # numpy: the HTTP process compiles without torch
+    m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
     return not m.is_error()
 
 

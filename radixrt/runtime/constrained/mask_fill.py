@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .base import allocate_token_bitmask
+
+if TYPE_CHECKING:  # imported where a mask is filled: the HTTP process compiles grammars without torch
+    import torch
 
 _EXECUTOR = None
 
@@ -77,6 +78,7 @@ class MaskPrefetcher:
         self._pending: Future | None = None
         self._index: dict[int, tuple[int, int]] = {}
         self._keep: list = []
+        import torch
         self.bitmask = torch.empty(0, 0, dtype=torch.int32)
         self.prefetched = 0  # rows filled ahead so far
         self.used = 0        # of those, rows a sample step took

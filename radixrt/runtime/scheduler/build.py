@@ -1,10 +1,13 @@
 """One set-up for the offline Engine and the scheduler process: tokenizer, runner, grammar cache, Scheduler."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.models.loader import load_tokenizer
-from radixrt.runtime.executor.model_runner import ModelRunner
-from radixrt.runtime.scheduler.scheduler import Scheduler
+
+if TYPE_CHECKING:  # the HTTP process imports make_grammar_cache from here: the runner (torch) stays out of it
+    from radixrt.runtime.scheduler.scheduler import Scheduler
 
 
 def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True):
@@ -33,6 +36,9 @@ def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     Raises:
         ValueError: a bad argument or an unsupported model.
     """
+    from radixrt.runtime.executor.model_runner import ModelRunner
+    from radixrt.runtime.scheduler.scheduler import Scheduler
+
     tokenizer = load_tokenizer(args.model)
     runner = ModelRunner(args, tp)
     grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
