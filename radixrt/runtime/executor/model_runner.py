@@ -72,13 +72,12 @@ class ModelRunner:
         num_heads, num_kv_heads = margs.num_heads, margs.num_kv_heads
         if self._direct_gguf(tp):  # the file's tensors, layer by layer, in their kernels' layouts
             path = os.path.join(self.source.directory, self.source.gguf_file)
-            self.model = build_from_gguf(path, margs, args.quantization)
             # rotary tables for the positions served, not the architecture's (Llama 3: 131072 x 128 fp32 x 2)
-            self.model.rotary = Rotary(margs.inv_freq, self.context_length, margs.rope_scaling)
+            self.model = build_from_gguf(path, margs, args.quantization, self.context_length)
             self.quantization = "gguf" if args.quantization == "auto" else args.quantization
         elif self._direct_gguf(tp, safetensors=True):  # a safetensors dir, tensor by tensor (st_load)
-            self.model, self.quantization = build_from_safetensors(self.source.directory, margs, args.quantization)
-            self.model.rotary = Rotary(margs.inv_freq, self.context_length, margs.rope_scaling)
+            self.model, self.quantization = build_from_safetensors(self.source.directory, margs, args.quantization,
+                                                                   self.context_length)
         else:
             self.model = self._dense_model(margs, tp)
             if tp is not None and tp.size > 1:

@@ -10,9 +10,9 @@ from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.rope import Rotary
 
 
-def assemble(parts: dict, margs: ModelArgs, where: str) -> LlamaForCausalLM:
+def assemble(parts: dict, margs: ModelArgs, where: str, max_pos: int | None = None) -> LlamaForCausalLM:
     """``parts``: module or tensor by its name in :class:`LlamaForCausalLM` (shared, read-only); the model's
-    own layers hold them. Rotary tables for the architecture's positions (the runner resizes them).
+    own layers hold them. Rotary tables for ``max_pos`` positions (default the architecture's).
 
     Raises:
         ValueError: a parameter has no value in ``parts`` (the message names ``where`` and the parameter).
@@ -26,7 +26,7 @@ def assemble(parts: dict, margs: ModelArgs, where: str) -> LlamaForCausalLM:
             setattr(owner, attr, value)
         else:
             setattr(owner, attr, nn.Parameter(value, requires_grad=False))
-    model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
+    model.rotary = Rotary(margs.inv_freq, max_pos or margs.max_position_embeddings, margs.rope_scaling)
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise ValueError(f"{where}: no tensor for {left[:4]}")

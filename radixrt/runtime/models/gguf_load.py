@@ -49,7 +49,10 @@ def _native(t: RawTensor, bias: torch.Tensor | None) -> nn.Module:
     panel kernel widens 2-byte weights in registers: an F16 file stays 2 bytes per parameter)."""
     if t.type_name in ggml.SUPPORTED:
         return GGMLLinear(t.type_name, t.torch_bytes(), t.shape[1], bias)
-    return DenseLinear(t.torch_bytes(), bias, None)
+    lin = DenseLinear(t.torch_bytes(copy=False), bias, None)  # the panels are the copy: none before them
+    if lin.fp32.panels is None and not t.owned:  # no C++ library: the plain tensor is kept, so our own copy
+        lin = DenseLinear(t.torch_bytes(), bias, None)
+    return lin
 
 
 def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fmt: str, name: str) -> nn.Module:
@@ -61,7 +64,7 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
             t = weights[0]
             if len(weights) > 1:
                 data = np.concatenate([np.asarray(w.data) for w in weights])
-                t = RawTensor(name, t.type_name, t.type_id, (data.shape[0],) + t.shape[1:], data)
+                t = RawTensor(name, t.type_name, t.type_id, (data.shape[0],) + t.shape[1:], data, owned=True)
             return _native(t, bias)
         # a Q4_K_M file mixes types inside one fused module (attn_v in Q6_K beside Q4_K q and k)
         cuts = [0]
@@ -72,7 +75,7 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
     dense = torch.cat([w.fp32() for w in weights])
     blocks = None
     if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K"):
-        blocks = (weights[0].type_name, torch.cat([w.torch_bytes() for w in weights]))
+        blocks = (weights[0].type_name, torch.cat([w.torch_bytes(copy=False) for w in weights]))
     return make_linear(fmt, name, dense, bias, blocks)
 
 
@@ -125,6 +128,10 @@ def load_gguf_weights(path: str, margs: ModelArgs, fmt: str) -> dict:
 def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
     w = GGUFWeights(path, margs.num_heads, margs.num_kv_heads, GGUF_TYPES)
     out: dict = {}
+    # the vocabulary table first, while no layer is held: its mapped pages and its copy are the largest
+    # transient of the load (a tied F16 head at 1B: 501 MiB mapped + 501 MiB of panels)
+    out["embed_tokens"], out["lm_head"] = _embed_and_head(w, margs, fmt)
+    _drop_mapped(w)
     for i in range(margs.num_layers):
         for module in PROJECTIONS:
             out[f"layers.{i}.{module}"] = make_projection(*w.projection(i, module), fmt, f"layers.{i}.{module}")
@@ -133,13 +140,13 @@ def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
             if v is not None:
                 out[f"layers.{i}.{module}.weight"] = v
         _drop_mapped(w)
-    out["embed_tokens"], out["lm_head"] = _embed_and_head(w, margs, fmt)
     out["norm.weight"] = w.need("output_norm.weight").fp32()
     _drop_mapped(w)
     logger.info("weights from %s: %s, %.1f MiB as stored", path, fmt, w.nbytes() / 2**20)
     return out
 
 
-def build_from_gguf(path: str, margs: ModelArgs, fmt: str) -> LlamaForCausalLM:
-    """A :class:`LlamaForCausalLM` on the CPU over :func:`load_gguf_weights` (shared modules, own layers)."""
-    return assemble(load_gguf_weights(path, margs, fmt), margs, path)
+def build_from_gguf(path: str, margs: ModelArgs, fmt: str, max_pos: int | None = None) -> LlamaForCausalLM:
+    """A :class:`LlamaForCausalLM` on the CPU over :func:`load_gguf_weights` (shared modules, own layers),
+    rotary tables for ``max_pos`` positions (default the architecture's)."""
+    return assemble(load_gguf_weights(path, margs, fmt), margs, path, max_pos)

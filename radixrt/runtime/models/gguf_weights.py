@@ -13,6 +13,7 @@ attn_q_norm, attn_k_norm}`` with ``.weight`` / ``.bias``.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -45,6 +46,8 @@ class RawTensor:
         type_name: the ggml type (``Q4_K``, ``F16``, ...); ``type_id`` its ``GGMLQuantizationType`` value.
         shape: ``(rows, cols)`` of the matrix (output channels, input features), or ``(n,)``.
         data: block types ``[rows, row_bytes]`` uint8; F32 / F16 ``[rows, cols]`` of that dtype; BF16 as stored.
+        owned: ``data`` is our own array (rows reordered, parts stacked), not a view of the map: it is handed
+            on without another copy.
     """
 
     name: str
@@ -52,6 +55,7 @@ class RawTensor:
     type_id: int
     shape: tuple
     data: np.ndarray
+    owned: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -60,7 +64,7 @@ class RawTensor:
     def rows(self, index: np.ndarray) -> "RawTensor":
         """The same tensor with its rows in ``index`` order (a copy)."""
         return RawTensor(self.name, self.type_name, self.type_id, (len(index),) + self.shape[1:],
-                         np.ascontiguousarray(self.data[index]))
+                         np.ascontiguousarray(self.data[index]), owned=True)
 
     def fp32(self) -> torch.Tensor:
         """The values as fp32 ``shape`` (a new tensor: ``gguf.quants.dequantize``, llama.cpp's reference)."""
@@ -72,13 +76,18 @@ class RawTensor:
         out = dequantize(np.asarray(self.data), GGMLQuantizationType(self.type_id))
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(self.shape)
 
-    def torch_bytes(self) -> torch.Tensor:
-        """A copy of the stored bytes as a torch tensor: uint8 ``[rows, row_bytes]`` for block types,
-        fp16 / bf16 / fp32 ``[rows, cols]`` for the dense ones."""
+    def torch_bytes(self, copy: bool = True) -> torch.Tensor:
+        """The stored bytes as a torch tensor: uint8 ``[rows, row_bytes]`` for block types, fp16 / bf16 / fp32
+        ``[rows, cols]`` for the dense ones. A copy, unless ``owned`` (already ours) or ``copy=False`` (then
+        a read-only view of the map: for a caller that copies it into its own layout at once)."""
         a = np.ascontiguousarray(self.data)
-        if self.type_name == "BF16":
-            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).reshape(self.shape)
-        return torch.from_numpy(a.copy()).reshape(self.shape if self.type_name in DENSE_TYPES else a.shape)
+        if copy and not self.owned:
+            a = a.copy()
+        with warnings.catch_warnings():  # a view of the read-only map: torch warns that it is not writable
+            warnings.simplefilter("ignore", UserWarning)
+            if self.type_name == "BF16":
+                return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).reshape(self.shape)
+            return torch.from_numpy(a).reshape(self.shape if self.type_name in DENSE_TYPES else a.shape)
 
 
 def unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:

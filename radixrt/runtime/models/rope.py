@@ -42,6 +42,9 @@ class Rotary(nn.Module):
 
     def __init__(self, inv: torch.Tensor, max_pos: int, scaling: float = 1.0):
         super().__init__()
+        # the current default device (meta inside ``with torch.device("meta")``: a model made there to be
+        # filled by a loader allocates no table; 131072 positions are ~200 MB of transient fp32 at Llama 3)
+        inv = inv.to(torch.empty(0).device)
         freqs = torch.arange(max_pos, dtype=torch.float32, device=inv.device)[:, None] * inv.float()[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         sin = emb.sin() * scaling

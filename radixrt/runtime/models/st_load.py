@@ -166,7 +166,9 @@ def load_safetensors_weights(directory: str, margs: ModelArgs, fmt: str) -> tupl
     return out, fmt
 
 
-def build_from_safetensors(directory: str, margs: ModelArgs, fmt: str) -> tuple[LlamaForCausalLM, str]:
-    """``(model, format used)``: a :class:`LlamaForCausalLM` on the CPU over :func:`load_safetensors_weights`."""
+def build_from_safetensors(directory: str, margs: ModelArgs, fmt: str,
+                           max_pos: int | None = None) -> tuple[LlamaForCausalLM, str]:
+    """``(model, format used)``: a :class:`LlamaForCausalLM` on the CPU over :func:`load_safetensors_weights`,
+    rotary tables for ``max_pos`` positions (default the architecture's)."""
     parts, used = load_safetensors_weights(directory, margs, fmt)
-    return assemble(parts, margs, directory), used
+    return assemble(parts, margs, directory, max_pos), used

@@ -28,7 +28,7 @@ def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool
 
 
 def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
-    """Load the tokenizer and the model (weights + KV pool), make the grammar cache, build the Scheduler.
+    """Load the tokenizer, make the grammar cache, load the model (weights + KV pool), build the Scheduler.
     ``tp``: this rank's TPGroup under ``--tp`` (the model is sharded; sampled ids come from rank 0).
 
     The parts are reachable as ``scheduler.tokenizer``, ``.runner`` and ``.grammar_cache``.
@@ -39,9 +39,19 @@ def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     from radixrt.runtime.executor.model_runner import ModelRunner
     from radixrt.runtime.scheduler.scheduler import Scheduler
 
+    from radixrt.runtime.models.args import ModelArgs
+    from radixrt.runtime.models.loader import load_config
+
     tokenizer = load_tokenizer(args.model)
-    runner = ModelRunner(args, tp)
-    grammar_cache = make_grammar_cache(args, tokenizer, runner.vocab_size)
+    # the grammar backend before the weights: its set-up's transient (llguidance serializes the tokenizer
+    # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
+    grammar_cache = make_grammar_cache(args, tokenizer, ModelArgs.from_hf(load_config(args.model)).vocab_size)
+    try:
+        runner = ModelRunner(args, tp)
+    except BaseException:
+        if grammar_cache is not None:
+            grammar_cache.shutdown(wait=False)
+        raise
     sched = Scheduler(args, runner, tokenizer, grammar_cache)
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens
