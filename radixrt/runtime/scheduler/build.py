@@ -1,10 +1,14 @@
 """One set-up for the offline Engine and the scheduler process: tokenizer, runner, grammar cache, Scheduler."""
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING
 
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.models.loader import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the HTTP process imports make_grammar_cache from here: the runner (torch) stays out of it
     from radixrt.runtime.scheduler.scheduler import Scheduler
@@ -42,16 +46,26 @@ def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     from radixrt.runtime.models.args import ModelArgs
     from radixrt.runtime.models.loader import load_config
 
+    from radixrt.runtime.models.loader import resolve_model
+    from radixrt.runtime.models.prefetch import prefetch
+
+    t0 = time.perf_counter()
+    src = resolve_model(args.model)
+    prefetch(src.directory, src.gguf_file)  # read while the tokenizer and grammar backend are set up
     tokenizer = load_tokenizer(args.model)
+    t1 = time.perf_counter()
     # the grammar backend before the weights: its set-up's transient (llguidance serializes the tokenizer
     # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
     grammar_cache = make_grammar_cache(args, tokenizer, ModelArgs.from_hf(load_config(args.model)).vocab_size)
+    t2 = time.perf_counter()
     try:
         runner = ModelRunner(args, tp)
     except BaseException:
         if grammar_cache is not None:
             grammar_cache.shutdown(wait=False)
         raise
+    logger.info("set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
+                time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2)
     sched = Scheduler(args, runner, tokenizer, grammar_cache)
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens

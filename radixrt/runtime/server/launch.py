@@ -87,6 +87,8 @@ def serve(args: ServerArgs) -> int:
                         format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
     try:  # a bad path or file fails here with one line, before any child process starts
         src = resolve_model(args.model)
+        from radixrt.runtime.models.prefetch import prefetch
+        prefetch(src.directory, src.gguf_file)  # the disk streams while the children start (cold page cache)
         load_config(args.model)
     except ValueError as e:
         print(f"radixrt: error: {e}", file=sys.stderr)
