@@ -145,6 +145,14 @@ def load_safetensors_weights(directory: str, margs: ModelArgs, fmt: str) -> tupl
     if fmt == "auto":
         fmt = _OWN[src.dtype()]
     out: dict = {}
+    # the vocabulary table first, while no layer is held: its mapped pages and its copy (panels or blocks)
+    # are the largest transient of the load (a tied bf16 table at Llama-3.2-1B's shape: 501 MiB each)
+    sd = src.read(["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"])
+    head = None if margs.tie_word_embeddings else _need(sd, "lm_head.weight", directory)
+    out["embed_tokens"], out["lm_head"] = _embed_and_head(_need(sd, "model.embed_tokens.weight", directory),
+                                                          head, fmt)
+    out["norm.weight"] = _need(sd, "model.norm.weight", directory).to(torch.float32, copy=True)
+    del sd, head
     for i in range(margs.num_layers):
         p = f"model.layers.{i}."
         names = [p + f"{hf}.{kind}" for hf in HF_NAMES.values() for kind in ("weight", "bias")]
@@ -157,11 +165,6 @@ def load_safetensors_weights(directory: str, margs: ModelArgs, fmt: str) -> tupl
             if v is not None:
                 out[f"layers.{i}.{module}.weight"] = v.to(torch.float32, copy=True)
         del sd  # this layer's tensors as stored: gone before the next layer is read
-    sd = src.read(["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"])
-    head = None if margs.tie_word_embeddings else _need(sd, "lm_head.weight", directory)
-    out["embed_tokens"], out["lm_head"] = _embed_and_head(_need(sd, "model.embed_tokens.weight", directory),
-                                                          head, fmt)
-    out["norm.weight"] = _need(sd, "model.norm.weight", directory).to(torch.float32, copy=True)
     logger.info("weights from %s: %s, layer by layer", directory, fmt)
     return out, fmt
 
