@@ -45,6 +45,7 @@ class TokenizerManager:
         self.tokenizer = None
         self.limits: Optional[Limits] = None
         self.grammar_cache = None
+        self._grammar_vocab: Optional[int] = None  # the vocabulary size grammar_cache was made for
         self.ready_info: Optional[ReadyOut] = None
         self.ready: Optional[asyncio.Event] = None
         self.dead: Optional[str] = None   # why the runtime cannot serve (a child died, or the model failed)
@@ -68,12 +69,23 @@ class TokenizerManager:
         self.supervisor.spawn()
 
     def _load_tokenizer(self) -> None:
-        from radixrt.runtime.models.loader import load_tokenizer
+        from radixrt.runtime.models.loader import load_config, load_tokenizer
         self.tokenizer = load_tokenizer(self.args.model)
+        # the grammar backend now, beside the scheduler's load, not after it (~1.4 s at a 128k vocabulary):
+        # the config's vocabulary size is the model's (ModelArgs.from_hf takes it as is); _on_ready sets it
+        # up again, and reports a failure, only where the scheduler's differs or this one failed
+        try:
+            self._make_grammar_cache(int(load_config(self.args.model).vocab_size))
+        except Exception as e:  # noqa: BLE001 - retried and reported in _on_ready
+            logger.debug("grammar backend set-up before the model is ready failed: %s", e)
 
     def _make_grammar_cache(self, vocab_size: int) -> None:
         from radixrt.runtime.scheduler.build import make_grammar_cache
+        old = self.grammar_cache
         self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size, masks=False)
+        self._grammar_vocab = vocab_size
+        if old is not None:
+            old.shutdown(wait=False)
 
     async def _on_ready(self, r: ReadyOut) -> None:
         if r.error is not None:
@@ -81,7 +93,8 @@ class TokenizerManager:
             return
         try:
             await self._tokenizer_task
-            await asyncio.to_thread(self._make_grammar_cache, r.vocab_size)
+            if self._grammar_vocab != r.vocab_size:
+                await asyncio.to_thread(self._make_grammar_cache, r.vocab_size)
         except Exception as e:
             logger.exception("tokenizer / grammar set-up failed")
             self._set_fatal(f"tokenizer or grammar backend set-up failed: {type(e).__name__}: {e}")
