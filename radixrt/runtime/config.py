@@ -52,8 +52,9 @@ class ServerArgs:
     grammar_overlap: bool = field(default=False, metadata={"help": "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, benchmarks/results/grammar_backends.md)"})
     disable_jump_forward: bool = field(default=True, metadata={"help": "on by default (jump-forward off): it loses wall time at 16 concurrent requests; --no-disable-jump-forward appends grammar-forced text in one extend step"})
     speculative_algorithm: str = field(default="none", metadata={"help": "none|suffix|ngram: draftless speculative decoding; drafts from the request's own tokens and recent outputs (suffix, SuffixDecoding) or prompt lookup (ngram), verified in the batched decode step (docs/DESIGN.md: speculative decoding)"})
-    speculative_num_draft_tokens: int = field(default=8, metadata={"help": "most draft tokens one request verifies per step"})
-    speculative_max_batch_size: int = field(default=8, metadata={"help": "no drafts in a step with more running decodes than this (extra rows stop paying above it)"})
+    speculative_num_draft_tokens: int = field(default=24, metadata={"help": "most draft tokens one request verifies per step (SuffixDecoding's depth: 24)"})
+    speculative_max_batch_size: int = field(default=0, metadata={"help": "no drafts in a step with more running decodes than this; 0: no fixed cutoff, the cost model (--speculative-adaptive) stops drafting where it no longer pays"})
+    speculative_adaptive: bool = field(default=True, metadata={"help": "choose each step's draft lengths from the measured step time and each request's acceptance (spec/cost.py); --no-speculative-adaptive: every row verifies what the drafter proposes, scaled by its acceptance rate"})
     max_pinned_tokens: Optional[int] = field(default=None, metadata={"help": "cap on KV tokens that open sessions may pin, summed over sessions; default: no cap"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
     cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})
@@ -105,10 +106,13 @@ class ServerArgs:
             raise ValueError(f"response_session_ttl must be > 0, got {self.response_session_ttl!r}")
         for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_num_batched_tokens",
                      "max_wait_steps", "cuda_graph_max_bs", "log_interval", "tp", "dp",
-                     "speculative_num_draft_tokens", "speculative_max_batch_size"):
+                     "speculative_num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        v = self.speculative_max_batch_size
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"speculative_max_batch_size must be an integer >= 0, got {v!r}")
         if self.max_pinned_tokens is not None and (not isinstance(self.max_pinned_tokens, int) or self.max_pinned_tokens < 0):
             raise ValueError(f"max_pinned_tokens must be an integer >= 0, got {self.max_pinned_tokens!r}")
         for name in ("max_total_tokens", "context_length"):
