@@ -54,11 +54,14 @@ class Speculator:
         self.times = StepTimes()          # t(T), set by calibrate() and every step (observe_step)
         self.acceptance = Acceptance()
         self._drafting_steps = 0
+        self._forced_rows: set[int] = set()  # this step's rows whose draft is their grammar's forced tokens
         self.outputs, self.context_length = outputs, context_length
         self.verify_steps = 0      # request-steps that verified drafts
         self.draft_tokens = 0      # draft tokens proposed and verified
         self.accepted_tokens = 0   # of those, kept
         self.emitted_tokens = 0    # tokens those request-steps produced (accepted + one sampled each)
+        self.forced_draft_tokens = 0     # of the draft tokens, those a grammar forced (jump-forward drafts)
+        self.forced_accepted_tokens = 0  # of those, kept
 
     # ---- drafting ----------------------------------------------------------------------------------
     def calibrate(self, runner, allocator) -> None:
@@ -93,38 +96,58 @@ class Speculator:
         return used
 
     def _proposed(self, batch: ScheduledBatch, decodes: list[int], mem, budget: int) -> list[tuple[int, list[int]]]:
-        """Not adaptive: each row the drafter's adapted proposal, until the budget is spent."""
+        """Not adaptive: each row the tokens its grammar forces, or else the drafter's adapted proposal,
+        until the budget is spent."""
         out, used = [], 0
+        self._forced_rows = set()
         for i in decodes:
             if budget - used <= 0:
                 break
-            draft = self._draft(batch.reqs[i], mem, budget - used)
+            req = batch.reqs[i]
+            draft = self._forced(req, self._room(req, mem, budget - used))
+            if draft:
+                self._forced_rows.add(id(req))
+            else:
+                draft = self._draft(req, mem, budget - used)
             out.append((i, draft))
             used += len(draft)
         return out
 
     def _adaptive(self, batch: ScheduledBatch, decodes: list[int], mem, budget: int,
                   pending: int) -> list[tuple[int, list[int]]]:
-        """The cost model's draft lengths (spec/cost.py): first with every row's most, to skip drafting
-        where even full drafts cannot pay, then with the drafts really proposed."""
+        """The cost model's draft lengths (spec/cost.py): first with every row's most (a constrained row:
+        the tokens its grammar forces, if any), to skip drafting where even full drafts cannot pay, then
+        with the drafts really proposed."""
         if not len(self.times) or budget <= 0:
             return []
         reqs = [batch.reqs[i] for i in decodes]
         base, n0 = sum(batch.num_new_tokens) + min(pending, budget), len(decodes)
         rooms = [self._room(r, mem, budget) for r in reqs]
-        ps = [self.acceptance.p(r.rid) for r in reqs]
-        want = choose_drafts(self.times, base, n0, list(zip(ps, rooms)), budget)
+        forced = [self._forced(r, k) for r, k in zip(reqs, rooms)]
+        self._forced_rows = {id(r) for r, f in zip(reqs, forced) if f}
+        ps = [self.acceptance.p(forced_key(r.rid) if f else r.rid) for r, f in zip(reqs, forced)]
+        want = choose_drafts(self.times, base, n0, [(p, len(f) if f else k) for p, f, k in
+                                                    zip(ps, forced, rooms)], budget)
         self._drafting_steps += any(want)
         if not any(want) or self._drafting_steps % REFRESH_EVERY == 0:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [self._draft(r, mem, budget) if k else [] for r, k in zip(reqs, want)]
+        drafts = [f or (self._draft(r, mem, budget) if k else []) for r, f, k in zip(reqs, forced, want)]
         ks = choose_drafts(self.times, base, n0, [(p, len(d)) for p, d in zip(ps, drafts)], budget)
         for r, k in zip(reqs, ks):
             if not k:
                 self.acceptance.pass_over(r.rid)
         return [(i, d[:k]) for i, d, k in zip(decodes, drafts, ks) if k]
+
+    def _forced(self, req: Req, room: int) -> list[int]:
+        """The tokens ``req``'s grammar forces next, cut to ``room`` and to what the matcher accepts
+        (jump-forward as a draft: verified in the multi-token row, no extend step)."""
+        get = getattr(req.grammar, "forced_tokens", None) if room > 0 else None
+        if get is None:
+            return []
+        toks = get()[:room]
+        return grammar_prefix(req.grammar, toks, self.outputs.eos_ids | set(req.params.stop_token_ids)) if toks else []
 
     def _room(self, req: Req, mem, budget: int) -> int:
         """The most draft tokens ``req`` may carry this step (0: none: opted out, or constrained with its
@@ -177,7 +200,12 @@ class Speculator:
             self.accepted_tokens += a
             self.emitted_tokens += sampled[id(req)]
             self.drafter.observe(req, k, a)
-            self.acceptance.observe(req.rid, k, a, a < k and id(req) not in ended)
+            key = req.rid
+            if id(req) in self._forced_rows:
+                key = forced_key(req.rid)
+                self.forced_draft_tokens += k
+                self.forced_accepted_tokens += a
+            self.acceptance.observe(key, k, a, a < k and id(req) not in ended)
         return finished
 
     def settle(self, batch: ScheduledBatch, mem) -> None:
@@ -200,14 +228,21 @@ class Speculator:
         if self.drafter is not None:
             self.drafter.finish(req)
             self.acceptance.finish(req.rid)
+            self.acceptance.finish(forced_key(req.rid))
 
     def stats(self) -> dict:
         """``accept_rate``: accepted over proposed draft tokens; ``accept_length``: tokens per verifying
         request-step (accepted + 1; SGLang's ``spec_accept_length``)."""
         return {"algorithm": self.algorithm, "verify_steps": self.verify_steps, "draft_tokens": self.draft_tokens,
                 "accepted_tokens": self.accepted_tokens, "emitted_tokens": self.emitted_tokens,
+                "forced_draft_tokens": self.forced_draft_tokens, "forced_accepted_tokens": self.forced_accepted_tokens,
                 "accept_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
                 "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0}
+
+
+def forced_key(rid: str) -> str:
+    """The acceptance track of a request's grammar-forced drafts (apart from its drafter's)."""
+    return rid + "\x00forced"
 
 
 def grammar_prefix(matcher, draft: list[int], end_ids: set[int] = frozenset()) -> list[int]:
