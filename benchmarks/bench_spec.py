@@ -107,7 +107,7 @@ def workloads(tok, a) -> dict:
     z = W.Sizes(json_requests=4, agent_programs=2, chat_convs=2, chat_reply_len=48)
     json_prompts = [next(p).prompt for p in W.json_decode(words, z, True).make_programs()]
     rand = [" ".join(rng.choice(VERBS + NOUNS + ["alpha", "blue", "seven", "river", "glass"]) for _ in range(40))
-            for _ in range(2)]
+            for _ in range(4)]
     agents16 = [agent_prompt(tools, [], f"Task {i}: update the record {i} and run its tests.") for i in range(16)]
     g = {"temperature": 0, "max_new_tokens": a.max_new}
     js = json.dumps(W.PERSON_SCHEMA)

@@ -37,6 +37,15 @@ def test_batch_one_high_acceptance_drafts_all_four():
     assert choose_drafts(T, 1, 1, [(0.9, 4)], budget=2) == [2]
 
 
+def test_prompt_tokens_in_the_step_do_not_make_drafts_look_free():
+    # one decode row beside a 15-token prompt chunk: T0 = 16. Against the step's rate (1/100) one draft of
+    # p = 0.4 would look like a gain (1.4/104); against the row's own rate 1/t(1) = 0.1 it costs 4 ms for
+    # 0.4 tokens: 1.4/14 = 0.1, not 5 % better; two cost 8 ms: 1.56/18 = 0.087
+    assert choose_drafts(T, 16, 1, [(0.4, 2)], budget=64) == [0]
+    # p = 0.95: 1.95/14 = 0.139, 2.8525/18 = 0.158 (best)
+    assert choose_drafts(T, 16, 1, [(0.95, 2)], budget=64) == [2]
+
+
 def test_low_acceptance_drafts_nothing():
     # p = 0.3: 1.3/16, 1.39/18, 1.417/20, 1.4251/22 all below 1/10
     assert choose_drafts(T, 1, 1, [(0.3, 4)], budget=64) == [0]
@@ -44,11 +53,11 @@ def test_low_acceptance_drafts_nothing():
 
 
 def test_batch_sixteen_keeps_only_the_sure_tokens():
-    # base 16/100 = 0.16 (x1.02 = 0.1632); D=1 16.95/104 = 0.16298 (not enough); D=2 adds 0.95^2, not 0.5:
-    # 17.8525/108 = 0.1653 (best); D=3 +0.5: 18.3525/112 = 0.16386; D=4 +0.25: 18.6025/116 = 0.1604
+    # base 16/100 = 0.16 (margin 2 %: 0.1632); D=1 16.95/104 = 0.16298 (not enough); D=2 adds 0.95^2, not
+    # 0.5: 17.8525/108 = 0.1653 (best); D=3 +0.5: 18.3525/112 = 0.16386; D=4 +0.25: 18.6025/116 = 0.1604
     rows = [(0.95, 2), (0.5, 2)] + [(0.0, 0)] * 14
-    assert choose_drafts(T, 16, 16, rows, budget=64) == [2, 0] + [0] * 14
-    assert choose_drafts(T, 16, 16, rows, budget=64, margin=0.05) == [0] * 16
+    assert choose_drafts(T, 16, 16, rows, budget=64, margin=0.02) == [2, 0] + [0] * 14
+    assert choose_drafts(T, 16, 16, rows, budget=64) == [0] * 16  # the default 5 %
 
 
 def test_acceptance_estimate():

@@ -23,6 +23,7 @@ TIME_EMA = 0.2     # weight of a new measurement of t(T)
 PRIOR = (4.0, 1.0)  # global acceptance starts at Beta(4, 1) = 0.8: optimistic, so drafting is tried at all
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the global rate in a request's own estimate
 DECAY = 0.9        # a request's evidence shrinks by this per step it is observed or passed over
+MARGIN = 0.05      # drafts must promise this much more output rate than none (step times are noisy)
 
 
 def bucket(T: int) -> int:
@@ -115,13 +116,17 @@ class Acceptance:
 
 
 def choose_drafts(t: Callable[[int], float], base_tokens: int, base_out: int,
-                  rows: Sequence[tuple[float, int]], budget: int, margin: float = 0.02) -> list[int]:
-    """Draft tokens per row maximizing the step's expected output rate (module doc).
+                  rows: Sequence[tuple[float, int]], budget: int, margin: float = MARGIN) -> list[int]:
+    """Draft tokens per row maximizing the decode rows' expected output rate (module doc).
+
+    The rate with ``D`` drafts is ``(N0 + G(D)) / (t(N0) + t(T0 + D) - t(T0))``: the drafts' extra time is
+    what they add to this step, and it is weighed against the decode rows' own rate ``N0 / t(N0)``, not
+    the step's: prompt tokens in the step make it long, but drafts that delay them cost output later.
 
     Args:
         t: seconds of a step at ``T`` tokens (:class:`StepTimes`).
-        base_tokens: ``T0``, the tokens the step computes without drafts (>= 1).
-        base_out: ``N0``, the tokens it emits without drafts (its decode rows).
+        base_tokens: ``T0``, the tokens the step computes without drafts (>= ``base_out``).
+        base_out: ``N0`` (>= 1), the tokens it emits without drafts (its decode rows).
         rows: per candidate row ``(p, n)``: acceptance probability in [0, 1] and drafts available.
         budget: most draft tokens in all.
         margin: a rate must beat the rate without drafts by this fraction (the times are estimates).
@@ -130,8 +135,8 @@ def choose_drafts(t: Callable[[int], float], base_tokens: int, base_out: int,
     """
     heap = [(-p, i, 1) for i, (p, n) in enumerate(rows) if n > 0 and p > 0]
     heapq.heapify(heap)
-    base = base_out / t(base_tokens)
-    best, best_d, picks, gain = base * (1 + margin), 0, [], 0.0
+    t_out, t0 = t(base_out), t(base_tokens)
+    best, best_d, picks, gain = base_out / t_out * (1 + margin), 0, [], 0.0
     while heap and len(picks) < budget:
         v, i, j = heapq.heappop(heap)  # the largest p_i^j left: row i's j-th draft token
         picks.append(i)
@@ -139,7 +144,7 @@ def choose_drafts(t: Callable[[int], float], base_tokens: int, base_out: int,
         p, n = rows[i]
         if j < n:
             heapq.heappush(heap, (-(p ** (j + 1)), i, j + 1))
-        rate = (base_out + gain) / t(base_tokens + len(picks))
+        rate = (base_out + gain) / (t_out + t(base_tokens + len(picks)) - t0)
         if rate > best:
             best, best_d = rate, len(picks)
     out = [0] * len(rows)
