@@ -112,10 +112,14 @@ class Scheduler:
         self._finish(req, {"type": "abort", "message": "aborted"})
 
     def flush_cache(self) -> bool:
-        """Drop every unlocked cached page. Returns False (nothing done) while requests are running."""
+        """Drop every unlocked cached page and the drafter's store of past outputs. Returns False (nothing
+        done) while requests are running."""
+        busy = bool(self.running or self.waiting)
+        if not busy:
+            self.spec.flush()
         if self.tree is None:
             return True
-        if self.running or self.waiting:
+        if busy:
             return False
         self.mem.flush()
         if self.request_log is not None:

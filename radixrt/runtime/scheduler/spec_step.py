@@ -230,6 +230,11 @@ class Speculator:
             self.acceptance.finish(req.rid)
             self.acceptance.finish(forced_key(req.rid))
 
+    def flush(self) -> None:
+        """``flush_cache``: the drafter forgets the outputs it learned (its store goes with the cache)."""
+        if self.drafter is not None:
+            self.drafter.flush()
+
     def stats(self) -> dict:
         """``accept_rate``: accepted over proposed draft tokens; ``accept_length``: tokens per verifying
         request-step (accepted + 1; SGLang's ``spec_accept_length``)."""

@@ -88,3 +88,7 @@ class Drafter:
 
     def finish(self, req: Any) -> None:
         self._track.pop(req.rid, None)
+
+    def flush(self) -> None:
+        """Forget what finished requests taught (the server's cache was flushed); running requests keep
+        their own state."""
