@@ -115,8 +115,8 @@ def test_large_k_ragged_n(ops):
 
 
 def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
-    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.cpp's tiles: the same bits as the
-    AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
+    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.h's tiles and of 1-2 rows gemv512.h's
+    (Q6_K: the AVX2 tile): the same bits as the AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
     and type; elsewhere both processes run the AVX2 tiles."""
     import subprocess
     import sys
@@ -126,7 +126,7 @@ def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
               "c = torch.load(sys.argv[1])\nout = {}\n"
               "for t in quant.TYPES.values():\n"
               "    w = c['ws'][t.name]\n"
-              "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (3, 8, 65, 130)]\n"
+              "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (1, 2, 3, 8, 65, 130)]\n"
               "out['enabled'] = ops.gemm512_enabled()\ntorch.save(out, sys.argv[2])\n")
     env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "avx2.pt")],
@@ -137,7 +137,7 @@ def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
     assert ops.gemm512_enabled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq",
                                                                "avx512_vnni"))
     for t in TYPES:
-        for m, ref in zip((3, 8, 65, 130), avx2[t.name]):
+        for m, ref in zip((1, 2, 3, 8, 65, 130), avx2[t.name]):
             assert torch.equal(ops.mm(x[:m].contiguous(), ws[t.name], t.ggml_type), ref), (t.name, m)
 
 
