@@ -30,10 +30,11 @@ void run512(const Ctx& c, int64_t M, bool xor80, int shift) {
 }
 
 // 1-2 rows (decode): tiles of 2 NZ weight rows, two per register (gemv512.h), split over threads as run()
-// does; the tile after next is prefetched.
+// does; the tile after next is prefetched. More rows in flight keep more memory reads outstanding: 8 rows
+// (NZ = 4) for the 32-element types, 4 for the K-quants (whose decoded heads would not fit the registers).
 template <class T, bool K256, int MB>
 void gemv(const Ctx& c) {
-  constexpr int NZ = 2;
+  constexpr int NZ = K256 ? 2 : 4;
   const int64_t nb = c.K / 32;
   std::vector<int32_t> offs;
   if constexpr (!K256) {
