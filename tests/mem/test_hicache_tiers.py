@@ -39,8 +39,8 @@ def test_host_tier_evicts_lowest_score_first():
     spilled = host.store([(None, 3), (None, 4)], [(4.0,), (6.0,)], rows[2:])
     assert [k for k, _ in spilled] == [(None, 2)] and torch.equal(spilled[0][1], rows[1])
     assert host.num_used == 3 and (None, 2) not in host
-    slot, score = host.take((None, 1))
-    assert score == (5.0,) and torch.equal(host.rows[slot], rows[0]) and (None, 1) not in host
+    slot, score, hits = host.take((None, 1))
+    assert score == (5.0,) and hits == 0 and torch.equal(host.rows[slot], rows[0]) and (None, 1) not in host
     host.put_back((None, 1), slot, score)
     host.check()
     assert host.discard([(None, 1), (None, 9)]) == 1
