@@ -237,11 +237,36 @@ class HiCache:
         self.host.clear()
         return freed
 
+    def persist(self) -> int:
+        """Under ``write_back``, queue the files of every page still in tiers 1 and 2 (write_through wrote
+        them on insert), so a restart finds them. Returns pages queued. O(cached pages) copies."""
+        if self.disk is None or self.write_policy != "write_back":
+            return 0
+        queued = 0
+        for (salt, h), e in list(self.host._index.items()):
+            queued += self.disk.write(salt, h, self.host.rows[e.slot].numpy().tobytes())
+        for node in list(self.tree._nodes()):
+            key, salt = self._path(node)
+            hashes = page_hashes(key, self.ps)[-len(node.value):]
+            todo = [(p, h) for p, h in zip(node.value, hashes) if (salt, h) not in self.disk]
+            if todo:
+                rows = self.codec.pack([p for p, _ in todo]).numpy()
+                for (_, h), row in zip(todo, rows):
+                    queued += self.disk.write(salt, h, row.tobytes())
+        return queued
+
     def close(self) -> None:
+        """Stop prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
+        queued files (a graceful shutdown; SIGTERM drains through here)."""
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.disk is not None:
-            self.disk.close()
+            try:
+                n = self.persist()
+                if n:
+                    logger.info("hicache: write_back: %d pages written to %s at shutdown", n, self.disk.dir)
+            finally:
+                self.disk.close()
 
     def check_invariants(self) -> None:
         """Tier 2's slots are each free or held once; no page of the tree is also held in tier 2.
@@ -269,7 +294,8 @@ class HiCache:
                            "read_pages": d.read_pages, "dropped_pages": d.dropped, "pending_writes": d.pending_writes,
                            "bytes_written": d.bytes_written, "bytes_read": d.bytes_read,
                            "write_seconds": d.write_seconds, "read_seconds": d.read_seconds,
-                           "prefetched_pages": self.prefetched_pages}
+                           "prefetched_pages": self.prefetched_pages, "dir_recreated": d.recreated,
+                           "max_files": d.max_files, "evicted_files": d.evicted_files}
         return out
 
 
