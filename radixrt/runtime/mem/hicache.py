@@ -98,10 +98,11 @@ class HiCache:
         return True
 
     def _store(self, keys: list, scores: list, rows: torch.Tensor, hits: int) -> None:
-        spilled = self.host.store(keys, scores, rows, hits)
+        back = self.disk is not None and self.write_policy == "write_back"
+        spilled = self.host.store(keys, scores, rows, hits, keep_evicted=back)
         self.stored_pages += len(keys)
         self.host_evicted_pages += len(spilled)
-        if self.disk is not None and self.write_policy == "write_back":
+        if back:
             for (s, h), row in spilled:
                 self.disk.write(s, h, row.numpy().tobytes())
 

@@ -61,12 +61,12 @@ class HostTier:
     def __contains__(self, key: Key) -> bool:
         return key in self._index
 
-    def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor,
-              hits: int = 0) -> list[tuple[Key, torch.Tensor]]:
+    def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor, hits: int = 0,
+              keep_evicted: bool = True) -> list[tuple[Key, torch.Tensor | None]]:
         """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys`` with the node's ``hits``,
         evicting the lowest-scored entries when full. A key already present keeps its bytes (the same
         prefix, the same KV) and takes the higher score and hit count. Returns the evicted ``(key, row)``
-        pairs (the disk tier may keep them)."""
+        pairs (the disk tier may keep them; without ``keep_evicted`` the rows are None, no copy made)."""
         evicted: list[tuple[Key, torch.Tensor]] = []
         new = [(i, k) for i, k in enumerate(keys) if k not in self._index]
         for i, k in enumerate(keys):
@@ -76,7 +76,7 @@ class HostTier:
         # the pages of one evicted node come leaf-last; keep the ones nearest the root when space is short
         new = new[: self.num_slots]
         while len(self._free) < len(new):
-            popped = self._pop_lowest()
+            popped = self._pop_lowest(keep_evicted)
             if popped is None:
                 break
             evicted.append(popped)
@@ -98,13 +98,13 @@ class HostTier:
         self._index[key] = _Entry(slot, score, seq, hits)
         heapq.heappush(self._heap, (score, seq, key))
 
-    def _pop_lowest(self) -> tuple[Key, torch.Tensor] | None:
+    def _pop_lowest(self, copy: bool = True) -> tuple[Key, torch.Tensor | None] | None:
         while self._heap:
             _, seq, key = heapq.heappop(self._heap)
             e = self._index.get(key)
             if e is not None and e.seq == seq:
                 del self._index[key]
-                row = self.rows[e.slot].clone()
+                row = self.rows[e.slot].clone() if copy else None
                 self._free.append(e.slot)
                 if self.on_drop is not None:
                     self.on_drop(e.score)
