@@ -44,6 +44,7 @@ class ServerArgs:
     hicache_size: float = field(default=0.0, metadata={"help": "host store size in GB (turns the tiers on); 0 with --enable-hierarchical-cache: --hicache-ratio x the pool"})
     hicache_ratio: float = field(default=2.0, metadata={"help": "host store size as a multiple of the KV pool, when --hicache-size is 0"})
     hicache_storage: Optional[str] = field(default=None, metadata={"help": "file:DIR: also keep pages in files under DIR (tier 3, created 0700), so a restart with the same model finds them"})
+    hicache_storage_size: float = field(default=0.0, metadata={"help": "bound on tier 3's page files in GB (0: none); past it the least recently used files are deleted"})
     hicache_prefetch_threshold: int = field(default=256, metadata={"help": "tokens found in tier 3 beyond the tree and host store for a queued request's pages to be read ahead of its admission"})
     hicache_write_policy: str = field(default="write_through", metadata={"help": "write_through|write_back: tier 3 is written when a page enters the tree, or when it leaves the host store"})
     request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
@@ -138,6 +139,8 @@ class ServerArgs:
             raise ValueError(f"hicache_prefetch_threshold must be an integer >= 1, got {self.hicache_prefetch_threshold!r}")
         if not (isinstance(self.hicache_size, (int, float)) and self.hicache_size >= 0):
             raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size!r}")
+        if not (isinstance(self.hicache_storage_size, (int, float)) and self.hicache_storage_size >= 0):
+            raise ValueError(f"hicache_storage_size must be >= 0 GB, got {self.hicache_storage_size!r}")
         if not (isinstance(self.hicache_ratio, (int, float)) and self.hicache_ratio > 0):
             raise ValueError(f"hicache_ratio must be > 0, got {self.hicache_ratio!r}")
         if self.hicache_storage is not None and (not self.hicache_storage.startswith("file:")
@@ -145,6 +148,8 @@ class ServerArgs:
             raise ValueError(f"hicache_storage must be file:DIR, got {self.hicache_storage!r}")
         if self.hicache_storage is not None:
             _check_storage_dir(self.hicache_storage[len("file:"):])
+        if self.hicache_size > 0 or self.hicache_storage:  # either turns the tiers on: say so in server_info
+            self.enable_hierarchical_cache = True
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 
