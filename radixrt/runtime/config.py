@@ -44,6 +44,7 @@ class ServerArgs:
     hicache_size: float = field(default=0.0, metadata={"help": "host store size in GB (turns the tiers on); 0 with --enable-hierarchical-cache: --hicache-ratio x the pool"})
     hicache_ratio: float = field(default=2.0, metadata={"help": "host store size as a multiple of the KV pool, when --hicache-size is 0"})
     hicache_storage: Optional[str] = field(default=None, metadata={"help": "file:DIR: also keep pages in files under DIR (tier 3, created 0700), so a restart with the same model finds them"})
+    hicache_storage_size: float = field(default=0.0, metadata={"help": "bound on tier 3's page files in GB (0: none); past it the least recently used files are deleted"})
     hicache_prefetch_threshold: int = field(default=256, metadata={"help": "tokens found in tier 3 beyond the tree and host store for a queued request's pages to be read ahead of its admission"})
     hicache_write_policy: str = field(default="write_through", metadata={"help": "write_through|write_back: tier 3 is written when a page enters the tree, or when it leaves the host store"})
     request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
@@ -52,8 +53,9 @@ class ServerArgs:
     grammar_overlap: bool = field(default=False, metadata={"help": "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, benchmarks/results/grammar_backends.md)"})
     disable_jump_forward: bool = field(default=True, metadata={"help": "on by default (jump-forward off): it loses wall time at 16 concurrent requests; --no-disable-jump-forward appends grammar-forced text in one extend step"})
     speculative_algorithm: str = field(default="none", metadata={"help": "none|suffix|ngram: draftless speculative decoding; drafts from the request's own tokens and recent outputs (suffix, SuffixDecoding) or prompt lookup (ngram), verified in the batched decode step (docs/DESIGN.md: speculative decoding)"})
-    speculative_num_draft_tokens: int = field(default=8, metadata={"help": "most draft tokens one request verifies per step"})
-    speculative_max_batch_size: int = field(default=8, metadata={"help": "no drafts in a step with more running decodes than this (extra rows stop paying above it)"})
+    speculative_num_draft_tokens: int = field(default=24, metadata={"help": "most draft tokens one request verifies per step (SuffixDecoding's depth: 24)"})
+    speculative_max_batch_size: int = field(default=0, metadata={"help": "no drafts in a step with more running decodes than this; 0: no fixed cutoff, the cost model (--speculative-adaptive) stops drafting where it no longer pays"})
+    speculative_adaptive: bool = field(default=True, metadata={"help": "choose each step's draft lengths from the measured step time and each request's acceptance (spec/cost.py); --no-speculative-adaptive: every row verifies what the drafter proposes, scaled by its acceptance rate"})
     max_pinned_tokens: Optional[int] = field(default=None, metadata={"help": "cap on KV tokens that open sessions may pin, summed over sessions; default: no cap"})
     random_seed: int = field(default=0, metadata={"help": "seed for requests without their own seed"})
     cuda_graph_max_bs: int = field(default=64, metadata={"help": "largest decode batch captured in a CUDA graph"})
@@ -105,10 +107,13 @@ class ServerArgs:
             raise ValueError(f"response_session_ttl must be > 0, got {self.response_session_ttl!r}")
         for name in ("page_size", "max_running_requests", "chunked_prefill_size", "max_num_batched_tokens",
                      "max_wait_steps", "cuda_graph_max_bs", "log_interval", "tp", "dp",
-                     "speculative_num_draft_tokens", "speculative_max_batch_size"):
+                     "speculative_num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        v = self.speculative_max_batch_size
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"speculative_max_batch_size must be an integer >= 0, got {v!r}")
         if self.max_pinned_tokens is not None and (not isinstance(self.max_pinned_tokens, int) or self.max_pinned_tokens < 0):
             raise ValueError(f"max_pinned_tokens must be an integer >= 0, got {self.max_pinned_tokens!r}")
         for name in ("max_total_tokens", "context_length"):
@@ -134,6 +139,8 @@ class ServerArgs:
             raise ValueError(f"hicache_prefetch_threshold must be an integer >= 1, got {self.hicache_prefetch_threshold!r}")
         if not (isinstance(self.hicache_size, (int, float)) and self.hicache_size >= 0):
             raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size!r}")
+        if not (isinstance(self.hicache_storage_size, (int, float)) and self.hicache_storage_size >= 0):
+            raise ValueError(f"hicache_storage_size must be >= 0 GB, got {self.hicache_storage_size!r}")
         if not (isinstance(self.hicache_ratio, (int, float)) and self.hicache_ratio > 0):
             raise ValueError(f"hicache_ratio must be > 0, got {self.hicache_ratio!r}")
         if self.hicache_storage is not None and (not self.hicache_storage.startswith("file:")
@@ -141,6 +148,8 @@ class ServerArgs:
             raise ValueError(f"hicache_storage must be file:DIR, got {self.hicache_storage!r}")
         if self.hicache_storage is not None:
             _check_storage_dir(self.hicache_storage[len("file:"):])
+        if self.hicache_size > 0 or self.hicache_storage:  # either turns the tiers on: say so in server_info
+            self.enable_hierarchical_cache = True
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 

@@ -23,6 +23,21 @@ def enc(tok, s: str) -> list[int]:
     return tok.encode(s, add_special_tokens=False)
 
 
+def test_forced_tokens_of_a_schema(tokenizer):
+    be = create_backend("llguidance", tokenizer, len(tokenizer))
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    m = be.compile("json_schema", json.dumps(schema)).matcher()
+    for t in enc(tokenizer, '{"name":"Ann"'):
+        assert m.accept_token(t)
+    # after the name's closing quote the grammar allows only ,"age": (compact separators); llguidance
+    # forces the tokens that cannot merge with what follows: ,"age, not the '":' (one token or two)
+    assert tokenizer.decode(m.forced_tokens()) == ',"age'
+    for t in m.forced_tokens():
+        assert m.accept_token(t)
+    assert m.forced_tokens() == [] and m.find_jump_forward_string() == '":'
+
+
 def test_grammar_prefix_cuts_and_rolls_back(tokenizer):
     be = create_backend("llguidance", tokenizer, len(tokenizer))
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
@@ -71,7 +86,7 @@ def requests(tok, schemas: list[str]) -> tuple[list[str], list[dict]]:
 
 @pytest.mark.parametrize("jump_forward", [False, True])
 def test_constrained_outputs_identical_and_valid(tokenizer, jump_forward):
-    kw = dict(disable_jump_forward=not jump_forward, speculative_max_batch_size=64)
+    kw = dict(disable_jump_forward=not jump_forward, speculative_max_batch_size=64, speculative_adaptive=False)
     off = make_engine(**kw)
     on = make_engine(speculative_algorithm="suffix", **kw)
     schemas = corpus(off)
@@ -81,6 +96,9 @@ def test_constrained_outputs_identical_and_valid(tokenizer, jump_forward):
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     st = on.get_server_info()["cache"]["speculative"]
     assert st["accepted_tokens"] > 0
+    # the tokens the grammar forces (keys, punctuation) were drafted and mostly kept (with jump-forward on,
+    # it appends most of them first)
+    assert jump_forward or st["forced_draft_tokens"] > 20 and st["forced_accepted_tokens"] > st["forced_draft_tokens"] // 2
     finished = 0
     for sp, o in zip(sps, got):
         if o["meta_info"]["finish_reason"]["type"] == "stop":

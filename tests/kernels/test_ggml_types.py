@@ -114,9 +114,27 @@ def test_large_k_ragged_n(ops):
         assert torch.equal(ops.mm(x[4:5].contiguous(), w, t.ggml_type), out[4:5])
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_decode_rows_many_chunks(ops, t):
+    """1-2 rows (the decode tiles: gemv512.h on AVX-512, the AVX2 streaming tiles elsewhere) over a weight
+    split into many threads' chunks with odd tails (N = 301): the int8-activation reference within fp32
+    rounding, and the same bits as those rows inside a 9-row product (the many-row tiles)."""
+    w = random_blocks(t, 301, 1024, 5 + t.ggml_type)
+    x = torch.randn(9, 1024, generator=torch.Generator().manual_seed(6))
+    wf = quant.dequantize(w, t.ggml_type).double()
+    xq, _ = int8_rounded(x, t.block_size)
+    many = ops.mm(x, w, t.ggml_type)
+    for rows in (slice(0, 1), slice(3, 5), slice(8, 9)):
+        out = ops.mm(x[rows].contiguous(), w, t.ggml_type)
+        exact = xq[rows].double() @ wf.T
+        mag = xq[rows].double().abs() @ wf.abs().T
+        assert ((out.double() - exact).abs() <= 2e-6 * mag + 1e-7).all(), rows
+        assert torch.equal(out, many[rows]), rows
+
+
 def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
-    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.cpp's tiles: the same bits as the
-    AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
+    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.h's tiles and of 1-2 rows gemv512.h's
+    (Q6_K: the AVX2 tile): the same bits as the AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
     and type; elsewhere both processes run the AVX2 tiles."""
     import subprocess
     import sys
@@ -126,7 +144,7 @@ def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
               "c = torch.load(sys.argv[1])\nout = {}\n"
               "for t in quant.TYPES.values():\n"
               "    w = c['ws'][t.name]\n"
-              "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (3, 8, 65, 130)]\n"
+              "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (1, 2, 3, 8, 65, 130)]\n"
               "out['enabled'] = ops.gemm512_enabled()\ntorch.save(out, sys.argv[2])\n")
     env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "avx2.pt")],
@@ -137,7 +155,7 @@ def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
     assert ops.gemm512_enabled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq",
                                                                "avx512_vnni"))
     for t in TYPES:
-        for m, ref in zip((3, 8, 65, 130), avx2[t.name]):
+        for m, ref in zip((1, 2, 3, 8, 65, 130), avx2[t.name]):
             assert torch.equal(ops.mm(x[:m].contiguous(), ws[t.name], t.ggml_type), ref), (t.name, m)
 
 

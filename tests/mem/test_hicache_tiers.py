@@ -39,8 +39,8 @@ def test_host_tier_evicts_lowest_score_first():
     spilled = host.store([(None, 3), (None, 4)], [(4.0,), (6.0,)], rows[2:])
     assert [k for k, _ in spilled] == [(None, 2)] and torch.equal(spilled[0][1], rows[1])
     assert host.num_used == 3 and (None, 2) not in host
-    slot, score = host.take((None, 1))
-    assert score == (5.0,) and torch.equal(host.rows[slot], rows[0]) and (None, 1) not in host
+    slot, score, hits = host.take((None, 1))
+    assert score == (5.0,) and hits == 0 and torch.equal(host.rows[slot], rows[0]) and (None, 1) not in host
     host.put_back((None, 1), slot, score)
     host.check()
     assert host.discard([(None, 1), (None, 9)]) == 1
@@ -108,3 +108,47 @@ def test_host_tier_evicts_a_nodes_tail_before_its_head():
     host.store([(None, i) for i in range(4)], [(1.0,)] * 4, torch.zeros(4, 1, dtype=torch.uint8))
     spilled = host.store([(None, 9)], [(2.0,)], torch.ones(1, 1, dtype=torch.uint8))
     assert [k for k, _ in spilled] == [(None, 3)]
+
+
+def test_disk_tier_recreates_a_deleted_directory(tmp_path):
+    import shutil
+    d = DiskTier(str(tmp_path / "kv"), bytes(16), ("fp16", 16, 2, 3, 8), 10)
+    assert d.write(None, 1, bytes(10)) and d.flush()
+    shutil.rmtree(d.dir)
+    assert d.read(None, 1) is None and (None, 1) not in d  # the lost file is forgotten: written again later
+    assert d.write(None, 2, bytes(range(10))) and d.write(None, 1, bytes(10)) and d.flush()
+    assert d.recreated == 1 and d.written == 3
+    assert oct(os.stat(d.dir).st_mode & 0o777) == "0o700"
+    assert sorted(os.listdir(d.dir)) == sorted(d.name(None, h) + ".kv" for h in (1, 2))
+    assert d.read(None, 2) == bytes(range(10)) and d.dropped == 0
+    d.close()
+
+
+def test_server_args_report_the_tiers_on(tmp_path):
+    from radixrt.runtime.config import ServerArgs
+    assert ServerArgs().enable_hierarchical_cache is False
+    assert ServerArgs(hicache_size=0.5).enable_hierarchical_cache is True
+    assert ServerArgs(hicache_storage=f"file:{tmp_path / 'kv'}").enable_hierarchical_cache is True
+
+
+def test_disk_tier_size_bound_evicts_least_recently_used(tmp_path):
+    per_file = HEADER.size + 10
+    d = DiskTier(str(tmp_path / "kv"), bytes(16), ("fp16", 16, 2, 3, 8), 10, max_bytes=3 * per_file + 5)
+    assert d.max_files == 3
+    for h in range(4):
+        assert d.write(None, h, bytes([h]) * 10)
+    assert d.flush() and d.evicted_files == 1 and (None, 0) not in d  # page 0 went, the oldest
+    assert d.read(None, 1) == bytes([1]) * 10  # a read makes page 1 the newest: page 2 goes next
+    assert d.write(None, 4, bytes([4]) * 10) and d.flush()
+    files = sorted(os.listdir(d.dir))
+    assert files == sorted(d.name(None, h) + ".kv" for h in (1, 3, 4)) and d.evicted_files == 2
+    d.close()
+    again = DiskTier(d.dir, bytes(16), ("fp16", 16, 2, 3, 8), 10, max_bytes=2 * per_file)
+    os.utime(again.path(again.name(None, 4)), (1, 1))  # the oldest by mtime at start goes first
+    again.close()
+    again = DiskTier(d.dir, bytes(16), ("fp16", 16, 2, 3, 8), 10, max_bytes=2 * per_file)
+    assert again.write(None, 5, bytes(10)) and again.flush()
+    assert len(os.listdir(d.dir)) == 2 and (None, 4) not in again and again.evicted_files == 2
+    again.close()
+    with pytest.raises(ValueError, match="hicache_storage_size"):
+        DiskTier(d.dir, bytes(16), ("fp16", 16, 2, 3, 8), 10, max_bytes=per_file - 1)

@@ -4,6 +4,7 @@ again from the files: ``cached_tokens`` is the prompt's cacheable length cut to 
 are the first server's. Its tiers show in /get_server_info and /metrics."""
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -13,9 +14,10 @@ P, N = 16, 600
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
-def _serve(kv_dir: str):
+def _serve(kv_dir: str, *extra: str):
     return start_server("--quantization", "auto", "--kv-cache-dtype", "fp32", "--context-length", "1024",
-                        "--max-total-tokens", "2048", "--hicache-storage", f"file:{kv_dir}", "--enable-metrics")
+                        "--max-total-tokens", "2048", "--hicache-storage", f"file:{kv_dir}", "--enable-metrics",
+                        *extra)
 
 
 def _gen(s, ids) -> dict:
@@ -55,6 +57,30 @@ def test_restart_serves_a_known_prefix_from_disk(tmp_path, passage_ids):
             text = c.get("/metrics").text
         hit = re.search(r'radixrt:hicache_hit_tokens_total\{model_name="[^"]+",tier="disk"\} (\S+)', text)
         assert hit is not None and float(hit.group(1)) == 592.0, text[-3000:]
+        s.wait_idle()
+    finally:
+        s.stop()
+
+
+def test_write_back_pages_reach_disk_at_sigterm(tmp_path, passage_ids):
+    """Under write_back nothing is written while the prompt's pages stay in the pool; SIGTERM writes them
+    (the 37 whole pages of prompt and output computed), and the restarted server hits them."""
+    ids, kv = passage_ids[:N], str(tmp_path / "kv")
+    s = _serve(kv, "--hicache-write-policy", "write_back")
+    try:
+        first = _gen(s, ids)
+        info = s.client().get("/get_server_info").json()
+        assert info["enable_hierarchical_cache"] is True  # turned on by --hicache-storage alone
+        s.wait_idle()
+        assert _disk(s)["files"] == 0 and _disk(s)["written_pages"] == 0
+    finally:
+        assert s.stop() == 0
+    assert len([f for f in os.listdir(kv) if f.endswith(".kv")]) == (N + 8 - 1) // P == 37
+    s = _serve(kv, "--hicache-write-policy", "write_back")
+    try:
+        again = _gen(s, ids)
+        assert again["meta_info"]["cached_tokens"] == 592 and again["output_ids"] == first["output_ids"]
+        assert _disk(s)["hit_tokens"] == 592
         s.wait_idle()
     finally:
         s.stop()

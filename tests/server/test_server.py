@@ -363,6 +363,8 @@ BAD = [
     ("chat", {**CHAT, "n": 0}, "n"),
     ("chat", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ("chat", {**CHAT, "messages": []}, "messages"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "18C"}]},
+     "messages[1].tool_call_id"),
     ("chat", {"max_tokens": 2}, "messages"),
     ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat", {**CHAT, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
@@ -646,12 +648,17 @@ def test_abort_request_route(http, server):
     # SGLang's abort_all: every request in flight ends as an abort
     long = {"text": FRANCE, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY}}
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        futs = [pool.submit(http.post, "/generate", json={**long, "rid": f"all-{i}"}) for i in range(3)]
+        futs = [pool.submit(http.post, "/generate", json={**long, "rid": f"all-{i}"}) for i in range(2)]
+        chat = pool.submit(http.post, "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": FRANCE}], "max_tokens": 200, "ignore_eos": True, **GREEDY})
         time.sleep(0.5)
         assert http.post("/abort_request", json={"abort_all": True}).json() == {"success": True}
         outs = [f.result().json() for f in futs]
-    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
+        chat = chat.result().json()
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 2
     assert all(len(o["output_ids"]) < 200 for o in outs)
+    # the OpenAI routes say so too (SGLang's extra finish_reason value), not "stop"
+    assert chat["choices"][0]["finish_reason"] == "abort" and chat["usage"]["completion_tokens"] < 200, chat
     for body, param in (({"abort_all": "yes"}, "abort_all"), ({}, "rid"), ({"rid": "x", "abort_all": True}, "abort_all")):
         r = http.post("/abort_request", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

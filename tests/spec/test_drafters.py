@@ -65,6 +65,8 @@ def test_suffix_drafts_from_own_prompt_then_from_finished_outputs():
     assert "a" not in d.local and d.num_global_tokens == 8 + 7
     other = req("b", [9, 9, 9, 45, 50, 51, 52])
     assert d.propose(other) == [53]  # from the global store: (45, 50, 51, 52) matched, 53 followed
+    d.flush()  # flush_cache: the store goes with the cache
+    assert d.num_global_tokens == 0 and d.propose(req("c", [9, 9, 9, 45, 50, 51, 52])) == []
 
 
 def test_suffix_global_store_is_bounded():

@@ -1,12 +1,13 @@
-// The AVX-512 VNNI entry of radixrt_ggml.mm for 3 or more activation rows (tiles in gemm512.h; same bits as
-// the AVX2 tiles, which keep every row count on a CPU without AVX-512 VNNI, and 1-2 rows everywhere: decode
-// is memory-bound, and there the AVX2 streaming tile already reads at the memory's speed).
+// The AVX-512 VNNI entry of radixrt_ggml.mm: 3 or more activation rows on gemm512.h's tiles, 1-2 rows (decode)
+// on gemv512.h's (every type but Q6_K); the same bits as the AVX2 tiles, which keep every row count on a CPU
+// without AVX-512 VNNI.
 // RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <cstdlib>
 #include <string>
 #include "gemm512.h"
+#include "gemv512.h"
 #include "mm_driver.h"
 
 namespace radixrt {
@@ -28,6 +29,44 @@ void run512(const Ctx& c, int64_t M, bool xor80, int shift) {
   });
 }
 
+// 1-2 rows (decode): tiles of 2 NZ weight rows, two per register (gemv512.h), split over threads as run()
+// does; the tile after next is prefetched. More rows in flight keep more memory reads outstanding: 8 rows
+// (NZ = 4) for the 32-element types, 4 for the K-quants (whose decoded heads would not fit the registers).
+template <class T, bool K256, int MB>
+void gemv(const Ctx& c) {
+  constexpr int NZ = K256 ? 2 : 4;
+  const int64_t nb = c.K / 32;
+  std::vector<int32_t> offs;
+  if constexpr (!K256) {
+    if (T::OFFSET_SHIFT) {
+      offs.resize(MB * nb * 8);
+      for (int m = 0; m < MB; ++m) v512::offsets(c.q + m * c.K, nb, T::OFFSET_SHIFT, offs.data() + m * nb * 8);
+    }
+  }
+  const int64_t pf = 2 * NZ * c.row_bytes;
+  const int64_t grain = MB * c.N * c.K < (1 << 16) ? c.N : 16;
+  radixrt::parallel_for(0, c.N, grain, [&](int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    for (; n + 2 * NZ <= n1; n += 2 * NZ) {
+      int64_t rows[2 * NZ];
+      for (int r = 0; r < 2 * NZ; ++r) rows[r] = n + r;
+      if constexpr (K256) v512::ktile<T, NZ, MB>(c, rows, 0, pf);
+      else v512::ltile<T, NZ, MB>(c, rows, 0, offs.data(), pf);
+    }
+    for (; n < n1; n += 2) {  // a lone last row pairs with itself
+      const int64_t rows[2] = {n, std::min(n + 1, n1 - 1)};
+      if constexpr (K256) v512::ktile<T, 1, MB>(c, rows, 0, pf);
+      else v512::ltile<T, 1, MB>(c, rows, 0, offs.data(), pf);
+    }
+  });
+}
+
+template <class T, bool K256>
+void gemv_m(const Ctx& c, int64_t M) {
+  if (M == 1) gemv<T, K256, 1>(c);
+  else gemv<T, K256, 2>(c);
+}
+
 }  // namespace
 
 bool gemm512_enabled() {
@@ -37,7 +76,19 @@ bool gemm512_enabled() {
 }
 
 bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
-  if (M < 3 || !gemm512_enabled()) return false;
+  if (M < 1 || !gemm512_enabled()) return false;
+  if (M < 3) {
+    switch (type) {  // Q6_K: the AVX2 streaming tile is faster than gemv512.h's (its unpacking costs more at 512)
+      case 2: gemv_m<Q4_0, false>(c, M); return true;
+      case 3: gemv_m<Q4_1, false>(c, M); return true;
+      case 6: gemv_m<Q5_0, false>(c, M); return true;
+      case 7: gemv_m<Q5_1, false>(c, M); return true;
+      case 8: gemv_m<Q8_0, false>(c, M); return true;
+      case 12: gemv_m<Q4_K, true>(c, M); return true;
+      case 13: gemv_m<Q5_K, true>(c, M); return true;
+      default: return false;
+    }
+  }
   switch (type) {  // gguf's GGMLQuantizationType numbering
     case 2: run512<Q4_0, false>(c, M, false, 3); return true;
     case 6: run512<Q5_0, false>(c, M, false, 4); return true;

@@ -150,6 +150,14 @@ class LLGuidanceMatcher(RowMatcher):
             return ""
         return self.ll.compute_ff_bytes().decode("utf-8", errors="ignore")
 
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces next, as llguidance tokenizes them (may be empty): speculative
+        decoding verifies them as a draft (scheduler/spec_step.py), so a non-canonical split only costs
+        its acceptance."""
+        if self._terminated or self.ll.is_error():
+            return []
+        return list(self.ll.compute_ff_tokens())
+
 
 class LLGuidanceCompiled(CompiledGrammar):
     def __init__(self, kind: str, grammar: str, prototype: llg.LLMatcher, eos_token_id: int):

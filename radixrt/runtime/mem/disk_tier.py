@@ -15,6 +15,7 @@ half a file); the bytes are copied out of the pool before they are queued.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import os
@@ -41,13 +42,16 @@ class DiskTier:
     Args:
         shape: ``(dtype name, page_size, num_layers, num_kv_heads, head_dim)`` of the pool.
         page_bytes: the row length every file's payload must have.
+        max_bytes: a bound on the directory's page files (``--hicache-storage-size``; 0: none). Past it the
+            least recently written or read file goes (LRU: the tree's scores die with the process, the files
+            do not; at start, files rank by modification time).
 
     Raises:
         ValueError: a fingerprint that is not 16 bytes, or an unknown dtype name.
         OSError: the directory cannot be created.
     """
 
-    def __init__(self, directory: str, fingerprint: bytes, shape: tuple, page_bytes: int) -> None:
+    def __init__(self, directory: str, fingerprint: bytes, shape: tuple, page_bytes: int, max_bytes: int = 0) -> None:
         if len(fingerprint) != 16:
             raise ValueError("the model fingerprint must be 16 bytes")
         if shape[0] not in DTYPE_CODES:
@@ -57,8 +61,15 @@ class DiskTier:
         self.shape = tuple(shape[1:])
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         os.chmod(self.dir, 0o700)  # makedirs leaves an existing directory's mode alone
-        self.known: set[str] = {n[:-3] for n in os.listdir(self.dir) if n.endswith(".kv")}
-        self.written = self.read_pages = self.dropped = 0
+        found = [(os.stat(os.path.join(self.dir, n)).st_mtime, n[:-3]) for n in os.listdir(self.dir)
+                 if n.endswith(".kv")]
+        self.known: set[str] = {n for _, n in found}
+        self.max_files = max_bytes // (HEADER.size + page_bytes) if max_bytes > 0 else 0
+        if max_bytes > 0 and self.max_files < 1:
+            raise ValueError(f"hicache_storage_size ({max_bytes} bytes) holds no page of {HEADER.size + page_bytes}")
+        self._lru: collections.OrderedDict[str, None] = collections.OrderedDict((n, None) for _, n in sorted(found))
+        self.evicted_files = 0
+        self.written = self.read_pages = self.dropped = self.recreated = 0
         self.bytes_written = self.bytes_read = 0
         self.write_seconds = self.read_seconds = 0.0
         self._queue: queue.Queue = queue.Queue()
@@ -89,12 +100,32 @@ class DiskTier:
         if name in self.known:
             return False
         self.known.add(name)
+        self._touch(name)
         header = HEADER.pack(MAGIC, VERSION, self.dtype_code, *self.shape, self.fingerprint, salt_digest(salt),
                              page_hash, len(row), hashlib.blake2b(row, digest_size=16).digest())
         with self._lock:
             self._pending += 1
         self._queue.put((name, header + row))
+        while self.max_files and len(self._lru) > self.max_files:
+            with self._lock:
+                old, _ = self._lru.popitem(last=False)
+            self.known.discard(old)
+            self.evicted_files += 1
+            with self._lock:
+                self._pending += 1
+            self._queue.put((old, None))  # deleted by the writer, after any queued write of it
         return True
+
+    def _touch(self, name: str) -> None:
+        """``name`` was just written or read: last to be evicted."""
+        with self._lock:
+            self._lru[name] = None
+            self._lru.move_to_end(name)
+
+    def _forget(self, name: str) -> None:
+        self.known.discard(name)
+        with self._lock:
+            self._lru.pop(name, None)
 
     def _writer(self) -> None:
         while True:
@@ -102,22 +133,40 @@ class DiskTier:
             if item is None:
                 return
             name, data = item
+            if data is None:  # evicted past --hicache-storage-size
+                try:
+                    os.unlink(self.path(name))
+                except OSError:
+                    pass
+                with self._lock:
+                    self._pending -= 1
+                continue
             t0 = time.perf_counter()
-            tmp = self.path(name) + f".tmp{threading.get_ident()}"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, self.path(name))
+                try:
+                    self._write_file(name, data)
+                except FileNotFoundError:  # the directory was deleted under us: make it again (0700), retry
+                    logger.warning("hicache: %s is gone; creating it again", self.dir)
+                    os.makedirs(self.dir, mode=0o700, exist_ok=True)
+                    os.chmod(self.dir, 0o700)
+                    self.recreated += 1
+                    self._write_file(name, data)
                 self.written += 1
                 self.bytes_written += len(data)
             except OSError as e:  # a full disk loses the page, not the server
                 logger.warning("hicache: could not write %s: %s", self.path(name), e)
-                self.known.discard(name)
+                self._forget(name)
             finally:
                 self.write_seconds += time.perf_counter() - t0
                 with self._lock:
                     self._pending -= 1
+
+    def _write_file(self, name: str, data: bytes) -> None:
+        tmp = self.path(name) + f".tmp{threading.get_ident()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self.path(name))
 
     def read(self, salt: str | None, page_hash: int) -> bytes | None:
         """The page's row, checked; None when there is no file or it fails a check (then it is deleted)."""
@@ -129,14 +178,14 @@ class DiskTier:
             with open(self.path(name), "rb") as f:
                 data = f.read(HEADER.size + self.page_bytes + 1)
         except OSError:
-            self.known.discard(name)
+            self._forget(name)
             return None
         problem = self._check(data, salt, page_hash)
         self.read_seconds += time.perf_counter() - t0
         if problem is not None:
             logger.warning("hicache: dropping %s (%s); the page is recomputed", self.path(name), problem)
             self.dropped += 1
-            self.known.discard(name)
+            self._forget(name)
             try:
                 os.unlink(self.path(name))
             except OSError:
@@ -144,6 +193,8 @@ class DiskTier:
             return None
         self.read_pages += 1
         self.bytes_read += len(data)
+        if name in self.known:
+            self._touch(name)
         return data[HEADER.size:]
 
     def _check(self, data: bytes, salt: str | None, page_hash: int) -> str | None:

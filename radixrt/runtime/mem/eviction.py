@@ -58,7 +58,11 @@ class EvictionPolicy(ABC):
         """Eviction order: lower first. Ties are broken by node id in the cache."""
 
     def evicted(self, node: TreeNode) -> None:
-        """Called for each node as it is evicted."""
+        """Called for each node as it is evicted (and its pages leave the cache)."""
+
+    def dropped(self, key: tuple[float, ...]) -> None:
+        """A page whose node had eviction ``key`` left the last cache tier under the tree (mem/hicache.py):
+        the same event as ``evicted`` for a cache whose pages spill to a lower tier first."""
 
 
 class LRU(EvictionPolicy):
@@ -90,6 +94,11 @@ class GDSF(EvictionPolicy):
 
     def evicted(self, node: TreeNode) -> None:
         self.inflation = max(self.inflation, node.score)
+
+    def dropped(self, key: tuple[float, ...]) -> None:
+        # with tiers, L ages the whole hierarchy: it rises when a prefix leaves the cache, not when it
+        # moves down a tier (a small pool evicts every request; aging on that would make GDSF an LRU)
+        self.inflation = max(self.inflation, key[0])
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {p.name: p for p in (LRU, LFU, GDSF)}

@@ -55,6 +55,10 @@ class HiCache:
         self.write_policy = write_policy
         self.ps = tree.page_size
         self._suspended = False  # during flush: evicted pages are dropped, not stored
+        # during a restore's allocation: evicted pages wait here (already copied out of the pool) until the
+        # restored rows have left their tier-2 slots, so a spill never evicts tier-2 entries to make room
+        # that those slots are about to give back
+        self._deferred: list[tuple[list, list, torch.Tensor, int]] | None = None
         self.host_hit_tokens = self.disk_hit_tokens = 0
         self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
         self.store_seconds = self.load_seconds = 0.0
@@ -62,6 +66,8 @@ class HiCache:
         self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
         self.prefetched_pages = 0
         tree.on_evict = self.on_evict
+        tree.evict_partial = True  # a leaf's tail goes down a tier, its head stays in the pool
+        host.on_drop = tree.policy.dropped
 
     # ---- tree walking --------------------------------------------------------------------------
     def _path(self, node) -> tuple[list[int], str | None]:
@@ -74,23 +80,36 @@ class HiCache:
         return [t for part in reversed(parts) for t in part], salt
 
     # ---- hooks ---------------------------------------------------------------------------------
-    def on_evict(self, leaf) -> None:
-        """Copy an evicted leaf's pages to tier 2 (before the tree frees them)."""
+    def on_evict(self, leaf) -> bool:
+        """Copy an evicted leaf's pages to tier 2 (before the tree frees them). Returns True when kept."""
         if self._suspended:
-            return
+            return False
         t0 = time.perf_counter()
         key, salt = self._path(leaf)
         hashes = page_hashes(key, self.ps)[-len(leaf.value):]
         keys = [(salt, h) for h in hashes]
         rows = self.codec.pack(leaf.value)
-        score = self.tree.policy.key(leaf)
-        spilled = self.host.store(keys, [score] * len(keys), rows)
+        scores = [self.tree.policy.key(leaf)] * len(keys)
+        if self._deferred is not None:
+            self._deferred.append((keys, scores, rows, leaf.hit_count))
+        else:
+            self._store(keys, scores, rows, leaf.hit_count)
+        self.store_seconds += time.perf_counter() - t0
+        return True
+
+    def _store(self, keys: list, scores: list, rows: torch.Tensor, hits: int) -> None:
+        back = self.disk is not None and self.write_policy == "write_back"
+        spilled = self.host.store(keys, scores, rows, hits, keep_evicted=back)
         self.stored_pages += len(keys)
         self.host_evicted_pages += len(spilled)
-        if self.disk is not None and self.write_policy == "write_back":
+        if back:
             for (s, h), row in spilled:
                 self.disk.write(s, h, row.numpy().tobytes())
-        self.store_seconds += time.perf_counter() - t0
+
+    def _store_deferred(self) -> None:
+        deferred, self._deferred = self._deferred or [], None
+        for item in deferred:
+            self._store(*item)
 
     def inserted(self, key: list[int], salt: str | None, first: int, pages: list[int]) -> None:
         """Pages ``first..first+len(pages)`` of ``key`` just entered the tree as ``pages``."""
@@ -116,13 +135,13 @@ class HiCache:
             return 0
         t0 = time.perf_counter()
         hashes = page_hashes(key[: n_pages * self.ps], self.ps)
-        taken: list[tuple[int, tuple, int, tuple]] = []  # (index in the run, key, slot, score) out of tier 2
+        taken: list[tuple[int, tuple, int, tuple, int]] = []  # (index in the run, key, slot, score, hits)
         from_disk: list[tuple[int, bytes]] = []  # (index in the run, row)
         for i in range(start, n_pages):
             k = (salt, hashes[i])
             got = self.host.take(k)
             if got is not None:
-                taken.append((i - start, k, got[0], got[1]))
+                taken.append((i - start, k, *got))
                 continue
             row = self.disk.read(salt, hashes[i]) if self.disk is not None else None
             if row is None:
@@ -132,24 +151,31 @@ class HiCache:
         if n == 0:
             return 0
         self.tree.inc_lock_ref(m.last_node)  # the matched part must survive the allocation below
+        self._deferred = []
         try:
             pages = self.allocate(n)
+            if pages is None:
+                for _, k, slot, score, hits in taken:
+                    self.host.put_back(k, slot, score, hits)
+                return 0
+            if taken:
+                slots = [t[2] for t in taken]
+                self.codec.unpack([pages[t[0]] for t in taken],
+                                  self.host.rows[torch.tensor(slots, dtype=torch.long)])
+                self.host.release(slots)
         finally:
             self.tree.dec_lock_ref(m.last_node)
-        if pages is None:
-            for _, k, slot, score in taken:
-                self.host.put_back(k, slot, score)
-            return 0
-        if taken:
-            slots = [slot for _, _, slot, _ in taken]
-            self.codec.unpack([pages[j] for j, _, _, _ in taken], self.host.rows[torch.tensor(slots, dtype=torch.long)])
-            self.host.release(slots)
+            self._store_deferred()
         if from_disk:
             rows = torch.frombuffer(bytearray(b"".join(r for _, r in from_disk)), dtype=torch.uint8)
             self.codec.unpack([pages[i] for i, _ in from_disk], rows.view(len(from_disk), -1))
         end = (start + n) * self.ps
         present = self.tree.insert(key[:end], m.pages + pages, salt)
         assert present == start * self.ps, "restored pages must extend the match"
+        if taken:  # the new leaf ranks by the hits its pages had (the deepest page's: a parent has >= its child's)
+            leaf = self.tree.match_prefix(key[:end], salt).last_node
+            leaf.hit_count = min(t[4] for t in taken)
+            self.tree.policy.touch(leaf, leaf.last_access_time, False)
         self.host_hit_tokens += len(taken) * self.ps
         self.disk_hit_tokens += len(from_disk) * self.ps
         self.loaded_pages += n
@@ -212,11 +238,36 @@ class HiCache:
         self.host.clear()
         return freed
 
+    def persist(self) -> int:
+        """Under ``write_back``, queue the files of every page still in tiers 1 and 2 (write_through wrote
+        them on insert), so a restart finds them. Returns pages queued. O(cached pages) copies."""
+        if self.disk is None or self.write_policy != "write_back":
+            return 0
+        queued = 0
+        for (salt, h), e in list(self.host._index.items()):
+            queued += self.disk.write(salt, h, self.host.rows[e.slot].numpy().tobytes())
+        for node in list(self.tree._nodes()):
+            key, salt = self._path(node)
+            hashes = page_hashes(key, self.ps)[-len(node.value):]
+            todo = [(p, h) for p, h in zip(node.value, hashes) if (salt, h) not in self.disk]
+            if todo:
+                rows = self.codec.pack([p for p, _ in todo]).numpy()
+                for (_, h), row in zip(todo, rows):
+                    queued += self.disk.write(salt, h, row.tobytes())
+        return queued
+
     def close(self) -> None:
+        """Stop prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
+        queued files (a graceful shutdown; SIGTERM drains through here)."""
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.disk is not None:
-            self.disk.close()
+            try:
+                n = self.persist()
+                if n:
+                    logger.info("hicache: write_back: %d pages written to %s at shutdown", n, self.disk.dir)
+            finally:
+                self.disk.close()
 
     def check_invariants(self) -> None:
         """Tier 2's slots are each free or held once; no page of the tree is also held in tier 2.
@@ -244,7 +295,8 @@ class HiCache:
                            "read_pages": d.read_pages, "dropped_pages": d.dropped, "pending_writes": d.pending_writes,
                            "bytes_written": d.bytes_written, "bytes_read": d.bytes_read,
                            "write_seconds": d.write_seconds, "read_seconds": d.read_seconds,
-                           "prefetched_pages": self.prefetched_pages}
+                           "prefetched_pages": self.prefetched_pages, "dir_recreated": d.recreated,
+                           "max_files": d.max_files, "evicted_files": d.evicted_files}
         return out
 
 

@@ -10,12 +10,15 @@ into the tree drops its copy here (``discard``), so a page's KV is in the pool o
 
 Eviction inside the tier uses the tree's own eviction keys (``--eviction-policy``, GDSF by default): each
 entry keeps ``policy.key(node)`` of the node it was evicted from, and the lowest key goes first. The
-tree's GDSF inflation is already inside those scores, so the tier adds no aging of its own.
+tree's GDSF inflation is already inside those scores, so the tier adds no aging of its own. Each entry also
+keeps the node's hit count, which a restore gives back to the node it re-creates: GDSF and LFU rank a
+prefix by its hits, and a prefix that went down a tier and came back must not restart from zero.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +32,7 @@ class _Entry:
     slot: int
     score: tuple
     seq: int  # the heap item that is current for this entry (older items are stale)
+    hits: int = 0  # the hit count of the node the page left
 
 
 class HostTier:
@@ -43,6 +47,8 @@ class HostTier:
         self._index: dict[Key, _Entry] = {}
         self._heap: list[tuple[tuple, int, Key]] = []
         self._seq = itertools.count()
+        # told the score of each entry this tier evicts (the tree's policy ages by it: eviction.dropped)
+        self.on_drop: Callable[[tuple], None] | None = None
 
     @property
     def num_used(self) -> int:
@@ -55,20 +61,22 @@ class HostTier:
     def __contains__(self, key: Key) -> bool:
         return key in self._index
 
-    def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor) -> list[tuple[Key, torch.Tensor]]:
-        """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys``, evicting the lowest-scored
-        entries when full. A key already present keeps its bytes (the same prefix, the same KV) and takes
-        the higher score. Returns the evicted ``(key, row)`` pairs (the disk tier may keep them)."""
+    def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor, hits: int = 0,
+              keep_evicted: bool = True) -> list[tuple[Key, torch.Tensor | None]]:
+        """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys`` with the node's ``hits``,
+        evicting the lowest-scored entries when full. A key already present keeps its bytes (the same
+        prefix, the same KV) and takes the higher score and hit count. Returns the evicted ``(key, row)``
+        pairs (the disk tier may keep them; without ``keep_evicted`` the rows are None, no copy made)."""
         evicted: list[tuple[Key, torch.Tensor]] = []
         new = [(i, k) for i, k in enumerate(keys) if k not in self._index]
         for i, k in enumerate(keys):
             e = self._index.get(k)
             if e is not None and scores[i] > e.score:
-                self._push(k, e.slot, scores[i])
+                self._push(k, e.slot, scores[i], max(hits, e.hits))
         # the pages of one evicted node come leaf-last; keep the ones nearest the root when space is short
         new = new[: self.num_slots]
         while len(self._free) < len(new):
-            popped = self._pop_lowest()
+            popped = self._pop_lowest(keep_evicted)
             if popped is None:
                 break
             evicted.append(popped)
@@ -82,34 +90,36 @@ class HostTier:
         # deepest page first: among equal scores the heap pops the oldest push, so a node's tail goes before
         # its head, and a prefix never loses a page while keeping the ones after it
         for slot, (i, k) in reversed(list(zip(slots, new))):
-            self._push(k, slot, scores[i])
+            self._push(k, slot, scores[i], hits)
         return evicted
 
-    def _push(self, key: Key, slot: int, score: tuple) -> None:
+    def _push(self, key: Key, slot: int, score: tuple, hits: int = 0) -> None:
         seq = next(self._seq)
-        self._index[key] = _Entry(slot, score, seq)
+        self._index[key] = _Entry(slot, score, seq, hits)
         heapq.heappush(self._heap, (score, seq, key))
 
-    def _pop_lowest(self) -> tuple[Key, torch.Tensor] | None:
+    def _pop_lowest(self, copy: bool = True) -> tuple[Key, torch.Tensor | None] | None:
         while self._heap:
             _, seq, key = heapq.heappop(self._heap)
             e = self._index.get(key)
             if e is not None and e.seq == seq:
                 del self._index[key]
-                row = self.rows[e.slot].clone()
+                row = self.rows[e.slot].clone() if copy else None
                 self._free.append(e.slot)
+                if self.on_drop is not None:
+                    self.on_drop(e.score)
                 return key, row
         return None
 
-    def take(self, key: Key) -> tuple[int, tuple] | None:
-        """Remove ``key``'s entry and return ``(slot, score)``; the slot stays out of the free list until
-        ``release`` (the page is being copied). None when absent."""
+    def take(self, key: Key) -> tuple[int, tuple, int] | None:
+        """Remove ``key``'s entry and return ``(slot, score, hits)``; the slot stays out of the free list
+        until ``release`` (the page is being copied). None when absent."""
         e = self._index.pop(key, None)
-        return None if e is None else (e.slot, e.score)
+        return None if e is None else (e.slot, e.score, e.hits)
 
-    def put_back(self, key: Key, slot: int, score: tuple) -> None:
+    def put_back(self, key: Key, slot: int, score: tuple, hits: int = 0) -> None:
         """Undo a ``take`` whose copy did not happen."""
-        self._push(key, slot, score)
+        self._push(key, slot, score, hits)
 
     def release(self, slots: list[int]) -> None:
         """Free slots whose pages were copied out (after ``take``)."""

@@ -85,8 +85,13 @@ class RadixCache:
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self._roots: dict[str | None, TreeNode] = {None: TreeNode([], [], None)}
         # called with each leaf as evict() removes it, before its pages are freed (mem/hicache.py copies
-        # them to the host tier); None: evicted pages are simply freed
-        self.on_evict: Callable[[TreeNode], None] | None = None
+        # them to the host tier); it returns True when the pages were kept in a lower tier, and then the
+        # policy is not told (the prefix is still cached; the tier tells it when the pages leave for good).
+        # None: evicted pages are simply freed
+        self.on_evict: Callable[[TreeNode], bool] | None = None
+        # evict only the pages asked for: the last leaf popped is split and its tail goes (set with a lower
+        # tier, where whole-leaf eviction would leave up to a leaf of pool pages free instead of cached)
+        self.evict_partial = False
         self._evictable = 0  # pages in nodes with lock_ref == 0
         self._protected = 0  # pages in nodes with lock_ref > 0
         self._clock = 0.0  # logical time: +1 per match_prefix / insert call
@@ -241,8 +246,9 @@ class RadixCache:
             stack.extend(node.children.values())
 
     def evict(self, num_pages: int) -> int:
-        """Free at least ``num_pages`` pages (whole leaves, lowest ``policy.key`` first) or every evictable
-        page if there are fewer. Returns the number of pages given back to the allocator. O(tree)."""
+        """Free at least ``num_pages`` pages (whole leaves, lowest ``policy.key`` first; with
+        ``evict_partial`` exactly ``num_pages``, the last leaf split) or every evictable page if there are
+        fewer. Returns the number of pages given back to the allocator. O(tree)."""
         if num_pages <= 0 or self._evictable == 0:
             return 0
         key = self.policy.key
@@ -251,13 +257,16 @@ class RadixCache:
         freed = 0
         while freed < num_pages and heap:
             _, _, leaf = heapq.heappop(heap)
+            need = num_pages - freed
+            if self.evict_partial and len(leaf.value) > need:
+                self._split(leaf, len(leaf.value) - need)  # ``leaf`` keeps the tail: it goes, its head stays
             parent = leaf.parent
             assert parent is not None
-            if self.on_evict is not None:
-                self.on_evict(leaf)
+            kept = self.on_evict(leaf) if self.on_evict is not None else False
             del parent.children[tuple(leaf.key[:self.page_size])]
             self.allocator.free(leaf.value)
-            self.policy.evicted(leaf)
+            if not kept:
+                self.policy.evicted(leaf)
             freed += len(leaf.value)
             self._evictable -= len(leaf.value)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:

@@ -61,6 +61,8 @@ class ReplayResult:
     hit_tokens: int = 0
     overflow: int = 0  # requests whose pages did not fit
     evicted_pages: int = 0
+    host_hit_tokens: int = 0  # of hit_tokens, restored from tier 2 / tier 3 (replays with tiers)
+    disk_hit_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -79,7 +81,11 @@ class _Live:
 class Replayer:
     """The tree and allocator of one cache configuration; feed it requests with ``run``."""
 
-    def __init__(self, num_pages: int, page_size: int, policy: str = "lru"):
+    def __init__(self, num_pages: int, page_size: int, policy: str = "lru", host_pages: int = 0,
+                 disk_pages: Optional[int] = None):
+        """``host_pages`` > 0: tier 2 of that many pages under the tree; ``disk_pages``: tier 3 too (0: no
+        bound), the server's ``HiCache`` (``tiers.py``)."""
+        self.host_pages, self.disk_pages, self.tiers = host_pages, disk_pages, None
         self.P = page_size
         self.alloc = PageAllocator(num_pages)
         self.tree_ps = 1  # set on the first request: page_size for token keys, 1 for hash keys
@@ -94,6 +100,10 @@ class Replayer:
         if self.tree is None:
             self.tree_ps = ps
             self.tree = RadixCache(ps, self.alloc, self.policy)
+            if self.host_pages > 0:
+                from radixrt.runtime.profile.tiers import make_tiers
+                # a tree page is one pool page in both key forms (a token key's page, or one hash per page)
+                self.tiers = make_tiers(self.tree, self._allocate, self.host_pages, self.disk_pages)
         elif ps != self.tree_ps:
             raise ValueError("a log mixes token ids and page hashes")
         return self.tree
@@ -116,6 +126,8 @@ class Replayer:
         dup = lv.pages[lv.cached // self.P: present // self.P]
         if dup:
             self.alloc.free(dup)
+        if self.tiers is not None:
+            self.tiers.inserted(key, r.salt, present // self.P, lv.pages[present // self.P: n // self.P])
         m = tree.match_prefix(key, r.salt)
         lv.pages[: n // self.P] = m.pages
         tree.inc_lock_ref(m.last_node)
@@ -125,7 +137,14 @@ class Replayer:
     def start(self, r: ReplayReq) -> _Live:
         tree = self._tree(r)
         cacheable = r.prompt_len - 1 if r.cacheable is None else min(r.cacheable, r.prompt_len - 1)
-        m = tree.match_prefix(r.tokens_key(max(cacheable, 0), self.P), r.salt, hit=True)
+        key = r.tokens_key(max(cacheable, 0), self.P)
+        if self.tiers is not None:
+            h, d = self.tiers.host_hit_tokens, self.tiers.disk_hit_tokens
+            self.tiers.restore(key, r.salt)
+            units = self.P // self.tree_ps  # tokens per tree key element (1, or a page per hash)
+            self.res.host_hit_tokens += (self.tiers.host_hit_tokens - h) * units
+            self.res.disk_hit_tokens += (self.tiers.disk_hit_tokens - d) * units
+        m = tree.match_prefix(key, r.salt, hit=True)
         tree.inc_lock_ref(m.last_node)
         lv = _Live(r, m.last_node, list(m.pages), len(m.pages) * self.P)
         self.res.query_tokens += r.prompt_len
@@ -204,10 +223,12 @@ class Replayer:
         return self.res
 
 
-def replay(reqs: list[ReplayReq], num_pages: int, page_size: int, policy: str = "lru") -> ReplayResult:
-    """Hit rate of ``reqs`` on a pool of ``num_pages`` pages of ``page_size`` tokens under ``policy``.
+def replay(reqs: list[ReplayReq], num_pages: int, page_size: int, policy: str = "lru", host_pages: int = 0,
+           disk_pages: Optional[int] = None) -> ReplayResult:
+    """Hit rate of ``reqs`` on a pool of ``num_pages`` pages of ``page_size`` tokens under ``policy``, with
+    tier 2 of ``host_pages`` and tier 3 of ``disk_pages`` (0: unbounded; None: none) under it.
     Raises ValueError on an unknown policy or a page size the log's hashes cannot express."""
-    return Replayer(num_pages, page_size, policy).run(reqs)
+    return Replayer(num_pages, page_size, policy, host_pages, disk_pages).run(reqs)
 
 
 def pages_needed(reqs: list[ReplayReq], page_size: int) -> int:

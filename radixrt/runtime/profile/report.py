@@ -33,6 +33,8 @@ class Row:
     saved_tokens: int
     saved_seconds: Optional[float]
     overflow: int
+    host_hit_rate: Optional[float] = None  # of the hit rate, pages restored from tier 2 (replays with tiers)
+    disk_hit_rate: Optional[float] = None  # ... and from tier 3
 
 
 def parse_ints(s: str, name: str) -> list[int]:
@@ -57,11 +59,16 @@ def auto_cache_sizes(reqs: list[ReplayReq], page_size: int) -> list[int]:
 
 def profile(reqs: list[ReplayReq], page_sizes: list[int], cache_sizes: Optional[list[int]] = None,
             policies: Optional[list[str]] = None, prefill_tps: Optional[float] = None,
-            progress: bool = False) -> list[Row]:
+            progress: bool = False, tier2_tokens: int = 0, tier3_tokens: Optional[int] = None) -> list[Row]:
     """One row per page size x cache size (tokens) x policy. ``cache_sizes`` None: ``auto_cache_sizes`` of
-    the first page size. Raises ValueError on an unknown policy or a page size the log cannot express."""
+    the first page size. ``tier2_tokens`` > 0: each cache has a host tier of that size under it (the
+    server's ``--hicache-size``), and with ``tier3_tokens`` files too (0: unbounded); rows then split the
+    hit rate by tier. Raises ValueError on an unknown policy, a page size the log cannot express, or tier 3
+    without tier 2."""
     if not reqs:
         raise ValueError("the log holds no requests")
+    if tier3_tokens is not None and tier2_tokens <= 0:
+        raise ValueError("tier3_tokens needs tier2_tokens > 0 (tier 3 sits under tier 2)")
     policies = list(policies or POLICIES)
     sizes = cache_sizes or auto_cache_sizes(reqs, page_sizes[0])
     total = len(page_sizes) * (1 + len(sizes) * len(policies))
@@ -72,10 +79,14 @@ def profile(reqs: list[ReplayReq], page_sizes: list[int], cache_sizes: Optional[
             bar.update()
             for size in sizes:
                 for pol in policies:
-                    res = replay(reqs, max(size // ps, 1), ps, pol)
+                    host = max(tier2_tokens // ps, 1) if tier2_tokens > 0 else 0
+                    disk = None if tier3_tokens is None else tier3_tokens // ps
+                    res = replay(reqs, max(size // ps, 1), ps, pol, host, disk)
                     secs = res.hit_tokens / prefill_tps if prefill_tps else None
+                    q = max(res.query_tokens, 1)
                     rows.append(Row(ps, size, pol, res.hit_rate, opt, res.query_tokens, res.hit_tokens, secs,
-                                    res.overflow))
+                                    res.overflow, res.host_hit_tokens / q if host else None,
+                                    res.disk_hit_tokens / q if disk is not None else None))
                     bar.update()
     return rows
 
@@ -83,11 +94,18 @@ def profile(reqs: list[ReplayReq], page_sizes: list[int], cache_sizes: Optional[
 def format_table(rows: list[Row]) -> str:
     head = (f"{'page':>5} {'cache tokens':>13} {'policy':>7} {'hit rate':>9} {'optimal':>8} "
             f"{'prefill tokens saved':>21} {'prefill s saved':>16} {'overflow':>9}")
+    tiers = any(r.host_hit_rate is not None for r in rows)
+    if tiers:
+        head += f" {'from tier 2':>12} {'from tier 3':>12}"
     lines = [head, "-" * len(head)]
     for r in rows:
         secs = f"{r.saved_seconds:.1f}" if r.saved_seconds is not None else "n/a"
-        lines.append(f"{r.page_size:>5} {r.cache_tokens:>13} {r.policy:>7} {100 * r.hit_rate:>8.1f}% "
-                     f"{100 * r.optimal_hit_rate:>7.1f}% {r.saved_tokens:>21} {secs:>16} {r.overflow:>9}")
+        line = (f"{r.page_size:>5} {r.cache_tokens:>13} {r.policy:>7} {100 * r.hit_rate:>8.1f}% "
+                f"{100 * r.optimal_hit_rate:>7.1f}% {r.saved_tokens:>21} {secs:>16} {r.overflow:>9}")
+        if tiers:
+            line += "".join(f" {100 * v:>11.1f}%" if v is not None else f" {'n/a':>12}"
+                            for v in (r.host_hit_rate, r.disk_hit_rate))
+        lines.append(line)
     return "\n".join(lines)
 
 

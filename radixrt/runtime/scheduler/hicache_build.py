@@ -3,7 +3,8 @@ model fingerprint that keeps tier 3's files apart per model.
 
 Flags (SGLang's names): ``--enable-hierarchical-cache`` or ``--hicache-size GB`` (host store; 0 with the
 former: ``--hicache-ratio`` x the pool), ``--hicache-storage file:DIR`` (tier 3, turns the tiers on),
-``--hicache-write-policy write_through|write_back``, ``--hicache-prefetch-threshold`` (tokens).
+``--hicache-write-policy write_through|write_back``, ``--hicache-prefetch-threshold`` (tokens),
+``--hicache-storage-size GB`` (a bound on tier 3's files; 0: none).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def make_hicache(args, runner, mem) -> HiCache | None:
     if args.hicache_storage:
         pool = runner.kv
         shape = (runner.kv_dtype_name, runner.page_size, len(pool.k), pool.k[0].shape[2], pool.k[0].shape[3])
-        disk = DiskTier(args.hicache_storage[len("file:"):], model_fingerprint(runner), shape, codec.page_bytes)
+        disk = DiskTier(args.hicache_storage[len("file:"):], model_fingerprint(runner), shape, codec.page_bytes,
+                        int(args.hicache_storage_size * 2**30))
     return HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy,
                    args.hicache_prefetch_threshold)

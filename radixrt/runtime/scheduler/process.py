@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -63,6 +64,8 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
         ctx.term()
         sys.exit(1)
     runner = sched.runner
+    if sched.mem.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     push.send(enc.encode(ReadyOut(model_name=runner.source.name, context_length=runner.context_length,
                                   vocab_size=runner.vocab_size, max_total_tokens=runner.num_pages * runner.page_size,
                                   page_size=runner.page_size)))
@@ -78,6 +81,8 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
             with open(exit_note, "w") as f:
                 f.write(str(err))
         raise err from e
+    except SystemExit:  # SIGTERM with tiers on (below): a stop, not a death
+        raise
     except BaseException:
         logger.error("scheduler loop died:\n%s", traceback.format_exc())
         raise
@@ -86,6 +91,10 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
             sched.grammar_cache.shutdown(wait=False)
         if sched.mem.hicache is not None:  # queued tier-3 writes reach their files
             sched.mem.hicache.close()
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def _start_tp(args, args_json: bytes):

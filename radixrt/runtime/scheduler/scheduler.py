@@ -53,6 +53,7 @@ class Scheduler:
                                        jump_forward=not args.disable_jump_forward,
                                        grammar_overlap=args.grammar_overlap)
         self.spec = Speculator(args, self.outputs, runner.context_length)
+        self.spec.calibrate(runner, self.allocator)  # the cost model's step times (speculation on only)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -64,7 +65,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.stats = StepStats()
         self.sessions = SessionManager(self.tree, args.max_pinned_tokens)
-        self._last_batch_size = 0
+        self._last_batch_size = self._last_tokens = 0
         self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 
     # ---- requests in -------------------------------------------------------------------------------
@@ -111,10 +112,14 @@ class Scheduler:
         self._finish(req, {"type": "abort", "message": "aborted"})
 
     def flush_cache(self) -> bool:
-        """Drop every unlocked cached page. Returns False (nothing done) while requests are running."""
+        """Drop every unlocked cached page and the drafter's store of past outputs. Returns False (nothing
+        done) while requests are running."""
+        busy = bool(self.running or self.waiting)
+        if not busy:
+            self.spec.flush()
         if self.tree is None:
             return True
-        if self.running or self.waiting:
+        if busy:
             return False
         self.mem.flush()
         if self.request_log is not None:
@@ -166,7 +171,8 @@ class Scheduler:
             if req in self.running and self._grow_or_preempt(req, 1, batch):
                 batch.add(req, 1)
                 budget -= 1
-        budget -= self.spec.attach(batch, self.mem, budget)  # draft tokens on decode rows (spec_step.py)
+        pending = sum(min(r.extend_len, self.args.chunked_prefill_size) for r in self.running if r.extend_len > 1)
+        budget -= self.spec.attach(batch, self.mem, budget, pending)  # drafts on decode rows (spec_step.py)
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
@@ -225,7 +231,9 @@ class Scheduler:
             return []
         t0, f0 = time.perf_counter(), self.runner.forward_time
         outs = self.step()
-        self.stats.record(time.perf_counter() - t0, self.runner.forward_time - f0, self._last_batch_size)
+        dt = time.perf_counter() - t0
+        self.stats.record(dt, self.runner.forward_time - f0, self._last_batch_size)
+        self.spec.observe_step(self._last_tokens, dt)
         self.stats.log_every(self.args.log_interval, self)
         return outs
 
@@ -236,7 +244,7 @@ class Scheduler:
             fb = self.runner.prepare(batch)
             logits = self.runner.forward(fb)
             self.conclude(batch, fb, logits)
-        self._last_batch_size = len(batch)
+        self._last_batch_size, self._last_tokens = len(batch), sum(batch.num_new_tokens)
         return self.collect_outputs()
 
     def conclude(self, batch: ScheduledBatch, fb, logits) -> None:

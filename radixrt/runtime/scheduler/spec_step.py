@@ -28,6 +28,9 @@ from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.spec import DraftConfig, make_drafter
+from radixrt.runtime.spec.cost import Acceptance, StepTimes, choose_drafts
+
+REFRESH_EVERY = 32  # one drafting step in this many runs without drafts, to keep t(T0) measured
 
 
 class Speculator:
@@ -45,44 +48,121 @@ class Speculator:
         # under --tp every rank must draft alike; the ranks' lockstep carries no drafts yet
         self.drafter = make_drafter(args.speculative_algorithm, cfg) if args.tp == 1 else None
         self.algorithm = args.speculative_algorithm if self.drafter is not None else "none"
-        self.max_batch = args.speculative_max_batch_size
+        self.max_batch = args.speculative_max_batch_size or None
+        self.adaptive = args.speculative_adaptive
+        self.chunk = args.chunked_prefill_size
+        self.times = StepTimes()          # t(T), set by calibrate() and every step (observe_step)
+        self.acceptance = Acceptance()
+        self._drafting_steps = 0
+        self._forced_rows: set[int] = set()  # this step's rows whose draft is their grammar's forced tokens
         self.outputs, self.context_length = outputs, context_length
         self.verify_steps = 0      # request-steps that verified drafts
         self.draft_tokens = 0      # draft tokens proposed and verified
         self.accepted_tokens = 0   # of those, kept
         self.emitted_tokens = 0    # tokens those request-steps produced (accepted + one sampled each)
+        self.forced_draft_tokens = 0     # of the draft tokens, those a grammar forced (jump-forward drafts)
+        self.forced_accepted_tokens = 0  # of those, kept
 
     # ---- drafting ----------------------------------------------------------------------------------
-    def attach(self, batch: ScheduledBatch, mem, budget: int) -> int:
+    def calibrate(self, runner, allocator) -> None:
+        """Measure the step-time curve the cost model starts from (scheduler/spec_calibrate.py)."""
+        if self.drafter is not None and self.adaptive:
+            from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
+            self.times = measure_step_times(runner, allocator)
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """A step of ``tokens`` tokens took ``seconds`` (scheduling, forward and sampling together)."""
+        if self.drafter is not None and tokens > 0:
+            self.times.observe(tokens, seconds)
+
+    def attach(self, batch: ScheduledBatch, mem, budget: int, pending: int = 0) -> int:
         """Give each decode row of ``batch`` its drafts (``req.draft_ids``) and the pages for them, from
-        free pages only (drafts never evict cached prefixes nor preempt). Returns the extra tokens."""
+        free pages only (drafts never evict cached prefixes nor preempt). ``pending``: prompt tokens the
+        step will add after the decodes (the cost model's base). Returns the extra tokens."""
         if self.drafter is None:  # speculation off: nothing on the per-step path
             return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
-        if not decodes or len(decodes) > self.max_batch:
+        if not decodes or (self.max_batch is not None and len(decodes) > self.max_batch):
             return 0
+        drafts = self._adaptive(batch, decodes, mem, budget, pending) if self.adaptive else \
+            self._proposed(batch, decodes, mem, budget)
         used = 0
-        for i in decodes:
+        for i, draft in drafts:
             req = batch.reqs[i]
-            if budget - used <= 0:
-                break
-            draft = self._draft(req, mem, budget - used)
-            if draft:
-                mem.grow(req, 1 + len(draft))
+            if draft and mem.grow(req, 1 + len(draft)):
                 req.draft_ids = draft
                 batch.num_new_tokens[i] = 1 + len(draft)
                 used += len(draft)
         return used
 
-    def _draft(self, req: Req, mem, budget: int) -> list[int]:
+    def _proposed(self, batch: ScheduledBatch, decodes: list[int], mem, budget: int) -> list[tuple[int, list[int]]]:
+        """Not adaptive: each row the tokens its grammar forces, or else the drafter's adapted proposal,
+        until the budget is spent."""
+        out, used = [], 0
+        self._forced_rows = set()
+        for i in decodes:
+            if budget - used <= 0:
+                break
+            req = batch.reqs[i]
+            draft = self._forced(req, self._room(req, mem, budget - used))
+            if draft:
+                self._forced_rows.add(id(req))
+            else:
+                draft = self._draft(req, mem, budget - used)
+            out.append((i, draft))
+            used += len(draft)
+        return out
+
+    def _adaptive(self, batch: ScheduledBatch, decodes: list[int], mem, budget: int,
+                  pending: int) -> list[tuple[int, list[int]]]:
+        """The cost model's draft lengths (spec/cost.py): first with every row's most (a constrained row:
+        the tokens its grammar forces, if any), to skip drafting where even full drafts cannot pay, then
+        with the drafts really proposed."""
+        if not len(self.times) or budget <= 0:
+            return []
+        reqs = [batch.reqs[i] for i in decodes]
+        base, n0 = sum(batch.num_new_tokens) + min(pending, budget), len(decodes)
+        rooms = [self._room(r, mem, budget) for r in reqs]
+        forced = [self._forced(r, k) for r, k in zip(reqs, rooms)]
+        self._forced_rows = {id(r) for r, f in zip(reqs, forced) if f}
+        ps = [self.acceptance.p(forced_key(r.rid) if f else r.rid) for r, f in zip(reqs, forced)]
+        want = choose_drafts(self.times, base, n0, [(p, len(f) if f else k) for p, f, k in
+                                                    zip(ps, forced, rooms)], budget)
+        self._drafting_steps += any(want)
+        if not any(want) or self._drafting_steps % REFRESH_EVERY == 0:
+            for r in reqs:
+                self.acceptance.pass_over(r.rid)
+            return []
+        drafts = [f or (self._draft(r, mem, budget) if k else []) for r, f, k in zip(reqs, forced, want)]
+        ks = choose_drafts(self.times, base, n0, [(p, len(d)) for p, d in zip(ps, drafts)], budget)
+        for r, k in zip(reqs, ks):
+            if not k:
+                self.acceptance.pass_over(r.rid)
+        return [(i, d[:k]) for i, d, k in zip(decodes, drafts, ks) if k]
+
+    def _forced(self, req: Req, room: int) -> list[int]:
+        """The tokens ``req``'s grammar forces next, cut to ``room`` and to what the matcher accepts
+        (jump-forward as a draft: verified in the multi-token row, no extend step)."""
+        get = getattr(req.grammar, "forced_tokens", None) if room > 0 else None
+        if get is None:
+            return []
+        toks = get()[:room]
+        return grammar_prefix(req.grammar, toks, self.outputs.eos_ids | set(req.params.stop_token_ids)) if toks else []
+
+    def _room(self, req: Req, mem, budget: int) -> int:
+        """The most draft tokens ``req`` may carry this step (0: none: opted out, or constrained with its
+        matcher on the mask-prefetch thread)."""
         if not req.params.speculative or (req.grammar is not None and self.outputs.prefetch is not None):
-            return []  # opted out; or its matcher belongs to the mask-prefetch thread now
+            return 0
         room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
         fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - 1
-        k = min(room, fit, budget)
+        return max(0, min(room, fit, budget, self.drafter.cfg.num_draft_tokens))
+
+    def _draft(self, req: Req, mem, budget: int) -> list[int]:
+        k = self._room(req, mem, budget)
         if k <= 0:
             return []
-        draft = self.drafter.propose(req)[:k]
+        draft = (self.drafter.draft(req) if self.adaptive else self.drafter.propose(req))[:k]
         if draft and req.grammar is not None:
             return grammar_prefix(req.grammar, draft, self.outputs.eos_ids | set(req.params.stop_token_ids))
         return draft
@@ -109,6 +189,7 @@ class Speculator:
                 if hit and id(req) not in done:
                     nxt.append((req, row))
             level, j = nxt, j + 1
+        ended = {id(r) for r, _ in finished}
         for req, _ in spec_at:
             # conclude advanced by the row's first token; each further sampled position's input was an
             # accepted draft whose KV this forward wrote
@@ -119,6 +200,12 @@ class Speculator:
             self.accepted_tokens += a
             self.emitted_tokens += sampled[id(req)]
             self.drafter.observe(req, k, a)
+            key = req.rid
+            if id(req) in self._forced_rows:
+                key = forced_key(req.rid)
+                self.forced_draft_tokens += k
+                self.forced_accepted_tokens += a
+            self.acceptance.observe(key, k, a, a < k and id(req) not in ended)
         return finished
 
     def settle(self, batch: ScheduledBatch, mem) -> None:
@@ -140,14 +227,27 @@ class Speculator:
         req.draft_ids = []
         if self.drafter is not None:
             self.drafter.finish(req)
+            self.acceptance.finish(req.rid)
+            self.acceptance.finish(forced_key(req.rid))
+
+    def flush(self) -> None:
+        """``flush_cache``: the drafter forgets the outputs it learned (its store goes with the cache)."""
+        if self.drafter is not None:
+            self.drafter.flush()
 
     def stats(self) -> dict:
         """``accept_rate``: accepted over proposed draft tokens; ``accept_length``: tokens per verifying
         request-step (accepted + 1; SGLang's ``spec_accept_length``)."""
         return {"algorithm": self.algorithm, "verify_steps": self.verify_steps, "draft_tokens": self.draft_tokens,
                 "accepted_tokens": self.accepted_tokens, "emitted_tokens": self.emitted_tokens,
+                "forced_draft_tokens": self.forced_draft_tokens, "forced_accepted_tokens": self.forced_accepted_tokens,
                 "accept_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
                 "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0}
+
+
+def forced_key(rid: str) -> str:
+    """The acceptance track of a request's grammar-forced drafts (apart from its drafter's)."""
+    return rid + "\x00forced"
 
 
 def grammar_prefix(matcher, draft: list[int], end_ids: set[int] = frozenset()) -> list[int]:

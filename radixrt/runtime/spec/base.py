@@ -69,6 +69,11 @@ class Drafter:
         k = max(1, math.floor(len(draft) * min(1.0, 2.0 * t.rate)))
         return draft[: min(k, self.cfg.num_draft_tokens)]
 
+    def draft(self, req: Any) -> list[int]:
+        """The drafter's own proposal, without the adaptation of :meth:`propose` (the cost model of
+        spec/cost.py chooses how much of it a step verifies)."""
+        return self._draft(req)[: self.cfg.num_draft_tokens]
+
     def _draft(self, req: Any) -> list[int]:
         """The drafter's own proposal before adaptation (subclasses)."""
         raise NotImplementedError
@@ -83,3 +88,7 @@ class Drafter:
 
     def finish(self, req: Any) -> None:
         self._track.pop(req.rid, None)
+
+    def flush(self) -> None:
+        """Forget what finished requests taught (the server's cache was flushed); running requests keep
+        their own state."""

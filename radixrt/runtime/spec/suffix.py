@@ -50,6 +50,10 @@ class SuffixDrafter(Drafter):
         limit = draft_limit(best, self.cfg.spec_factor, self.cfg.num_draft_tokens)
         return vote_draft(occ, limit, self.cfg.min_token_prob)
 
+    def flush(self) -> None:
+        """Empty the global store of finished outputs."""
+        self.glob, self._order = TokenIndex(), deque()
+
     def finish(self, req: Any) -> None:
         """Drop the request's own index; its output (after a few prompt tokens) joins the global store."""
         super().finish(req)

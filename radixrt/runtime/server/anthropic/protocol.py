@@ -195,6 +195,8 @@ def chat_body(req: MessagesRequest) -> dict:
     check_thinking(req.thinking, req)
     if req.temperature is not None and not 0 <= req.temperature <= 1:
         raise ApiError(f"temperature must be between 0 and 1, got {req.temperature}", param="temperature")
+    if req.top_k is not None and req.top_k < 1:  # chat's -1 ("all") is not Anthropic's: top_k counts tokens
+        raise ApiError(f"top_k must be a positive integer, got {req.top_k}", param="top_k")
     kwargs = None
     if req.thinking is not None and req.thinking.get("type") == "disabled":
         kwargs = {"enable_thinking": False}  # Qwen3's switch; other templates ignore it

@@ -3,6 +3,7 @@
     radixrt profile requests.jsonl                       # a --request-log file (token ids or page hashes)
     radixrt profile chats.jsonl --from-openai-jsonl      # plain OpenAI chat requests, tokenized here
     radixrt profile LOG --cache-sizes 4096,16384 --page-sizes 1,16,64 --prefill-tokens-per-s 12000
+    radixrt profile LOG --cache-sizes 2048 --tier2-tokens 6144 --tier3-tokens 0   # with cache tiers
 
 Replays the log through the radix tree and page allocator (no model) for every page size x cache size x
 eviction policy and prints the hit rate next to the optimal one, the prefill tokens and time saved
@@ -29,6 +30,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="tokenizer (and --measure-prefill model); default SmolLM2")
     p.add_argument("--page-sizes", default=None, help="comma list (default 16, or the log's hash page size)")
     p.add_argument("--cache-sizes", default=None, help="comma list of cache sizes in tokens (default: auto)")
+    p.add_argument("--tier2-tokens", type=int, default=0,
+                   help="a host tier of this many tokens under each cache size (--hicache-size); hit rate by tier")
+    p.add_argument("--tier3-tokens", type=int, default=None,
+                   help="and files under it, this many tokens (0: unbounded; --hicache-storage-size)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {tuple(POLICIES)}")
     p.add_argument("--prefill-tokens-per-s", type=float, default=None, help="prefill speed for time saved")
     p.add_argument("--measure-prefill", action="store_true", help="measure the prefill speed of --model here")
@@ -60,7 +65,10 @@ def run(ns: argparse.Namespace) -> int:
         if ns.measure_prefill:
             tps = measure_prefill_tps(ns.model)
             print(f"measured prefill: {tps:.0f} tokens/s", file=sys.stderr)
-        rows = profile(reqs, page_sizes, sizes, policies, tps, progress=True)
+        if ns.tier2_tokens < 0 or (ns.tier3_tokens is not None and ns.tier3_tokens < 0):
+            raise ValueError("tier2_tokens and tier3_tokens must be >= 0")
+        rows = profile(reqs, page_sizes, sizes, policies, tps, progress=True, tier2_tokens=ns.tier2_tokens,
+                       tier3_tokens=ns.tier3_tokens)
     except (OSError, ValueError) as e:
         print(f"radixrt profile: error: {e}", file=sys.stderr)
         return 2

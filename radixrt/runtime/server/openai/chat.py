@@ -73,6 +73,9 @@ def chat_messages(messages) -> list[dict]:
                 raise ApiError(f"messages[{i}].content is required for role {m.role!r}",
                                param=f"messages[{i}].content")
             content = ""
+        if m.role == "tool" and not m.tool_call_id:
+            raise ApiError(f"messages[{i}].tool_call_id is required for role 'tool'",
+                           param=f"messages[{i}].tool_call_id")
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name is not None:
             d["name"] = m.name

@@ -205,11 +205,12 @@ def completion_logprobs(tt: TokenTexts, pairs: list, tops: list, top_n: int, off
 
 # ---- responses -------------------------------------------------------------------------------------------
 def finish_reason(reason: Optional[dict]) -> Optional[str]:
-    """The scheduler's finish type as OpenAI's: stop | length (an abort reads as stop)."""
+    """The scheduler's finish type as OpenAI's: stop | length | abort (SGLang's extra value: the request
+    was aborted by the client, a drain, or a grammar that cannot be completed)."""
     if reason is None:
         return None
     t = reason.get("type")
-    return "length" if t == "length" else "stop"
+    return t if t in ("length", "abort") else "stop"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -1,0 +1,41 @@
+"""The step-time curve the speculation cost model starts from (spec/cost.py): one forward per step size,
+measured once when the scheduler starts, on scratch pages that are given back at once."""
+from __future__ import annotations
+
+import time
+
+from radixrt.kernels.attention.metadata import AttentionMetadata
+from radixrt.runtime.executor.forward_batch import ForwardBatch
+from radixrt.runtime.spec.cost import StepTimes
+
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+
+
+def measure_step_times(runner, allocator, sizes=SIZES, reps: int = 2) -> StepTimes:
+    """``t(T)`` for each ``T`` of ``sizes``: the fastest of ``reps`` forwards of one row of ``T`` tokens
+    (the weight products dominate a step here, and they cost the same whichever rows the tokens belong
+    to); the online measurements of every real step refine it (``StepTimes.observe``). Empty when the
+    pool has no free pages for the largest size."""
+    times, P, n = StepTimes(), runner.page_size, max(sizes)
+    pages = allocator.allocate(-(-n // P))
+    if pages is None:
+        return times
+    try:
+        batches = {T: _one_row(T, pages, P) for T in sizes}
+        for T in (sizes[0], sizes[-1], sizes[0]):  # warm-up: kernels built, per-row-count caches filled
+            runner.forward(batches[T])
+        for T in sizes:
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                runner.forward(batches[T])
+                best = min(best, time.perf_counter() - t0)
+            times.set(T, best)
+    finally:
+        allocator.free(pages)
+    return times
+
+
+def _one_row(T: int, pages: list[int], P: int) -> ForwardBatch:
+    meta = AttentionMetadata.build([pages], [T], [T], P)
+    return ForwardBatch.make([0] * T, list(range(T)), meta, list(range(T)))

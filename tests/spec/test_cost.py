@@ -1,0 +1,78 @@
+"""The speculation cost model (spec/cost.py, issue 27 item 4): step-time table, acceptance estimate, and the
+draft lengths chosen from them, checked on hand-computed examples."""
+from __future__ import annotations
+
+import pytest
+
+from radixrt.runtime.spec.cost import DECAY, PRIOR, Acceptance, StepTimes, bucket, choose_drafts
+
+MS = 1e-3
+
+
+def table(points: dict[int, float]) -> StepTimes:
+    t = StepTimes()
+    for T, ms in points.items():
+        t.set(T, ms * MS)
+    return t
+
+
+T = table({1: 10, 2: 16, 3: 18, 4: 20, 5: 22, 9: 40, 16: 100, 17: 104, 18: 108})
+
+
+def test_buckets_and_interpolation():
+    assert [bucket(n) for n in (1, 64, 65, 71, 72, 100, 128, 143, 144)] == [1, 64, 64, 64, 72, 96, 128, 128, 144]
+    assert T(7) == pytest.approx(31 * MS)              # between 5 (22) and 9 (40): 22 + 18 * 2 / 4
+    assert T(20) == pytest.approx(116 * MS)            # past 18: the slope of 17 -> 18 (4 ms a token)
+    assert table({4: 20})(8) == pytest.approx(40 * MS)  # one point: proportional
+    t = table({1: 10})
+    t.observe(1, 20 * MS)
+    assert t(1) == pytest.approx(12 * MS)              # EMA 0.2
+    with pytest.raises(ValueError):
+        StepTimes()(1)
+
+
+def test_batch_one_high_acceptance_drafts_all_four():
+    # rates: none 1/10; D=1 1.9/16; 2 2.71/18; 3 3.439/20; 4 4.0951/22 = 0.186 (best)
+    assert choose_drafts(T, 1, 1, [(0.9, 4)], budget=64) == [4]
+    assert choose_drafts(T, 1, 1, [(0.9, 4)], budget=2) == [2]
+
+
+def test_prompt_tokens_in_the_step_do_not_make_drafts_look_free():
+    # one decode row beside a 15-token prompt chunk: T0 = 16. Against the step's rate (1/100) one draft of
+    # p = 0.4 would look like a gain (1.4/104); against the row's own rate 1/t(1) = 0.1 it costs 4 ms for
+    # 0.4 tokens: 1.4/14 = 0.1, not 5 % better; two cost 8 ms: 1.56/18 = 0.087
+    assert choose_drafts(T, 16, 1, [(0.4, 2)], budget=64) == [0]
+    # p = 0.95: 1.95/14 = 0.139, 2.8525/18 = 0.158 (best)
+    assert choose_drafts(T, 16, 1, [(0.95, 2)], budget=64) == [2]
+
+
+def test_low_acceptance_drafts_nothing():
+    # p = 0.3: 1.3/16, 1.39/18, 1.417/20, 1.4251/22 all below 1/10
+    assert choose_drafts(T, 1, 1, [(0.3, 4)], budget=64) == [0]
+    assert choose_drafts(T, 1, 1, [(0.9, 0)], budget=64) == [0]
+
+
+def test_batch_sixteen_keeps_only_the_sure_tokens():
+    # base 16/100 = 0.16 (margin 2 %: 0.1632); D=1 16.95/104 = 0.16298 (not enough); D=2 adds 0.95^2, not
+    # 0.5: 17.8525/108 = 0.1653 (best); D=3 +0.5: 18.3525/112 = 0.16386; D=4 +0.25: 18.6025/116 = 0.1604
+    rows = [(0.95, 2), (0.5, 2)] + [(0.0, 0)] * 14
+    assert choose_drafts(T, 16, 16, rows, budget=64, margin=0.02) == [2, 0] + [0] * 14
+    assert choose_drafts(T, 16, 16, rows, budget=64) == [0] * 16  # the default 5 %
+
+
+def test_acceptance_estimate():
+    a = Acceptance()
+    g0 = PRIOR[0] / sum(PRIOR)
+    assert a.p("r") == pytest.approx(g0)
+    a.observe("r", 4, 4, False)
+    g = 1 - (1 - DECAY) / 10
+    hits, misses = PRIOR[0] * g + 4, PRIOR[1] * g
+    assert a.global_rate == pytest.approx(hits / (hits + misses))
+    assert a.p("r") == pytest.approx((4 + 2 * a.global_rate) / 6)
+    a.observe("r", 4, 1, True)  # one kept, then a rejection
+    assert a.p("r") == pytest.approx((4 * DECAY + 1 + 2 * a.global_rate) / (4 * DECAY + 1 + 1 + 2))
+    a.pass_over("r")
+    h, m = (4 * DECAY + 1) * DECAY, 1 * DECAY
+    assert a.p("r") == pytest.approx((h + 2 * a.global_rate) / (h + m + 2))
+    a.finish("r")
+    assert a.p("r") == pytest.approx(a.global_rate)
