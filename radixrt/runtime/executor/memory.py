@@ -82,3 +82,15 @@ def process_peak_rss(pids: dict[str, int]) -> dict[str, int]:
             pass
     out["total"] = sum(out.values())
     return out
+
+
+def peaks_agreeing(memory: dict | None, pids: dict[str, int]) -> dict[str, int]:
+    """Each process's peak RSS, with the scheduler's own report and ``/proc``'s agreeing: the two are read
+    at different moments and a peak only grows, so both take the later (larger) value (``memory`` is updated
+    in place)."""
+    peaks = process_peak_rss(pids)
+    if memory and "scheduler" in peaks and "peak_rss_bytes" in memory:
+        peaks["scheduler"] = memory["peak_rss_bytes"] = max(peaks["scheduler"], memory["peak_rss_bytes"])
+        peaks["total"] = sum(v for k, v in peaks.items() if k != "total")
+    return peaks
+

@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from radixrt.runtime.executor.memory import process_peak_rss
+from radixrt.runtime.executor.memory import peaks_agreeing
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
@@ -284,7 +284,7 @@ class TokenizerManager:
         r = self.ready_info
         pids = {"main": os.getpid(), **self.children.pids()}
         memory = dict(info.memory or {})
-        memory["peak_rss_by_process"] = _peaks_agreeing(memory, pids)
+        memory["peak_rss_by_process"] = peaks_agreeing(memory, pids)
         stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting,
                  "memory": memory}
         return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
@@ -332,14 +332,3 @@ class TokenizerManager:
 def _version() -> str:
     import radixrt
     return radixrt.__version__
-
-
-def _peaks_agreeing(memory: dict | None, pids: dict[str, int]) -> dict[str, int]:
-    """Each process's peak RSS, with the scheduler's own report and ``/proc``'s agreeing: the two are read
-    at different moments and a peak only grows, so both take the later (larger) value."""
-    peaks = process_peak_rss(pids)
-    if memory and "scheduler" in peaks and "peak_rss_bytes" in memory:
-        peaks["scheduler"] = memory["peak_rss_bytes"] = max(peaks["scheduler"], memory["peak_rss_bytes"])
-        peaks["total"] = sum(v for k, v in peaks.items() if k != "total")
-    return peaks
-
