@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import time
 
+from real_models import SHORT, decode_tok_s, long_prompt, prefill_tok_s, sp
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.expanduser("~/.cache/radixrt/peers/llama.cpp-0.3.36/bin/llama-bench")
 OUT = os.path.join(HERE, "results", "decode_ab.jsonl")
@@ -43,29 +45,17 @@ def main() -> None:
     e = Engine(model=a.gguf, quantization="auto", max_total_tokens=2048, context_length=2048, num_threads=2,
                log_level="warning")
     load_s = time.perf_counter() - t
-    sp = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
-    short = [1 + (i * 7919) % 40000 for i in range(16)]
-    long = [1 + (i * 104729) % 40000 for i in range(512)]
-    e.generate(input_ids=short, sampling_params=sp(8))  # warm-up
+    long = long_prompt(512)
+    e.generate(input_ids=SHORT, sampling_params=sp(8))  # warm-up
     e.generate(input_ids=long[:64], sampling_params=sp(1))
     rec = {"file": os.path.basename(a.gguf), "load_s": load_s, "rounds": []}
     for _ in range(a.rounds):
         r = {"load": os.getloadavg()[0]}
-        e.flush_cache()
-        t = time.perf_counter()
-        e.generate(input_ids=short, sampling_params=sp(1))
-        first = time.perf_counter() - t
-        e.flush_cache()
-        t = time.perf_counter()
-        e.generate(input_ids=short, sampling_params=sp(a.new_tokens))
-        r["radixrt_tg"] = (a.new_tokens - 1) / (time.perf_counter() - t - first)
+        r["radixrt_tg"] = decode_tok_s(e, a.new_tokens)
         if not a.no_llama:
             r["llama_tg"] = llama(a.gguf, 0, a.new_tokens)
         if a.prefill:
-            e.flush_cache()
-            t = time.perf_counter()
-            e.generate(input_ids=long, sampling_params=sp(1))
-            r["radixrt_pp"] = len(long) / (time.perf_counter() - t)
+            r["radixrt_pp"] = prefill_tok_s(e, long)
             if not a.no_llama:
                 r["llama_pp"] = llama(a.gguf, 512, 0)
         rec["rounds"].append(r)

@@ -137,6 +137,40 @@ def make(shape: str, types: list[str]) -> None:
 
 
 # ---- measure ------------------------------------------------------------------------------------------
+SHORT = [1 + (i * 7919) % 40000 for i in range(16)]  # the decode prompt: 16 tokens, the same every run
+
+
+def sp(n: int) -> dict:
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+
+
+def long_prompt(n: int) -> list[int]:
+    return [1 + (i * 104729) % 40000 for i in range(n)]
+
+
+def decode_tok_s(e, new_tokens: int) -> float:
+    """Batch-1 decode tok/s of ``e`` after :data:`SHORT`, cold cache: the time of a ``new_tokens`` run less
+    that of a 1-token run (its prefill and first token), over ``new_tokens - 1`` tokens."""
+    e.flush_cache()
+    t = time.perf_counter()
+    e.generate(input_ids=SHORT, sampling_params=sp(1))
+    first = time.perf_counter() - t
+    e.flush_cache()
+    t = time.perf_counter()
+    out = e.generate(input_ids=SHORT, sampling_params=sp(new_tokens))
+    total = time.perf_counter() - t
+    assert len(out["output_ids"]) == new_tokens, out["meta_info"]
+    return (new_tokens - 1) / (total - first)
+
+
+def prefill_tok_s(e, ids: list[int]) -> float:
+    """Prefill tok/s of ``ids`` (one 1-token generation, cold cache)."""
+    e.flush_cache()
+    t = time.perf_counter()
+    e.generate(input_ids=ids, sampling_params=sp(1))
+    return len(ids) / (time.perf_counter() - t)
+
+
 def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -> dict:
     """Runs in the fresh subprocess: one JSON line on stdout."""
     from radixrt import Engine
@@ -149,25 +183,11 @@ def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -
     e = Engine(model=path, quantization="auto", max_total_tokens=kv_tokens, context_length=kv_tokens, num_threads=2,
                log_level="warning")
     load_s = time.perf_counter() - t
-    sp = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
-    short = [1 + (i * 7919) % 40000 for i in range(16)]
-    e.generate(input_ids=short, sampling_params=sp(8))  # warm-up
-    e.flush_cache()
-    t = time.perf_counter()
-    e.generate(input_ids=short, sampling_params=sp(1))
-    first = time.perf_counter() - t
-    e.flush_cache()
-    t = time.perf_counter()
-    out = e.generate(input_ids=short, sampling_params=sp(new_tokens))
-    total = time.perf_counter() - t
-    assert len(out["output_ids"]) == new_tokens, out["meta_info"]
-    decode = (new_tokens - 1) / (total - first)
-    long = [1 + (i * 104729) % 40000 for i in range(prompt_len)]
+    e.generate(input_ids=SHORT, sampling_params=sp(8))  # warm-up
+    decode = decode_tok_s(e, new_tokens)
+    long = long_prompt(prompt_len)
     e.generate(input_ids=long[:64], sampling_params=sp(1))  # warm the larger-row path
-    e.flush_cache()
-    t = time.perf_counter()
-    e.generate(input_ids=long, sampling_params=sp(1))
-    prefill = prompt_len / (time.perf_counter() - t)
+    prefill = prefill_tok_s(e, long)
     m = e.runner.memory_stats()
     e.shutdown()
     return dict(kernel_build_s=build_s, load_s=load_s, decode_tok_s=decode, prefill_tok_s=prefill, weight_bytes=m["weight_bytes"],
