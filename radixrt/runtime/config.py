@@ -141,6 +141,8 @@ class ServerArgs:
             raise ValueError(f"hicache_size must be >= 0 GB, got {self.hicache_size!r}")
         if not (isinstance(self.hicache_storage_size, (int, float)) and self.hicache_storage_size >= 0):
             raise ValueError(f"hicache_storage_size must be >= 0 GB, got {self.hicache_storage_size!r}")
+        if 0 < self.hicache_storage_size * 2**30 < 1:  # would round to 0 bytes, which means "no bound"
+            raise ValueError(f"hicache_storage_size: {self.hicache_storage_size!r} GB holds no page")
         if not (isinstance(self.hicache_ratio, (int, float)) and self.hicache_ratio > 0):
             raise ValueError(f"hicache_ratio must be > 0, got {self.hicache_ratio!r}")
         if self.hicache_storage is not None and (not self.hicache_storage.startswith("file:")

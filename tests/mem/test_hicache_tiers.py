@@ -85,7 +85,8 @@ def test_disk_tier_checks_every_field(tmp_path):
                                       ({"hicache_size": -1.0}, "hicache_size"),
                                       ({"hicache_ratio": 0.0}, "hicache_ratio"),
                                       ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
-                                      ({"hicache_prefetch_threshold": 0}, "hicache_prefetch_threshold")])
+                                      ({"hicache_prefetch_threshold": 0}, "hicache_prefetch_threshold"),
+                                      ({"hicache_storage_size": 1e-12}, "hicache_storage_size: 1e-12 GB holds no page")])
 def test_bad_tier_flags_name_the_field(kw, field):
     from radixrt.runtime.config import ServerArgs
     with pytest.raises(ValueError, match=field):

@@ -71,3 +71,18 @@ def test_cli_takes_tier_sizes(tmp_path):
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [(r["saved_tokens"], r["host_hit_rate"], r["disk_hit_rate"]) for r in rows] == [(576, 0.4, None)]
     assert "from tier 3" in out.stdout
+    # sizes the replay cannot hold are refused by name, not a traceback
+    for flag, n, said in (("--tier2-tokens", "7", "tier2_tokens: 7 tokens hold no page of 16 tokens"),
+                          ("--tier2-tokens", str(10 ** 20), "tier2_tokens: at most 268435456 tokens"),
+                          ("--tier3-tokens", str(10 ** 20), "tier3_tokens: at most 268435456 tokens")):
+        extra = ["--tier2-tokens", "128"] if flag == "--tier3-tokens" else []
+        bad = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(log),
+                              "--cache-sizes", "144", "--page-sizes", "16", *extra, flag, n],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert bad.returncode == 2 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    # no --plot: no picture is written into the working directory
+    quiet = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(log),
+                            "--cache-sizes", "144", "--page-sizes", "16", "--policies", "lru"],
+                           capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert quiet.returncode == 0 and "plot:" not in quiet.stdout, quiet.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "rows.json"]

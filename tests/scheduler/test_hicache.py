@@ -205,3 +205,10 @@ def test_queued_request_is_prefetched_from_disk(tmp_path, cold, passage_ids):
         assert st["host"]["hit_tokens"] == 96 and st["disk"]["hit_tokens"] == 0
     finally:
         close_engine(e)
+
+
+def test_host_tier_larger_than_memory_is_refused_by_name():
+    """A --hicache-size past the memory available: a ValueError naming the flag, not numpy's MemoryError."""
+    with pytest.raises(ValueError, match=r"hicache_size: a host tier of 1048576\.00 GB is more than the .* GB of "
+                                         r"memory available"):
+        make_engine(hicache_size=2.0 ** 20, **KW)

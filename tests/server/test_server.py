@@ -647,14 +647,22 @@ def test_abort_request_route(http, server):
     assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 64
     # SGLang's abort_all: every request in flight ends as an abort
     long = {"text": FRANCE, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY}}
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
         futs = [pool.submit(http.post, "/generate", json={**long, "rid": f"all-{i}"}) for i in range(2)]
         chat = pool.submit(http.post, "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": FRANCE}], "max_tokens": 200, "ignore_eos": True, **GREEDY})
+        story = "Tell a long story about a dragon and a knight."  # a long answer: still running when the abort comes
+        resp = pool.submit(http.post, "/v1/responses", json={"input": story, "max_output_tokens": 150,
+                                                             "store": False, **GREEDY})
+        msg = pool.submit(http.post, "/v1/messages", json={"messages": [{"role": "user", "content": story}],
+                                                           "max_tokens": 150, **GREEDY})
         time.sleep(0.5)
         assert http.post("/abort_request", json={"abort_all": True}).json() == {"success": True}
         outs = [f.result().json() for f in futs]
-        chat = chat.result().json()
+        chat, resp, msg = chat.result().json(), resp.result().json(), msg.result().json()
+    # neither says the answer is complete: Responses "incomplete" (reason abort), Messages stop_reason abort
+    assert resp.get("status") == "incomplete" and resp["incomplete_details"] == {"reason": "abort"}, resp
+    assert msg.get("stop_reason") == "abort" and msg["usage"]["output_tokens"] < 150, msg
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 2
     assert all(len(o["output_ids"]) < 200 for o in outs)
     # the OpenAI routes say so too (SGLang's extra finish_reason value), not "stop"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+from radixrt.runtime.executor.memory import available_bytes
 from radixrt.runtime.mem.disk_tier import DiskTier
 from radixrt.runtime.mem.hicache import HiCache
 from radixrt.runtime.mem.host_tier import HostTier
@@ -65,6 +66,11 @@ def make_hicache(args, runner, mem) -> HiCache | None:
         slots = int(args.hicache_size * 2**30) // codec.page_bytes
     else:
         slots = int(args.hicache_ratio * runner.num_pages)
+    need, avail = slots * codec.page_bytes, available_bytes()
+    if need > avail:  # a clear refusal instead of numpy's MemoryError from deep inside the allocation
+        flag = "hicache_size" if args.hicache_size > 0 else "hicache_ratio"
+        raise ValueError(f"{flag}: a host tier of {need / 2**30:.2f} GB is more than the "
+                         f"{avail / 2**30:.2f} GB of memory available")
     host = HostTier(slots, codec.page_bytes)
     disk = None
     if args.hicache_storage:

@@ -228,8 +228,12 @@ def tool_id(call_id: str) -> str:
 
 
 def stop_reason(reason: Optional[str], finished: Optional[dict]) -> tuple[str, Optional[str]]:
-    """``(stop_reason, stop_sequence)`` from the chat finish reason and the scheduler's finish dict."""
+    """``(stop_reason, stop_sequence)`` from the chat finish reason and the scheduler's finish dict. An
+    aborted request says ``abort`` (SGLang's finish_reason value): Anthropic has no reason for it, and
+    ``end_turn`` would claim a natural finish."""
     matched = (finished or {}).get("matched")
+    if reason == "abort":
+        return "abort", None
     if reason == "tool_calls":
         return "tool_use", None
     if reason == "length":

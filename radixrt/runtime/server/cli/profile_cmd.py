@@ -38,9 +38,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--prefill-tokens-per-s", type=float, default=None, help="prefill speed for time saved")
     p.add_argument("--measure-prefill", action="store_true", help="measure the prefill speed of --model here")
     p.add_argument("--sequential", action="store_true", help="ignore the log's times: one request at a time")
-    p.add_argument("--plot", default="radixrt_profile.png", help="PNG path ('' to skip)")
+    p.add_argument("--plot", default="", help="write a PNG of hit rate by cache size here")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     return p
+
+
+MAX_TIER_TOKENS = 1 << 28
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -67,6 +70,11 @@ def run(ns: argparse.Namespace) -> int:
             print(f"measured prefill: {tps:.0f} tokens/s", file=sys.stderr)
         if ns.tier2_tokens < 0 or (ns.tier3_tokens is not None and ns.tier3_tokens < 0):
             raise ValueError("tier2_tokens and tier3_tokens must be >= 0")
+        for name, n in (("tier2_tokens", ns.tier2_tokens), ("tier3_tokens", ns.tier3_tokens or 0)):
+            if n > MAX_TIER_TOKENS:  # the replay's stand-in tiers still keep a slot per page
+                raise ValueError(f"{name}: at most {MAX_TIER_TOKENS} tokens, got {n}")
+            if 0 < n < max(page_sizes):
+                raise ValueError(f"{name}: {n} tokens hold no page of {max(page_sizes)} tokens")
         rows = profile(reqs, page_sizes, sizes, policies, tps, progress=True, tier2_tokens=ns.tier2_tokens,
                        tier3_tokens=ns.tier3_tokens)
     except (OSError, ValueError) as e:

@@ -142,6 +142,7 @@ class _Common(_Req):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     spaces_between_special_tokens: bool = True
+    speculative: bool = True  # radixrt: False opts this request out of --speculative-algorithm
     # vLLM extras
     include_stop_str_in_output: bool = False
     guided_json: Optional[Union[dict[str, Any], str, bool]] = None

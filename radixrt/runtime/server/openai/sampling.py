@@ -91,6 +91,8 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
     sp["skip_special_tokens"] = req.skip_special_tokens
     sp["spaces_between_special_tokens"] = req.spaces_between_special_tokens
     sp["no_stop_trim"] = req.no_stop_trim or req.include_stop_str_in_output
+    if not req.speculative:
+        sp["speculative"] = False
     if req.guided_whitespace_pattern is not None:
         raise ApiError("guided_whitespace_pattern is not supported: the grammar backends take no whitespace regex",
                        param="guided_whitespace_pattern")

@@ -133,7 +133,10 @@ async def create_response(request: Request):
         return chat_logprobs(c.token_texts(), pairs or [], tops or [], req.top_logprobs or 0)
 
     async def finish(output: list, o, reason: Optional[str]) -> dict:
-        status, why = ("incomplete", "max_output_tokens") if reason == "length" else ("completed", None)
+        # an abort (client, drain, a grammar that cannot complete) is no completed response either; its
+        # reason "abort" is SGLang's finish_reason value, beside OpenAI's max_output_tokens
+        status, why = {"length": ("incomplete", "max_output_tokens"),
+                       "abort": ("incomplete", "abort")}.get(reason, ("completed", None))
         resp = response_obj(rid, created, c.tm.model_name, req, status, output, usage_of(o), why)
         if req.store is not False:
             stored = Stored(resp, conv + [assistant_message(output)], sid, req.cache_salt, input_items(req.input, ids))
