@@ -54,7 +54,7 @@ def chat_messages(messages) -> list[dict]:
     400 naming the message field at fault."""
     if not messages:
         raise ApiError("messages must be a non-empty list", param="messages")
-    msgs = []
+    msgs, called = [], set()  # called: the ids of earlier assistant tool calls, which tool messages answer
     for i, m in enumerate(messages):
         if m.role not in CHAT_ROLES:
             raise ApiError(f"messages[{i}].role: unknown role {m.role!r}; expected one of "
@@ -69,13 +69,22 @@ def chat_messages(messages) -> list[dict]:
                 texts.append(part["text"])
             content = "\n".join(texts)
         if content is None:
-            if m.role in ("system", "developer", "user"):
+            if m.role in ("system", "developer", "user", "tool"):
                 raise ApiError(f"messages[{i}].content is required for role {m.role!r}",
                                param=f"messages[{i}].content")
             content = ""
         if m.role == "tool" and not m.tool_call_id:
             raise ApiError(f"messages[{i}].tool_call_id is required for role 'tool'",
                            param=f"messages[{i}].tool_call_id")
+        if m.role == "tool" and m.tool_call_id not in called:
+            raise ApiError(f"messages[{i}].tool_call_id {m.tool_call_id!r} answers no tool call of an earlier "
+                           f"assistant message", param=f"messages[{i}].tool_call_id")
+        for j, tc in enumerate(m.tool_calls or []):
+            fn = tc.get("function")
+            if not isinstance(tc.get("id"), str) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ApiError(f"messages[{i}].tool_calls[{j}] needs an id and a function with a name",
+                               param=f"messages[{i}].tool_calls[{j}]")
+            called.add(tc["id"])
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name is not None:
             d["name"] = m.name
