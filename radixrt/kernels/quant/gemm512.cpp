@@ -1,13 +1,15 @@
-// The AVX-512 VNNI entry of radixrt_ggml.mm: 3 or more activation rows on gemm512.h's tiles, 1-2 rows (decode)
-// on gemv512.h's (every type but Q6_K); the same bits as the AVX2 tiles, which keep every row count on a CPU
-// without AVX-512 VNNI.
-// RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons.
+// The AVX-512 VNNI entry of radixrt_ggml.mm: 1-2 activation rows (decode) on gemv512.h's tiles (every type
+// but Q6_K), 3 .. mid_rows(type) rows on the same tiles by passes of up to 8 rows (midrows512.h), more on
+// gemm512.h's; the same bits as the AVX2 tiles, which keep every row count on a CPU without AVX-512 VNNI.
+// RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons;
+// RADIXRT_GGML_MID_ROWS=n (read once) replaces every type's mid_rows by n (0: gemm512.h from 3 rows).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <cstdlib>
 #include <string>
 #include "gemm512.h"
 #include "gemv512.h"
+#include "midrows512.h"
 #include "mm_driver.h"
 
 namespace radixrt {
@@ -67,6 +69,52 @@ void gemv_m(const Ctx& c, int64_t M) {
   else gemv<T, K256, 2>(c);
 }
 
+// 3 .. mid_rows rows: every row's pass over a tile of weight rows (midrows512.h), split over threads as run().
+template <class T, bool K256>
+void mid(const Ctx& c, int64_t M) {
+  const int64_t nb = c.K / 32;
+  std::vector<int32_t> offs;
+  if constexpr (!K256) {
+    if (T::OFFSET_SHIFT) {
+      offs.resize(M * nb * 8);
+      for (int64_t m = 0; m < M; ++m) v512::offsets(c.q + m * c.K, nb, T::OFFSET_SHIFT, offs.data() + m * nb * 8);
+    }
+  }
+  const int64_t grain = M * c.N * c.K < (1 << 16) ? c.N : 16;
+  radixrt::parallel_for(0, c.N, grain, [&](int64_t n0, int64_t n1) {
+    mid512::rows<T, K256>(c, M, offs.data(), n0, n1);
+  });
+}
+
+// The most activation rows that run midrows512.h rather than gemm512.h (Q4_1 / Q5_1: rather than the AVX2
+// tiles), where the two cross. Measured (standalone harness, weights from memory, 2 threads, 8192 x 2048 and
+// 2048 x 8192): at 16 rows the mid-row tiles still took 0.75-0.9x gemm512.h's time for Q4_K, Q6_K and Q8_0.
+int64_t mid_rows(int64_t type) {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("RADIXRT_GGML_MID_ROWS");
+    return v != nullptr && *v ? std::atoll(v) : -1;
+  }();
+  if (forced >= 0) return forced;
+  switch (type) {
+    case 3: case 7: return 8;  // Q4_1 / Q5_1
+    default: return 16;
+  }
+}
+
+bool mid_run(int64_t type, const Ctx& c, int64_t M) {
+  switch (type) {
+    case 2: mid<Q4_0, false>(c, M); return true;
+    case 3: mid<Q4_1, false>(c, M); return true;
+    case 6: mid<Q5_0, false>(c, M); return true;
+    case 7: mid<Q5_1, false>(c, M); return true;
+    case 8: mid<Q8_0, false>(c, M); return true;
+    case 12: mid<Q4_K, true>(c, M); return true;
+    case 13: mid<Q5_K, true>(c, M); return true;
+    case 14: mid<Q6_K, true>(c, M); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 bool gemm512_enabled() {
@@ -89,6 +137,7 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
       default: return false;
     }
   }
+  if (M <= mid_rows(type) && mid_run(type, c, M)) return true;
   switch (type) {  // gguf's GGMLQuantizationType numbering
     case 2: run512<Q4_0, false>(c, M, false, 3); return true;
     case 6: run512<Q5_0, false>(c, M, false, 4); return true;
