@@ -1,5 +1,5 @@
-"""radixrt_ggml.mm at 1-20 activation rows (speculative verification, small-batch decode): the mid-row tiles
-(``midrows512.h`` on AVX-512, 3 .. 16 rows) give every row the same bits as that row computed alone (the
+"""radixrt_ggml.mm at 1-24 activation rows (speculative verification, small-batch decode): the mid-row tiles
+(``midrows512.h`` on AVX-512, 2 .. 16 or 20 rows) give every row the same bits as that row computed alone (the
 decode tile), as the many-row tiles (``RADIXRT_GGML_MID_ROWS=0``) and as the AVX2 tiles
 (``RADIXRT_DISABLE_AVX512=1``), with K and N that no tile divides; and agree with gguf's dequantize + fp32
 matmul within the int8-activation bound."""
@@ -16,7 +16,7 @@ from test_ggml_types import int8_rounded, ops, random_blocks  # noqa: F401 (ops:
 from radixrt.kernels import quant
 
 TYPES = list(quant.TYPES.values())
-ROWS = range(1, 21)  # past the mid-row tiles' 16 (and Q4_1/Q5_1's 8) into the many-row tiles
+ROWS = range(1, 25)  # past the mid-row tiles' 16 (K-quants: 20) into the many-row tiles
 K32, K256 = 800, 768  # 25 blocks of 32 (odd), 3 super-blocks
 N = 45  # no multiple of a tile's 2, 4 or 8 weight rows
 
@@ -38,7 +38,7 @@ def cases():
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 def test_rows_equal_rows_alone(ops, cases, t):  # noqa: F811
-    """Rows 1..20 of a product, at any offset in x: each the bits of that row alone; threads 1 and 2."""
+    """Rows 1..24 of a product, at any offset in x: each the bits of that row alone; threads 1 and 2."""
     x, w = cases[t.name]
     alone = torch.cat([ops.mm(x[i:i + 1].contiguous(), w, t.ggml_type) for i in range(x.shape[0])])
     threads = torch.get_num_threads()
@@ -77,7 +77,7 @@ SCRIPT = """import sys, torch
 from radixrt.kernels import quant
 ops = quant.ggml_gemv()
 c = torch.load(sys.argv[1])
-out = {n: [ops.mm(x[:m].contiguous(), w, quant.BY_NAME[n].ggml_type) for m in range(1, 21)]
+out = {n: [ops.mm(x[:m].contiguous(), w, quant.BY_NAME[n].ggml_type) for m in range(1, 25)]
        for n, (x, w) in c.items()}
 torch.save(out, sys.argv[2])
 """

@@ -1,5 +1,5 @@
-// The AVX-512 VNNI entry of radixrt_ggml.mm: 1-2 activation rows (decode) on gemv512.h's tiles (every type
-// but Q6_K), 3 .. mid_rows(type) rows on the same tiles by passes of up to 8 rows (midrows512.h), more on
+// The AVX-512 VNNI entry of radixrt_ggml.mm: 1 activation row (decode) on gemv512.h's tiles (every type
+// but Q6_K), 2 .. mid_rows(type) rows on the same tiles by passes of up to 8 rows (midrows512.h), more on
 // gemm512.h's; the same bits as the AVX2 tiles, which keep every row count on a CPU without AVX-512 VNNI.
 // RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons;
 // RADIXRT_GGML_MID_ROWS=n (read once) replaces every type's mid_rows by n (0: gemm512.h from 3 rows).
@@ -87,18 +87,17 @@ void mid(const Ctx& c, int64_t M) {
 }
 
 // The most activation rows that run midrows512.h rather than gemm512.h (Q4_1 / Q5_1: rather than the AVX2
-// tiles), where the two cross. Measured (standalone harness, weights from memory, 2 threads, 8192 x 2048 and
-// 2048 x 8192): at 16 rows the mid-row tiles still took 0.75-0.9x gemm512.h's time for Q4_K, Q6_K and Q8_0.
+// tiles), where the two cross. Measured, one row of T tokens through the whole model (benchmarks/
+// step_curve.py, 2 threads): Llama-3.2-1B Q4_K_M t16 134 -> 92 ms, t20 157 -> 147 (three passes), t24 172
+// vs 175, t32 208 vs 217; SmolLM2-135M Q4_1 still 0.8x the AVX2 tiles' time at 16. Q8_0 (standalone
+// harness, 8192 x 2048 from memory): 0.9x gemm512.h's time at 16.
 int64_t mid_rows(int64_t type) {
   static const int64_t forced = [] {
     const char* v = std::getenv("RADIXRT_GGML_MID_ROWS");
     return v != nullptr && *v ? std::atoll(v) : -1;
   }();
   if (forced >= 0) return forced;
-  switch (type) {
-    case 3: case 7: return 8;  // Q4_1 / Q5_1
-    default: return 16;
-  }
+  return type == 12 || type == 13 || type == 14 ? 20 : 16;
 }
 
 bool mid_run(int64_t type, const Ctx& c, int64_t M) {
@@ -125,6 +124,9 @@ bool gemm512_enabled() {
 
 bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
   if (M < 1 || !gemm512_enabled()) return false;
+  // 2 rows too: the K-quants' 2-row tiles here beat gemv512.h's (1B Q4_K_M step 34 -> 30 ms; Q6_K's
+  // 512-bit unpacking pays off from 2 rows); the 32-element types' are gemv512.h's own (NZ = 4)
+  if (M >= 2 && M <= mid_rows(type) && mid_run(type, c, M)) return true;
   if (M < 3) {
     switch (type) {  // Q6_K: the AVX2 streaming tile is faster than gemv512.h's (its unpacking costs more at 512)
       case 2: gemv_m<Q4_0, false>(c, M); return true;
@@ -137,7 +139,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
       default: return false;
     }
   }
-  if (M <= mid_rows(type) && mid_run(type, c, M)) return true;
   switch (type) {  // gguf's GGMLQuantizationType numbering
     case 2: run512<Q4_0, false>(c, M, false, 3); return true;
     case 6: run512<Q5_0, false>(c, M, false, 4); return true;

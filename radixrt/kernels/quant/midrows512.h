@@ -1,4 +1,4 @@
-// A few activation rows (3 .. mid_rows(type), speculative verification and small-batch decode) with GGUF
+// A few activation rows (2 .. mid_rows(type), speculative verification and small-batch decode) with GGUF
 // weights on AVX-512: the decode tiles of gemv512.h run with up to 8 activation rows per pass over a tile of
 // weight rows, so the weight streams from memory once, as at 1-2 rows.
 //
@@ -25,13 +25,13 @@ namespace mid512 {
 // Weight-row pairs per tile at MB activation rows: every output needs an accumulator (K-quants: and an
 // integer sum), 2 NZ MB of the 32 zmm registers beside MB activation vectors. Measured (standalone harness,
 // 8192 x 2048 from memory, 2 threads): Q4_K / Q5_K faster with one pair up to 5 rows, two above; Q6_K and
-// the 32-element types with two at every row count.
+// the 32-element types with two, but four at 1-2 rows (gemv512.h's decode tiles).
 template <class T, bool K256, int MB>
 constexpr int nz() {
 #ifdef MID_NZ
   return MID_NZ(K256, MB);
 #endif
-  return K256 && T::MIN && MB <= 5 ? 1 : 2;
+  return K256 ? (T::MIN && MB <= 5 ? 1 : 2) : (MB <= 2 ? 4 : 2);
 }
 
 template <class T, bool K256, int NZ, int MB>

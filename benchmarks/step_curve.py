@@ -1,0 +1,33 @@
+"""The step-time curve t(T) of a model: the fastest of ``--reps`` forwards of one row of T tokens, as the
+speculation cost model's calibration measures it (``runtime/scheduler/spec_calibrate.py``), for each T.
+Speculative verification of k draft tokens is such a row of k + 1 tokens; batch-T decode costs about the same
+in weight products. Run it twice with ``RADIXRT_GGML_MID_ROWS=0`` (the many-row tiles from 3 rows) to see
+what the mid-row tiles (``kernels/quant/midrows512.h``) changed.
+
+    cpuslot --all python benchmarks/step_curve.py ~/.cache/radixrt/models/llama-3.2-1b/llama-3.2-1b-Q4_K_M.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", help="a GGUF file or HF directory (Engine's `model`)")
+    ap.add_argument("--sizes", default="1,2,3,4,5,6,8,10,12,16,20,24,32")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    from radixrt.runtime.engine import Engine
+    from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
+
+    sizes = tuple(int(s) for s in a.sizes.split(","))
+    with Engine(model=a.model) as eng:
+        times = measure_step_times(eng.runner, eng.scheduler.allocator, sizes, reps=a.reps)
+    mid = os.environ.get("RADIXRT_GGML_MID_ROWS", "default")
+    print(f"{os.path.basename(a.model)} (RADIXRT_GGML_MID_ROWS={mid}, load {os.getloadavg()[0]:.2f}) ms per step:")
+    print("  " + "  ".join(f"t{T} {times(T) * 1e3:.1f}" for T in sizes))
+
+
+if __name__ == "__main__":
+    main()
