@@ -79,7 +79,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
   if (M < 1 || !gemm512_enabled()) return false;
   if (M < 3) {
     switch (type) {  // Q6_K: the AVX2 streaming tile is faster than gemv512.h's (its unpacking costs more at 512)
-      case 2: gemv_m<Q4_0, false>(c, M); return true;
       case 3: gemv_m<Q4_1, false>(c, M); return true;
       case 6: gemv_m<Q5_0, false>(c, M); return true;
       case 7: gemv_m<Q5_1, false>(c, M); return true;
@@ -90,7 +89,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
     }
   }
   switch (type) {  // gguf's GGMLQuantizationType numbering
-    case 2: run512<Q4_0, false>(c, M, false, 3); return true;
     case 6: run512<Q5_0, false>(c, M, false, 4); return true;
     case 8: run512<Q8_0, false>(c, M, true, 0); return true;
     case 12: run512<Q4_K, true>(c, M, false, 0); return true;
