@@ -31,23 +31,28 @@ namespace q40 {
 constexpr int BYTES = 18;  // fp16 d, 16 bytes of nibbles (element j < 16 low nibble of byte j, j + 16 high)
 
 // AVX2: the 8 weight rows rows[0..8) (a tail repeats its last row) x activation rows m0 .. m0 + MB; lane r of
-// acc[m] is output (m0 + m, rows[r]). off: [M][K / 32] activation offsets. pf: prefetch distance (0: none).
+// acc[m] is output (m0 + m, rows[r]). off: [M][K / 32] activation offsets. idx: rows[r] - rows[0]. pf:
+// prefetch distance (0: none).
 template <int MB>
-inline void tile8(const Ctx& c, const int32_t* off, const uint8_t* const* rows, int64_t m0, int64_t pf,
-                  __m256* acc) {
+inline void tile8(const Ctx& c, const int32_t* off, const uint8_t* const* rows, __m256i idx, int64_t m0,
+                  int64_t pf, __m256* acc) {
   const int64_t nb = c.K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m256i q[8];
-    alignas(16) uint16_t h[8];
     for (int r = 0; r < 8; ++r) {
       const uint8_t* p = rows[r] + b * BYTES;
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(p + pf), _MM_HINT_T0);
+      if (pf && (b & 3) == 0) {  // 4 blocks = 72 bytes: two lines per row
+        _mm_prefetch(reinterpret_cast<const char*>(p + pf), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + pf + 64), _MM_HINT_T0);
+      }
       q[r] = nibbles16(p + 2);
-      std::memcpy(&h[r], p, 2);
     }
-    const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+    // the 8 rows' fp16 d: dwords at each block's start, low halves packed (values < 2^16: packus is exact)
+    const int* first = reinterpret_cast<const int*>(rows[0] + b * BYTES);
+    const __m256i dd = _mm256_and_si256(_mm256_i32gather_epi32(first, idx, 1), _mm256_set1_epi32(0xFFFF));
+    const __m256 dw = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(dd), _mm256_extracti128_si256(dd, 1)));
     for (int m = 0; m < MB; ++m) {
       const int64_t a = (m0 + m) * nb + b;
       const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.q + a * 32));

@@ -49,9 +49,14 @@ template <int MB>
 void avx2_rows(const Ctx& c, const int32_t* off, int64_t n0, int64_t n1, int64_t m0, int64_t pf) {
   for (int64_t n = n0; n < n1; n += 8) {
     const uint8_t* rows[8];
-    for (int r = 0; r < 8; ++r) rows[r] = c.W + std::min(n + r, n1 - 1) * c.row_bytes;
+    alignas(32) int32_t idx[8];
+    for (int r = 0; r < 8; ++r) {
+      const int64_t row = std::min(n + r, n1 - 1);
+      rows[r] = c.W + row * c.row_bytes;
+      idx[r] = (int32_t)((row - n) * c.row_bytes);
+    }
     __m256 acc[MB];
-    q40::tile8<MB>(c, off, rows, m0, pf, acc);
+    q40::tile8<MB>(c, off, rows, _mm256_load_si256(reinterpret_cast<const __m256i*>(idx)), m0, pf, acc);
     alignas(32) float o[8];
     for (int m = 0; m < MB; ++m) {
       _mm256_store_ps(o, acc[m]);
