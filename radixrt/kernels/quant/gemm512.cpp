@@ -1,6 +1,6 @@
 // The AVX-512 VNNI entry of radixrt_ggml.mm: 3 or more activation rows on gemm512.h's tiles, 1-2 rows (decode)
 // on gemv512.h's (every type but Q6_K); the same bits as the AVX2 tiles, which keep every row count on a CPU
-// without AVX-512 VNNI.
+// without AVX-512 VNNI. Q4_0 never comes here: q4_0_rows.cpp has its own arithmetic and tiles.
 // RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons.
 #include <ATen/ATen.h>
 #include <torch/library.h>
