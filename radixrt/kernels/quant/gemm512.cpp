@@ -1,6 +1,7 @@
 // The AVX-512 VNNI entry of radixrt_ggml.mm: 1 activation row (decode) on gemv512.h's tiles (every type
 // but Q6_K), 2 .. mid_rows(type) rows on the same tiles by passes of up to 8 rows (midrows512.h), more on
 // gemm512.h's; the same bits as the AVX2 tiles, which keep every row count on a CPU without AVX-512 VNNI.
+// Q4_0 never comes here: q4_0_rows.cpp has its own arithmetic and tiles.
 // RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons;
 // RADIXRT_GGML_MID_ROWS=n (read once) replaces every type's mid_rows by n (0: gemm512.h from 3 rows).
 #include <ATen/ATen.h>
@@ -102,7 +103,6 @@ int64_t mid_rows(int64_t type) {
 
 bool mid_run(int64_t type, const Ctx& c, int64_t M) {
   switch (type) {
-    case 2: mid<Q4_0, false>(c, M); return true;
     case 3: mid<Q4_1, false>(c, M); return true;
     case 6: mid<Q5_0, false>(c, M); return true;
     case 7: mid<Q5_1, false>(c, M); return true;
@@ -129,7 +129,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
   if (M >= 2 && M <= mid_rows(type) && mid_run(type, c, M)) return true;
   if (M < 3) {
     switch (type) {  // Q6_K: the AVX2 streaming tile is faster than gemv512.h's (its unpacking costs more at 512)
-      case 2: gemv_m<Q4_0, false>(c, M); return true;
       case 3: gemv_m<Q4_1, false>(c, M); return true;
       case 6: gemv_m<Q5_0, false>(c, M); return true;
       case 7: gemv_m<Q5_1, false>(c, M); return true;
@@ -140,7 +139,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
     }
   }
   switch (type) {  // gguf's GGMLQuantizationType numbering
-    case 2: run512<Q4_0, false>(c, M, false, 3); return true;
     case 6: run512<Q5_0, false>(c, M, false, 4); return true;
     case 8: run512<Q8_0, false>(c, M, true, 0); return true;
     case 12: run512<Q4_K, true>(c, M, false, 0); return true;
