@@ -28,7 +28,7 @@ struct KQuant {
   static constexpr int MAX_MB = 8;
   template <int RB, int MB>
   static void tile(const Ctx& c, int64_t n, int64_t m0) {
-    if (MB <= 2) stream<RB, MB>(c, n, m0);
+    if (MB <= 4) stream<RB, MB>(c, n, m0);  // 3-4 rows too: 1B Q4_K_M t3 74.8 -> 44.7 ms on AVX2
     else decoded<RB, MB>(c, n, m0);
   }
 
