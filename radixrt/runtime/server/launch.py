@@ -6,7 +6,8 @@
 
 - main process: FastAPI on uvicorn (uvloop), the TokenizerManager and the DSL's ZMQ ROUTER;
 - scheduler process (model, KV pool, radix tree) and detokenizer process, started with multiprocessing's
-  "spawn" context and wired with ZMQ over ``ipc://`` paths in a private temporary folder;
+  "spawn" context and wired with ZMQ over ``ipc://`` paths in a private temporary folder; started first,
+  before this process imports transformers and the HTTP stack, so the model loads meanwhile;
 - HTTP is up at once: ``/health`` answers 503 until the model is loaded, then 200; at that moment exactly
   one line is printed on stdout:
   ``radixrt ready: http://127.0.0.1:30000 (zmq tcp://127.0.0.1:30001) model=SmolLM2-135M-Instruct``;
