@@ -2,6 +2,10 @@
 bf16 weights, batch-invariant to the bit."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -60,7 +64,7 @@ def test_rows_bit_identical_across_batches_positions_threads(dtype):
         for t in (1, 2):
             torch.set_num_threads(t)
             assert torch.equal(gemv(x, w_p), want)
-            for m in [1, 2, 3, 5, 6, 7, 9, 64, 65]:
+            for m in [*range(1, 21), 64, 130]:  # streamed, 6-row and 12-row blocks, ragged last block
                 assert torch.equal(gemv(x[:m].contiguous(), w_p), want[:m])
             for i in (0, 7, 200, 512):
                 assert torch.equal(gemv(x[i:i + 1].contiguous(), w_p), want[i:i + 1])
@@ -70,6 +74,38 @@ def test_rows_bit_identical_across_batches_positions_threads(dtype):
             assert torch.equal(gemv(x[sub].contiguous(), w_p), want[sub])
     finally:
         torch.set_num_threads(threads)
+
+
+AVX2_CHILD = """
+import sys, torch
+from radixrt.kernels import cpp
+from radixrt.kernels.gemv import pack_panels
+x, ws = torch.load(sys.argv[1])
+torch.save([[cpp.ops("radixrt_gemv").gemv(x[:m].contiguous(), pack_panels(w)) for m in MS] for w in ws], sys.argv[2])
+"""
+MS = [*range(1, 21), 64, 130]
+
+
+@needs_cpp
+@pytest.mark.skipif("avx512f" not in open("/proc/cpuinfo").read(), reason="no AVX-512F: only the AVX2 tiles run")
+@pytest.mark.parametrize("k,n", [(520, 1000), (300, 100), (2048, 64)])  # ragged K and N; K blocks of 256
+def test_avx512_same_bits_as_avx2(k, n, tmp_path):
+    """The AVX-512 tiles (12-row blocks, this process) give every row count the bits of the AVX2 tiles
+    (6-row blocks, a process with RADIXRT_DISABLE_AVX512=1) and of 1-row decode, for fp32, fp16 and bf16."""
+    x = torch.randn(130, k, generator=G)
+    ws = [torch.randn(n, k, generator=G).to(dt) for dt in DTYPES]
+    torch.save([x, ws], tmp_path / "in.pt")
+    env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
+    subprocess.run([sys.executable, "-c", f"MS = {MS}\n" + AVX2_CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env=env, check=True)
+    avx2 = torch.load(tmp_path / "out.pt")
+    for w, want in zip(ws, avx2):
+        w_p = pack_panels(w)
+        one = torch.cat([gemv(x[i:i + 1].contiguous(), w_p) for i in range(130)])
+        for m, y2 in zip(MS, want):
+            y = gemv(x[:m].contiguous(), w_p)
+            assert torch.equal(y, y2), (w.dtype, m)
+            assert torch.equal(y, one[:m]), (w.dtype, m)
 
 
 @needs_cpp
