@@ -65,6 +65,7 @@ class HiCache:
         self.prefetcher = Prefetcher(disk) if disk is not None else None
         self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
         self.prefetched_pages = 0
+        self.restorer = None  # restore_async.Restorer: restores on a copy thread (set by the scheduler)
         tree.on_evict = self.on_evict
         tree.evict_partial = True  # a leaf's tail goes down a tier, its head stays in the pool
         host.on_drop = tree.policy.dropped
@@ -194,7 +195,8 @@ class HiCache:
         if n_pages - i < self.prefetch_min_pages:
             return False
         hashes = page_hashes(key[: n_pages * self.ps], self.ps)
-        while i < n_pages and (salt, hashes[i]) in self.host:
+        busy = self.restorer.in_flight if self.restorer is not None else {}
+        while i < n_pages and ((salt, hashes[i]) in self.host or (salt, hashes[i]) in busy):
             i += 1
         j = i
         while j < n_pages and (salt, hashes[j]) in self.disk:
@@ -257,8 +259,10 @@ class HiCache:
         return queued
 
     def close(self) -> None:
-        """Stop prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
+        """Stop restoring and prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
         queued files (a graceful shutdown; SIGTERM drains through here)."""
+        if self.restorer is not None:
+            self.restorer.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.disk is not None:
@@ -287,7 +291,9 @@ class HiCache:
                         "hit_tokens": self.host_hit_tokens, "hit_rate": self.host_hit_tokens / q,
                         "stored_pages": self.stored_pages, "evicted_pages": self.host_evicted_pages,
                         "loaded_pages": self.loaded_pages, "store_seconds": self.store_seconds,
-                        "load_seconds": self.load_seconds}}
+                        "load_seconds": self.load_seconds,
+                        "restoring_jobs": len(self.restorer.jobs) if self.restorer else 0,
+                        "restoring_pages": self.restorer.pages if self.restorer else 0}}
         d = self.disk
         if d is not None:
             out["disk"] = {"dir": d.dir, "files": len(d.known), "hit_tokens": self.disk_hit_tokens,
