@@ -14,7 +14,9 @@ own thread; the request is scheduled once the load is done):
                         job done. On a GPU the copies run on their own CUDA stream and are synchronized
                         before the job is marked done. Torch copies and file reads release the GIL.
   ``poll()``            on the scheduler thread: each finished job's landed pages go into the tree (the
-                        lock moves off), host slots are released (or put back, past a failed read), and the
+                        lock moves off), host slots are released (or put back, past a failed read), the
+                        pages its allocation evicted reach tier 2 (held until now, as ``HiCache.restore``
+                        does, so they do not push out entries for room the job's slots give back), and the
                         pool pages that did not land are freed.
 
 While a job runs its pages are private to it: ``pages`` counts them in the pool accounting (free +
@@ -52,6 +54,7 @@ class RestoreJob:
     keys: list[tuple]
     host: list[tuple] = field(default_factory=list)
     disk: list[tuple] = field(default_factory=list)
+    deferred: list[tuple] = field(default_factory=list)  # HiCache.on_evict's spills held until finished
     landed: int = 0
     seconds: float = 0.0
     error: BaseException | None = None
@@ -108,15 +111,23 @@ class Restorer:
         if n == 0:
             return None
         hc.tree.inc_lock_ref(m.last_node)  # the matched part must outlive the allocation and the copy
-        pages = hc.allocate(n)
+        # pages the allocation evicts wait (copied out of the pool) until the job's tier-2 slots are free, so
+        # their spill does not evict tier-2 entries to make room those slots are about to give back
+        hc._deferred = []
+        try:
+            pages = hc.allocate(n)
+        finally:
+            deferred, hc._deferred = hc._deferred, None
         if pages is None:
             hc.tree.dec_lock_ref(m.last_node)
             for _, k, slot, score, hits in host:
                 hc.host.put_back(k, slot, score, hits)
+            for item in deferred:
+                hc._store(*item)
             return None
         keys = [(salt, h) for h in hashes[start:start + n]]
         job = RestoreJob(list(key[: (start + n) * ps]), salt, start, m.last_node, list(m.pages), pages, keys,
-                         host, disk)
+                         host, disk, deferred)
         for k in keys:
             self.in_flight[k] = job
         self.jobs.append(job)
@@ -144,21 +155,27 @@ class Restorer:
             self._wake.set()
 
     def _copy(self, job: RestoreJob) -> int:
+        """Fill the job's pool pages; returns how many leading run pages landed. Copies go in chunks of
+        ``CHUNK`` pages: joining a run's file bytes in one piece would hold the GIL for tens of milliseconds
+        (a 2,000-token prefix is ~46 MB at fp16), stalling the scheduler thread's step."""
         hc = self.hc
-        n = len(job.pages)
-        if job.host:
-            slots = torch.tensor([h[2] for h in job.host], dtype=torch.long)
-            hc.codec.unpack([job.pages[h[0]] for h in job.host], hc.host.rows[slots])
-        landed, got = n, []
-        for i, h in job.disk:
-            row = hc.disk.read(job.salt, h)
-            if row is None:  # missing or failed its checks (dropped, logged): the run ends here
-                landed = i
+        for part in _chunks(job.host):
+            slots = torch.tensor([h[2] for h in part], dtype=torch.long)
+            hc.codec.unpack([job.pages[h[0]] for h in part], hc.host.rows[slots])
+        landed = len(job.pages)
+        for part in _chunks(job.disk):
+            got = []
+            for i, h in part:
+                row = hc.disk.read(job.salt, h)
+                if row is None:  # missing or failed its checks (dropped, logged): the run ends here
+                    landed = i
+                    break
+                got.append((i, row))
+            if got:
+                rows = torch.frombuffer(bytearray(b"".join(r for _, r in got)), dtype=torch.uint8)
+                hc.codec.unpack([job.pages[i] for i, _ in got], rows.view(len(got), -1))
+            if landed < len(job.pages):
                 break
-            got.append((i, row))
-        if got:
-            rows = torch.frombuffer(bytearray(b"".join(r for _, r in got)), dtype=torch.uint8)
-            hc.codec.unpack([job.pages[i] for i, _ in got], rows.view(len(got), -1))
         return landed
 
     # ---- back on the scheduler thread ----------------------------------------------------------
@@ -187,6 +204,8 @@ class Restorer:
                 hc.host.release([slot])
             else:  # past a failed read: the page stays in tier 2
                 hc.host.put_back(k, slot, score, hits)
+        for item in job.deferred:  # the slots above are free again: the allocation's spills go in now
+            hc._store(*item)
         if len(job.pages) > n:
             hc.tree.allocator.free(job.pages[n:])
         if n:
@@ -210,3 +229,10 @@ class Restorer:
         """Stop the copy thread after the jobs queued (the caller polls them afterwards if it goes on)."""
         self._queue.put(None)
         self._thread.join(timeout=30)
+
+
+CHUNK = 8  # pages per copy (see Restorer._copy)
+
+
+def _chunks(items: list) -> list[list]:
+    return [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
