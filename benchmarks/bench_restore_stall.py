@@ -5,7 +5,7 @@
 
 A request R1 streams ``--decode`` tokens; after its 8th token, R2 (the cached prefix + 16 tokens, 1 new
 token) is submitted. Reported per source (host, disk): R1's median inter-token latency (ITL) before R2,
-its largest ITL while R2 is in flight, and R2's TTFT and cached_tokens. Writes
+its largest ITL (and all of them) while R2 is in flight, and R2's TTFT and cached_tokens. Writes
 ``benchmarks/results/restore_stall.json``. Run it under ``cpuslot --all``.
 """
 from __future__ import annotations
@@ -53,6 +53,7 @@ def measure(e: Engine, prefix: list[int], rng: random.Random, decode: int) -> di
     before = [d for a, d in zip(times[1:], itl) if a <= r2["t0"]]
     during = [d for a, d in zip(times[1:], itl) if r2["t0"] < a <= r2["t1"] + max(itl)]
     return {"itl_median_before_ms": 1e3 * statistics.median(before), "itl_max_during_ms": 1e3 * max(during or [0]),
+            "itl_during_ms": [round(1e3 * d, 1) for d in during],
             "r1_tokens_during_r2": sum(1 for a in times if r2["t0"] < a <= r2["t1"]),
             "r2_ttft_ms": 1e3 * (r2["t1"] - r2["t0"]), "r2_cached_tokens": r2["cached"]}
 

@@ -6,7 +6,9 @@ Hooks (the tree and ``ReqPages`` call them; the logic is all here):
                        keyed by ``(cache_salt, chained page hash)`` and scored by the tree's eviction key.
   ``restore(key, salt)`` before an admission's ``match_prefix``: the pages that follow the tree's match
                        and are found in tier 2 (then tier 3) are copied into fresh pool pages and inserted
-                       into the tree, so the match that follows covers them (no recompute).
+                       into the tree, so the match that follows covers them (no recompute). The
+                       scheduler does the same off its step (``restore_async.Restorer``); this
+                       synchronous form serves ``radixrt profile``'s replay.
   ``inserted(key, salt, first, pages)`` after a tree insert: tier 2 drops its copies of those pages (a page
                        is in the pool or in tier 2, never both) and, under ``write_through``, tier 3 gets
                        them at once (a restart keeps them).
@@ -212,8 +214,9 @@ class HiCache:
         put = 0
         for key, salt, start, hashes, rows in self.prefetcher.take_done():
             in_tree = len(self.tree.match_prefix(key, salt).pages)
+            busy = self.restorer.in_flight if self.restorer is not None else {}
             keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
-                    if start + i >= in_tree and (salt, h) not in self.host]
+                    if start + i >= in_tree and (salt, h) not in self.host and (salt, h) not in busy]
             if not keep:
                 continue
             data = torch.frombuffer(bytearray(b"".join(r for _, r in keep)), dtype=torch.uint8)
@@ -274,13 +277,16 @@ class HiCache:
                 self.disk.close()
 
     def check_invariants(self) -> None:
-        """Tier 2's slots are each free or held once; no page of the tree is also held in tier 2.
+        """Tier 2's slots are each free, held once or being copied; no page of the tree or of a restore in
+        flight is also held in tier 2.
         O(tree tokens); tests only. Raises AssertionError."""
         self.host.check()
         for node in list(self.tree._nodes()):
             key, salt = self._path(node)
             for h in page_hashes(key, self.ps)[-len(node.value):]:
                 assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"
+        for k in (self.restorer.in_flight if self.restorer is not None else ()):  # being copied: in neither
+            assert k not in self.host, f"page {k} is being restored and still held in tier 2"
 
     def stats(self, query_tokens: int) -> dict:
         """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""

@@ -210,6 +210,7 @@ class Restorer:
             hc.tree.allocator.free(job.pages[n:])
         if n:
             present = hc.tree.insert(job.key[: (job.start + n) * ps], job.prefix_pages + job.pages[:n], job.salt)
+            hc.host.discard(job.keys[:n])  # a copy spilled meanwhile (computed and evicted again): pool only
             dup = job.pages[: max(0, present // ps - job.start)]  # computed meanwhile by another request
             if dup:
                 hc.tree.allocator.free(dup)
