@@ -137,3 +137,24 @@ def test_two_requests_share_one_restore(eng, cold, passage_ids):
     after = tiers(eng)["disk"]
     assert after["read_pages"] - before["read_pages"] == 6  # one read of each file, not two
     assert after["hit_tokens"] - before["hit_tokens"] == 96
+
+
+def test_pages_a_restore_evicts_come_back_exact(eng, cold, passage_ids):
+    """A restore into a full pool evicts other pages; their bytes leave on the copy thread before the restored
+    ones overwrite them, and restored in turn they give the recomputed tokens."""
+    a, f1, f2 = passage_ids[410:510], passage_ids[5:145], passage_ids[15:155]
+    refs = [cold.generate(input_ids=p, sampling_params=G)["output_ids"] for p in (a, f1)]
+    assert eng.flush_cache() is True
+    for p in (a, f1, f2):  # a goes down to tier 2 as f1 and f2 fill the 16-page pool
+        eng.generate(input_ids=p, sampling_params=G)
+    before = tiers(eng)["host"]
+    out = eng.generate(input_ids=a, sampling_params=G)  # its allocation evicts f1's pages
+    mid = tiers(eng)["host"]
+    assert out["meta_info"]["cached_tokens"] == 96 and out["output_ids"] == refs[0]
+    again = eng.generate(input_ids=f1, sampling_params=G)
+    after = tiers(eng)["host"]
+    assert mid["hit_tokens"] - before["hit_tokens"] == 96
+    assert mid["stored_pages"] - before["stored_pages"] == 7  # 6 for the restore's allocation, 1 for a's extend
+    assert again["meta_info"]["cached_tokens"] == 128  # f1's 8 whole pages, all from tier 2
+    assert after["hit_tokens"] - mid["hit_tokens"] == 128
+    assert again["output_ids"] == refs[1]

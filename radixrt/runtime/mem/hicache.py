@@ -61,6 +61,7 @@ class HiCache:
         # restored rows have left their tier-2 slots, so a spill never evicts tier-2 entries to make room
         # that those slots are about to give back
         self._deferred: list[tuple[list, list, torch.Tensor, int]] | None = None
+        self.defer_pages = False  # set by restore_async.Restorer.begin: _deferred gets page ids, not rows
         self.host_hit_tokens = self.disk_hit_tokens = 0
         self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
         self.store_seconds = self.load_seconds = 0.0
@@ -91,8 +92,9 @@ class HiCache:
         key, salt = self._path(leaf)
         hashes = page_hashes(key, self.ps)[-len(leaf.value):]
         keys = [(salt, h) for h in hashes]
-        rows = self.codec.pack(leaf.value)
         scores = [self.tree.policy.key(leaf)] * len(keys)
+        # a copy-thread restore's allocation: keep the page ids; pages the job takes are packed on its thread
+        rows = list(leaf.value) if self.defer_pages else self.codec.pack(leaf.value)
         if self._deferred is not None:
             self._deferred.append((keys, scores, rows, leaf.hit_count))
         else:

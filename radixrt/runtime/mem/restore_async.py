@@ -55,6 +55,8 @@ class RestoreJob:
     host: list[tuple] = field(default_factory=list)
     disk: list[tuple] = field(default_factory=list)
     deferred: list[tuple] = field(default_factory=list)  # HiCache.on_evict's spills held until finished
+    to_pack: list[tuple] = field(default_factory=list)  # spills whose pages are the job's: packed first
+    pack_seconds: float = 0.0
     landed: int = 0
     seconds: float = 0.0
     error: BaseException | None = None
@@ -113,11 +115,16 @@ class Restorer:
         hc.tree.inc_lock_ref(m.last_node)  # the matched part must outlive the allocation and the copy
         # pages the allocation evicts wait (copied out of the pool) until the job's tier-2 slots are free, so
         # their spill does not evict tier-2 entries to make room those slots are about to give back
-        hc._deferred = []
+        hc._deferred, hc.defer_pages = [], True
         try:
             pages = hc.allocate(n)
         finally:
-            deferred, hc._deferred = hc._deferred, None
+            evicted, hc._deferred, hc.defer_pages = hc._deferred, None, False
+        # pages this job took are packed on the copy thread before they are overwritten (the copy on evict
+        # leaves the step); any other evicted page is packed now, while nothing has reused it yet
+        mine = set(pages or ())
+        to_pack = [e for e in evicted if mine.issuperset(e[2])]
+        deferred = [(k, sc, hc.codec.pack(ids), h) for k, sc, ids, h in evicted if not mine.issuperset(ids)]
         if pages is None:
             hc.tree.dec_lock_ref(m.last_node)
             for _, k, slot, score, hits in host:
@@ -127,7 +134,7 @@ class Restorer:
             return None
         keys = [(salt, h) for h in hashes[start:start + n]]
         job = RestoreJob(list(key[: (start + n) * ps]), salt, start, m.last_node, list(m.pages), pages, keys,
-                         host, disk, deferred)
+                         host, disk, deferred, to_pack)
         for k in keys:
             self.in_flight[k] = job
         self.jobs.append(job)
@@ -159,6 +166,10 @@ class Restorer:
         ``CHUNK`` pages: joining a run's file bytes in one piece would hold the GIL for tens of milliseconds
         (a 2,000-token prefix is ~46 MB at fp16), stalling the scheduler thread's step."""
         hc = self.hc
+        t0 = time.perf_counter()
+        for keys, scores, ids, hits in job.to_pack:  # evicted pages' bytes out before restored ones go in
+            job.deferred.append((keys, scores, hc.codec.pack(ids), hits))
+        job.pack_seconds = time.perf_counter() - t0
         for part in _chunks(job.host):
             slots = torch.tensor([h[2] for h in part], dtype=torch.long)
             hc.codec.unpack([job.pages[h[0]] for h in part], hc.host.rows[slots])
@@ -223,7 +234,8 @@ class Restorer:
             hc.disk_hit_tokens += (n - len(from_host)) * ps
             hc.loaded_pages += n
         hc.tree.dec_lock_ref(job.node)
-        hc.load_seconds += job.seconds
+        hc.load_seconds += job.seconds - job.pack_seconds
+        hc.store_seconds += job.pack_seconds
         job.finished = True
 
     def close(self) -> None:
