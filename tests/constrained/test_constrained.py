@@ -409,6 +409,45 @@ def test_grammar_cache_off_thread_and_failures(env):
         real.shutdown()
 
 
+
+def test_grammar_cache_backend_built_on_its_thread(env):
+    """GrammarCache.building returns before the backend exists; a compile submitted meanwhile waits for it
+    on a compile thread; a failed build fails every compile with a ValueError naming the backend."""
+    gate, built = threading.Event(), []
+
+    def factory():
+        assert gate.wait(10)
+        built.append(threading.get_ident())
+        return env["xgrammar"]
+
+    cache = GrammarCache.building(factory, "xgrammar")
+    try:
+        fut = cache.submit("json_schema", '{"type":"string"}')
+        time.sleep(0.05)
+        assert not fut.done() and built == []  # the compile waits for the backend
+        gate.set()
+        assert fut.result(10) is cache.get("json_schema", '{"type":"string"}')
+        assert cache.backend is env["xgrammar"] and built[0] != threading.get_ident()
+        with pytest.raises(ValueError, match="^xgrammar: cannot compile regex: "):
+            cache.get("regex", "a(", timeout=10)
+    finally:
+        cache.shutdown()
+
+    def broken():
+        raise RuntimeError("no tokenizer")
+
+    bad = GrammarCache.building(broken, "llguidance")
+    try:
+        for spec in ("a+", "b+"):
+            with pytest.raises(ValueError, match="^llguidance: grammar backend set-up failed: RuntimeError: no "
+                                                 "tokenizer$"):
+                bad.get("regex", spec, timeout=10)
+        assert (bad.stats.misses, bad.stats.failures) == (2, 2)
+    finally:
+        bad.shutdown()
+    with pytest.raises(ValueError, match="max_workers"):
+        GrammarCache.building(factory, "xgrammar", max_workers=1)
+
 # ---- bitmask kernel ----
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_apply_token_bitmask(device):

@@ -1,6 +1,6 @@
 // The AVX-512 VNNI entry of radixrt_ggml.mm: 3 or more activation rows on gemm512.h's tiles, 1-2 rows (decode)
 // on gemv512.h's (every type but Q6_K); the same bits as the AVX2 tiles, which keep every row count on a CPU
-// without AVX-512 VNNI.
+// without AVX-512 VNNI. Q4_0 never comes here: q4_0_rows.cpp has its own arithmetic and tiles.
 // RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -79,7 +79,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
   if (M < 1 || !gemm512_enabled()) return false;
   if (M < 3) {
     switch (type) {  // Q6_K: the AVX2 streaming tile is faster than gemv512.h's (its unpacking costs more at 512)
-      case 2: gemv_m<Q4_0, false>(c, M); return true;
       case 3: gemv_m<Q4_1, false>(c, M); return true;
       case 6: gemv_m<Q5_0, false>(c, M); return true;
       case 7: gemv_m<Q5_1, false>(c, M); return true;
@@ -90,7 +89,6 @@ bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
     }
   }
   switch (type) {  // gguf's GGMLQuantizationType numbering
-    case 2: run512<Q4_0, false>(c, M, false, 3); return true;
     case 6: run512<Q5_0, false>(c, M, false, 4); return true;
     case 8: run512<Q8_0, false>(c, M, true, 0); return true;
     case 12: run512<Q4_K, true>(c, M, false, 0); return true;

@@ -74,9 +74,12 @@ struct Legacy {
 }  // namespace
 
 bool legacy_run(int64_t type, const Ctx& c, int64_t M) {
+  if (type == 2) {  // Q4_0: one output per lane (q4_0_rows.cpp), on AVX-512 and AVX2 alike
+    q4_0_run(c, M);
+    return true;
+  }
   if (gemm512_run(type, c, M)) return true;
   switch (type) {  // gguf's GGMLQuantizationType numbering
-    case 2: run<Legacy<Q4_0>>(c, M); return true;
     case 3: run<Legacy<Q4_1>>(c, M); return true;
     case 6: run<Legacy<Q5_0>>(c, M); return true;
     case 7: run<Legacy<Q5_1>>(c, M); return true;

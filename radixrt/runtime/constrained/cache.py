@@ -4,6 +4,10 @@
 and admits the request once it is (SGLang's "grammar queue"). Entries are keyed by
 ``(kind, spec text, any_whitespace)``; a failed compile is cached too, so a bad spec sent again fails
 fast with the same ValueError.
+
+The backend itself may be built on the pool too (:meth:`GrammarCache.building`): the scheduler then reports
+ready without waiting for it (~2 s at a 128k vocabulary, llguidance's tokenizer import), and a compile
+submitted before it is built waits for it on its compile thread.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 from .base import CompiledGrammar, GrammarBackend, reraise_fatal
 
@@ -34,16 +39,42 @@ class GrammarCache:
         max_entries: least recently used finished entries beyond this are dropped.
     """
 
-    def __init__(self, backend: GrammarBackend, max_workers: int = 2, max_entries: int = 1024):
-        self.backend = backend
+    def __init__(self, backend: GrammarBackend | None, max_workers: int = 2, max_entries: int = 1024):
         self.max_entries = max_entries
         self.stats = CacheStats()
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple, Future] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        self._backend: Future = Future()
+        if backend is not None:
+            self._backend.set_result(backend)
+
+    @classmethod
+    def building(cls, factory: Callable[[], GrammarBackend], name: str, max_workers: int = 2,
+                 max_entries: int = 1024) -> "GrammarCache":
+        """A cache whose backend ``factory()`` runs on the pool's first thread (``max_workers`` >= 2, so a
+        compile can wait for it); returns at once. ``name``: the backend's name, for a failed build's error.
+        A build that raises makes every compile raise ``ValueError`` naming ``name`` and the cause."""
+        if max_workers < 2:
+            raise ValueError(f"max_workers: a backend built on the pool needs >= 2 threads, got {max_workers}")
+        cache = cls(None, max_workers, max_entries)
+        cache._pool.submit(cache._build, factory, name)
+        return cache
+
+    def _build(self, factory: Callable[[], GrammarBackend], name: str) -> None:
+        try:
+            self._backend.set_result(factory())
+        except BaseException as e:  # noqa: BLE001 - every compile then says why (none waits forever)
+            self._backend.set_exception(ValueError(f"{name}: grammar backend set-up failed: "
+                                                   f"{type(e).__name__}: {e}"))
+
+    @property
+    def backend(self) -> GrammarBackend:
+        """The backend (blocks until it is built). Raises ValueError where its build failed."""
+        return self._backend.result()
 
     def _compile(self, key: tuple, kind: str, spec: str, any_whitespace: bool) -> CompiledGrammar:
-        try:
+        try:  # self.backend waits for a backend built on the pool; a failed build raises its ValueError
             return self.backend.compile(kind, spec, any_whitespace)
         except ValueError:
             with self._lock:

@@ -7,8 +7,18 @@ projection to fp32 (a layer's transient copy at a time, never the whole model), 
 ``int8``, ``q4`` and ``q4_k`` re-quantize from that fp32 copy (one projection at a time; a file's own
 Q8_0 / Q4_0 / Q4_1 / Q4_K blocks are kept where they are the format's) (:mod:`radixrt.runtime.layers.quant`).
 
+At ``auto`` a block tensor used as stored (``ffn_down``, ``attn_output``, a Q4_K_M file's ``attn_v``, the
+embedding and head) is a read-only view of the file's memory map, as llama.cpp runs: no copy. Measured on
+this host (a VM), every first touch of fresh anonymous memory costs ~8 us per 4 KiB page (0.5 GB/s), so
+copying the 4.9 GB of an 8B Q4_K_M took ~10 s of its cold start, while file pages already in the page
+cache map at ~6 GB/s. Such weights count in RSS as file pages once touched, and the kernel may evict
+and re-read them under memory pressure; the file must not be rewritten while it is served (the same
+contract as llama.cpp's mmap). Stacked parts (``ffn_gate`` + ``ffn_up`` in one type: one kernel call),
+llama's unpermuted ``attn_q`` / ``attn_k`` rows and every re-quantized format are our own copies.
+
 Peak memory while loading: the weights built so far, plus one layer's transient copies, plus the pages of
-the memory map read since the last :func:`_drop_mapped` (released after every layer).
+the memory map read since the last :func:`_drop_mapped` (released after every layer; the views read them
+back at first use).
 """
 from __future__ import annotations
 
@@ -47,8 +57,8 @@ def _bias(parts: list[RawTensor] | None) -> torch.Tensor | None:
 def _native(t: RawTensor, bias: torch.Tensor | None) -> nn.Module:
     """One matrix in its own format: block types in their blocks, F32/F16/BF16 in their own dtype (the dense
     panel kernel widens 2-byte weights in registers: an F16 file stays 2 bytes per parameter)."""
-    if t.type_name in ggml.SUPPORTED:
-        return GGMLLinear(t.type_name, t.torch_bytes(), t.shape[1], bias)
+    if t.type_name in ggml.SUPPORTED:  # the file's own pages, no copy (see the module doc); ours if owned
+        return GGMLLinear(t.type_name, t.torch_bytes(copy=False), t.shape[1], bias)
     lin = DenseLinear(t.torch_bytes(copy=False), bias, None)  # the panels are the copy: none before them
     if lin.fp32.panels is None and not t.owned:  # no C++ library: the plain tensor is kept, so our own copy
         lin = DenseLinear(t.torch_bytes(), bias, None)
@@ -94,7 +104,7 @@ def _embed_and_head(w: GGUFWeights, margs: ModelArgs, fmt: str) -> tuple[nn.Modu
     head's panels, and the embedding reads its rows from them."""
     t = w.need("token_embd.weight")
     if t.type_name in ggml.SUPPORTED:
-        emb: nn.Module = GGMLEmbedding(t.type_name, t.torch_bytes(), t.shape[1])
+        emb: nn.Module = GGMLEmbedding(t.type_name, t.torch_bytes(copy=False), t.shape[1])
     elif margs.tie_word_embeddings and fmt == "auto":
         head = _native(t, None)
         return PanelEmbedding(head.fp32), head

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from radixrt.runtime.config import ServerArgs
@@ -14,26 +15,40 @@ if TYPE_CHECKING:  # the HTTP process imports make_grammar_cache from here: the 
     from radixrt.runtime.scheduler.scheduler import Scheduler
 
 
-def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True):
+def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True, deferred: bool = False):
     """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``), warmed up
     (:func:`~radixrt.runtime.constrained.grammar_step.warm_up`; ``masks``: the mask kernels too, which only
-    the process that samples needs).
+    the process that samples needs). ``deferred``: the backend is built and warmed up on the cache's own
+    thread (:meth:`GrammarCache.building`) and this returns at once (``tokenizer`` may then be a Future of
+    it); a failed set-up then fails each constrained request with its ValueError instead of this call.
 
     Raises:
-        ValueError: an unknown grammar backend.
+        ValueError: an unknown grammar backend (before any thread starts, ``deferred`` or not).
     """
-    from radixrt.runtime.constrained import GrammarCache, create_backend
+    from radixrt.runtime.constrained import BACKEND_CHOICES, GrammarCache, create_backend
     from radixrt.runtime.constrained.grammar_step import warm_up
-    backend = create_backend(args.grammar_backend, tokenizer, vocab_size)
-    if backend is None:
+    name = "llguidance" if args.grammar_backend is None else str(args.grammar_backend).strip().lower()
+    if name == "none":
         return None
-    warm_up(backend, masks)
-    return GrammarCache(backend)
+
+    def build():
+        tok = tokenizer.result() if isinstance(tokenizer, Future) else tokenizer
+        backend = create_backend(name, tok, vocab_size)
+        warm_up(backend, masks)
+        return backend
+
+    if deferred and name in BACKEND_CHOICES:
+        return GrammarCache.building(build, name)
+    return GrammarCache(build())
 
 
-def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
+def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> Scheduler:
     """Load the tokenizer, make the grammar cache, load the model (weights + KV pool), build the Scheduler.
     ``tp``: this rank's TPGroup under ``--tp`` (the model is sharded; sampled ids come from rank 0).
+    ``defer_grammar`` (the server's scheduler process): the tokenizer loads beside the weights and the
+    grammar backend is built after them on its own thread, so the first token waits for neither; its
+    transient (~120 MB at a 128k vocabulary) then peaks over the weights. The Engine keeps the serial order
+    (the grammar backend before the weights: the lowest peak).
 
     The parts are reachable as ``scheduler.tokenizer``, ``.runner`` and ``.grammar_cache``.
 
@@ -52,20 +67,38 @@ def build_scheduler(args: ServerArgs, tp=None) -> Scheduler:
     t0 = time.perf_counter()
     src = resolve_model(args.model)
     prefetch(src.directory, src.gguf_file)  # read while the tokenizer and grammar backend are set up
-    tokenizer = load_tokenizer(args.model)
-    t1 = time.perf_counter()
-    # the grammar backend before the weights: its set-up's transient (llguidance serializes the tokenizer
-    # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
-    grammar_cache = make_grammar_cache(args, tokenizer, ModelArgs.from_hf(load_config(args.model)).vocab_size)
-    t2 = time.perf_counter()
-    try:
-        runner = ModelRunner(args, tp)
-    except BaseException:
-        if grammar_cache is not None:
-            grammar_cache.shutdown(wait=False)
-        raise
-    logger.info("set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
-                time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2)
+    vocab_size = ModelArgs.from_hf(load_config(args.model)).vocab_size
+    if defer_grammar:
+        # the tokenizer, then the grammar backend (on its cache's thread), beside the weights: they share the
+        # cores with the weights' copies (which drop the GIL), and ready waits for the tokenizer only
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
+            tok = pool.submit(load_tokenizer, args.model)
+            grammar_cache = make_grammar_cache(args, tok, vocab_size, deferred=True)
+            try:
+                runner = ModelRunner(args, tp)
+            except BaseException:
+                if grammar_cache is not None:
+                    grammar_cache.shutdown(wait=False)
+                raise
+            t1 = time.perf_counter()
+            tokenizer = tok.result()
+        logger.info("set up in %.1f s: weights and KV pool %.1f s, tokenizer %.1f s more (grammar backend "
+                    "beside them)", time.perf_counter() - t0, t1 - t0, time.perf_counter() - t1)
+    else:
+        tokenizer = load_tokenizer(args.model)
+        t1 = time.perf_counter()
+        # the grammar backend before the weights: its set-up's transient (llguidance serializes the tokenizer
+        # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
+        grammar_cache = make_grammar_cache(args, tokenizer, vocab_size)
+        t2 = time.perf_counter()
+        try:
+            runner = ModelRunner(args, tp)
+        except BaseException:
+            if grammar_cache is not None:
+                grammar_cache.shutdown(wait=False)
+            raise
+        logger.info("set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
+                    time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2)
     sched = Scheduler(args, runner, tokenizer, grammar_cache)
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens

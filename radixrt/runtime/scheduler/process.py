@@ -56,7 +56,7 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
         from radixrt.runtime.scheduler.build import build_scheduler
         if args.tp > 1:
             tp, workers = _start_tp(args, args_json)
-        sched = build_scheduler(args, tp)
+        sched = build_scheduler(args, tp, defer_grammar=True)  # ready waits for no grammar backend
     except BaseException as e:  # tell the main process why, then exit
         logger.error("model load failed:\n%s", traceback.format_exc())
         push.send(enc.encode(ReadyOut(error=f"{type(e).__name__}: {e}")))

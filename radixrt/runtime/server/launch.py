@@ -6,7 +6,8 @@
 
 - main process: FastAPI on uvicorn (uvloop), the TokenizerManager and the DSL's ZMQ ROUTER;
 - scheduler process (model, KV pool, radix tree) and detokenizer process, started with multiprocessing's
-  "spawn" context and wired with ZMQ over ``ipc://`` paths in a private temporary folder;
+  "spawn" context and wired with ZMQ over ``ipc://`` paths in a private temporary folder; started first,
+  before this process imports transformers and the HTTP stack, so the model loads meanwhile;
 - HTTP is up at once: ``/health`` answers 503 until the model is loaded, then 200; at that moment exactly
   one line is printed on stdout:
   ``radixrt ready: http://127.0.0.1:30000 (zmq tcp://127.0.0.1:30001) model=SmolLM2-135M-Instruct``;
@@ -76,28 +77,32 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
-    from radixrt.runtime.models.loader import tokenizer_only_transformers
-    tokenizer_only_transformers()  # this process runs no model: ~235 MiB and seconds of torch kept out
-    from radixrt.runtime.models.loader import load_config, resolve_model
-    from radixrt.runtime.server.native.dsl_socket import DslServer
-    from radixrt.runtime.server.http_server import create_app
-    from radixrt.runtime.server.manager.tokenizer_manager import TokenizerManager
+    from radixrt.runtime.models.loader import resolve_model
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
-    try:  # a bad path or file fails here with one line, before any child process starts
+    children = None
+    try:  # a bad path or file fails here with one line (the children, if started, are stopped first)
         src = resolve_model(args.model)
         from radixrt.runtime.models.prefetch import prefetch
         prefetch(src.directory, src.gguf_file)  # the disk streams while the children start (cold page cache)
+        children = _start_children_early(args, src)
+        from radixrt.runtime.models.loader import load_config, tokenizer_only_transformers
+        tokenizer_only_transformers()  # this process runs no model: ~235 MiB and seconds of torch kept out
         load_config(args.model)
     except ValueError as e:
+        if children is not None:
+            children.stop()
         print(f"radixrt: error: {e}", file=sys.stderr)
         return 2
+    from radixrt.runtime.server.native.dsl_socket import DslServer
+    from radixrt.runtime.server.http_server import create_app
+    from radixrt.runtime.server.manager.tokenizer_manager import TokenizerManager
     metrics = None
     if args.enable_metrics:
         from radixrt.runtime.server.observe.metrics import Metrics
         metrics = Metrics(args.served_model_name or src.name)
-    tm = TokenizerManager(args, src.name, metrics)
+    tm = TokenizerManager(args, src.name, metrics, children)
     holder: dict = {}
 
     @contextlib.asynccontextmanager
@@ -133,6 +138,22 @@ def serve(args: ServerArgs) -> int:
         print(f"radixrt: error: {tm.fatal}", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def _start_children_early(args: ServerArgs, src):
+    """Start the scheduler and detokenizer now, before this process imports transformers and the HTTP
+    stack (~2 s of a cold start), when the GGUF's converted metadata is already cached and verified
+    (:mod:`~radixrt.runtime.models.meta_cache`): otherwise this process converts it first, as before, so
+    that the three processes never convert it at once. None when not started. ValueError: not a GGUF."""
+    if src.gguf_file is None:
+        return None
+    from radixrt.runtime.models.meta_cache import cache_dir, verified
+    if not verified(cache_dir(os.path.join(src.directory, src.gguf_file))):
+        return None
+    from radixrt.runtime.server.manager.child_processes import ChildProcesses
+    children = ChildProcesses(args)
+    children.spawn()
+    return children
 
 
 async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> None:

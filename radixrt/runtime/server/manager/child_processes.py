@@ -36,10 +36,16 @@ class ChildProcesses:
 
     def start(self, on_exit: Callable[[str], None]) -> None:
         """Spawn both children; ``on_exit(name)`` runs in the event loop when one of them exits."""
+        self.spawn()
+        self.watch(on_exit)
+
+    def spawn(self) -> None:
+        """Start both children (no event loop needed: ``radixrt serve`` starts them before its HTTP set-up,
+        so the model loads meanwhile). They connect to the main process's endpoints before it binds them:
+        ZMQ retries the connection, and what they send waits in their queue."""
         from radixrt.runtime.tokenizer.detokenizer_process import run_detokenizer_process
         from radixrt.runtime.scheduler.process import run_scheduler_process
 
-        loop = asyncio.get_running_loop()
         spawn = mp.get_context("spawn")
         child_args = msgspec.json.encode(dataclasses.replace(self.args, api_key=None))
         pid = os.getpid()
@@ -49,8 +55,13 @@ class ChildProcesses:
         self.procs["detokenizer"] = spawn.Process(
             target=run_detokenizer_process, name="radixrt-detokenizer", daemon=True,
             args=(self.args.model, self.args.log_level, self.addr["detokenizer"], self.addr["main"], pid))
-        for name, p in self.procs.items():
+        for p in self.procs.values():
             p.start()
+
+    def watch(self, on_exit: Callable[[str], None]) -> None:
+        """``on_exit(name)`` runs in the event loop when child ``name`` exits (at once if it already has)."""
+        loop = asyncio.get_running_loop()
+        for name, p in self.procs.items():
             # the sentinel fd becomes readable when the process ends: death is seen without any polling
             loop.add_reader(p.sentinel, on_exit, name)
             self._watched.add(name)

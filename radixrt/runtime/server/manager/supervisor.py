@@ -54,11 +54,15 @@ class Supervisor:
         self._task: Optional[asyncio.Task] = None
 
     def spawn(self) -> None:
-        """Bind fresh IPC sockets in a fresh folder, start both children and the receive loop."""
+        """Bind fresh IPC sockets in a fresh folder, start both children and the receive loop. The first
+        time, children that ``radixrt serve`` started before its HTTP set-up (``tm.children``) are adopted."""
         tm = self.tm
-        tm.children = children = ChildProcesses(tm.args)
+        early = tm.children if self.generation == 0 else None
+        tm.children = children = early if early is not None else ChildProcesses(tm.args)
         tm.ipc = Ipc(children.addr["scheduler"], children.addr["main"])
-        children.start(lambda name: self._on_exit(children, name))
+        if not children.procs:
+            children.spawn()
+        children.watch(lambda name: self._on_exit(children, name))
         self.recv_task = asyncio.create_task(tm.ipc.recv_loop(tm._dispatch, self._on_ready), name="radixrt-recv")
         tm._tasks.append(self.recv_task)
 

@@ -37,7 +37,8 @@ EARLY_ABORT_S = 30.0  # how long an abort of a rid not yet submitted is kept
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, model_name: str, metrics=None):
+    def __init__(self, args: ServerArgs, model_name: str, metrics=None, children: Optional[ChildProcesses] = None):
+        """``children``: already started (``radixrt serve`` starts them first); adopted by :meth:`start`."""
         self.args = args
         self.model_name = args.served_model_name or model_name
         self.metrics = metrics
@@ -54,7 +55,7 @@ class TokenizerManager:
         self.states: dict[str, ReqBatch] = {}
         self.early_aborts: dict[str, float] = {}  # rid -> monotonic time of an abort that came before it
         self.session_ids: set[str] = set()  # opened here and not closed (the scheduler also expires TTLs)
-        self.children: Optional[ChildProcesses] = None
+        self.children: Optional[ChildProcesses] = children
         self.ipc: Optional[Ipc] = None
         self.closing = False
         self._tasks: list[asyncio.Task] = []
