@@ -57,6 +57,8 @@ def test_restart_serves_a_known_prefix_from_disk(tmp_path, passage_ids):
             text = c.get("/metrics").text
         hit = re.search(r'radixrt:hicache_hit_tokens_total\{model_name="[^"]+",tier="disk"\} (\S+)', text)
         assert hit is not None and float(hit.group(1)) == 592.0, text[-3000:]
+        restoring = re.search(r'radixrt:hicache_restoring_pages\{model_name="[^"]+"\} (\S+)', text)
+        assert restoring is not None and float(restoring.group(1)) == 0.0, text[-3000:]  # the restore landed
         s.wait_idle()
     finally:
         s.stop()

@@ -6,7 +6,9 @@ Hooks (the tree and ``ReqPages`` call them; the logic is all here):
                        keyed by ``(cache_salt, chained page hash)`` and scored by the tree's eviction key.
   ``restore(key, salt)`` before an admission's ``match_prefix``: the pages that follow the tree's match
                        and are found in tier 2 (then tier 3) are copied into fresh pool pages and inserted
-                       into the tree, so the match that follows covers them (no recompute).
+                       into the tree, so the match that follows covers them (no recompute). The
+                       scheduler does the same off its step (``restore_async.Restorer``); this
+                       synchronous form serves ``radixrt profile``'s replay.
   ``inserted(key, salt, first, pages)`` after a tree insert: tier 2 drops its copies of those pages (a page
                        is in the pool or in tier 2, never both) and, under ``write_through``, tier 3 gets
                        them at once (a restart keeps them).
@@ -59,12 +61,14 @@ class HiCache:
         # restored rows have left their tier-2 slots, so a spill never evicts tier-2 entries to make room
         # that those slots are about to give back
         self._deferred: list[tuple[list, list, torch.Tensor, int]] | None = None
+        self.defer_pages = False  # set by restore_async.Restorer.begin: _deferred gets page ids, not rows
         self.host_hit_tokens = self.disk_hit_tokens = 0
         self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
         self.store_seconds = self.load_seconds = 0.0
         self.prefetcher = Prefetcher(disk) if disk is not None else None
         self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
         self.prefetched_pages = 0
+        self.restorer = None  # restore_async.Restorer: restores on a copy thread (set by the scheduler)
         tree.on_evict = self.on_evict
         tree.evict_partial = True  # a leaf's tail goes down a tier, its head stays in the pool
         host.on_drop = tree.policy.dropped
@@ -88,8 +92,9 @@ class HiCache:
         key, salt = self._path(leaf)
         hashes = page_hashes(key, self.ps)[-len(leaf.value):]
         keys = [(salt, h) for h in hashes]
-        rows = self.codec.pack(leaf.value)
         scores = [self.tree.policy.key(leaf)] * len(keys)
+        # a copy-thread restore's allocation: keep the page ids; pages the job takes are packed on its thread
+        rows = list(leaf.value) if self.defer_pages else self.codec.pack(leaf.value)
         if self._deferred is not None:
             self._deferred.append((keys, scores, rows, leaf.hit_count))
         else:
@@ -194,7 +199,8 @@ class HiCache:
         if n_pages - i < self.prefetch_min_pages:
             return False
         hashes = page_hashes(key[: n_pages * self.ps], self.ps)
-        while i < n_pages and (salt, hashes[i]) in self.host:
+        busy = self.restorer.in_flight if self.restorer is not None else {}
+        while i < n_pages and ((salt, hashes[i]) in self.host or (salt, hashes[i]) in busy):
             i += 1
         j = i
         while j < n_pages and (salt, hashes[j]) in self.disk:
@@ -210,8 +216,9 @@ class HiCache:
         put = 0
         for key, salt, start, hashes, rows in self.prefetcher.take_done():
             in_tree = len(self.tree.match_prefix(key, salt).pages)
+            busy = self.restorer.in_flight if self.restorer is not None else {}
             keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
-                    if start + i >= in_tree and (salt, h) not in self.host]
+                    if start + i >= in_tree and (salt, h) not in self.host and (salt, h) not in busy]
             if not keep:
                 continue
             data = torch.frombuffer(bytearray(b"".join(r for _, r in keep)), dtype=torch.uint8)
@@ -257,8 +264,10 @@ class HiCache:
         return queued
 
     def close(self) -> None:
-        """Stop prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
+        """Stop restoring and prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
         queued files (a graceful shutdown; SIGTERM drains through here)."""
+        if self.restorer is not None:
+            self.restorer.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.disk is not None:
@@ -270,13 +279,16 @@ class HiCache:
                 self.disk.close()
 
     def check_invariants(self) -> None:
-        """Tier 2's slots are each free or held once; no page of the tree is also held in tier 2.
+        """Tier 2's slots are each free, held once or being copied; no page of the tree or of a restore in
+        flight is also held in tier 2.
         O(tree tokens); tests only. Raises AssertionError."""
         self.host.check()
         for node in list(self.tree._nodes()):
             key, salt = self._path(node)
             for h in page_hashes(key, self.ps)[-len(node.value):]:
                 assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"
+        for k in (self.restorer.in_flight if self.restorer is not None else ()):  # being copied: in neither
+            assert k not in self.host, f"page {k} is being restored and still held in tier 2"
 
     def stats(self, query_tokens: int) -> dict:
         """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""
@@ -287,7 +299,9 @@ class HiCache:
                         "hit_tokens": self.host_hit_tokens, "hit_rate": self.host_hit_tokens / q,
                         "stored_pages": self.stored_pages, "evicted_pages": self.host_evicted_pages,
                         "loaded_pages": self.loaded_pages, "store_seconds": self.store_seconds,
-                        "load_seconds": self.load_seconds}}
+                        "load_seconds": self.load_seconds,
+                        "restoring_jobs": len(self.restorer.jobs) if self.restorer else 0,
+                        "restoring_pages": self.restorer.pages if self.restorer else 0}}
         d = self.disk
         if d is not None:
             out["disk"] = {"dir": d.dir, "files": len(d.known), "hit_tokens": self.disk_hit_tokens,

@@ -47,6 +47,7 @@ class HostTier:
         self._index: dict[Key, _Entry] = {}
         self._heap: list[tuple[tuple, int, Key]] = []
         self._seq = itertools.count()
+        self._taken: set[int] = set()  # slots taken and being copied out (``take`` .. ``release``/``put_back``)
         # told the score of each entry this tier evicts (the tree's policy ages by it: eviction.dropped)
         self.on_drop: Callable[[tuple], None] | None = None
 
@@ -115,14 +116,19 @@ class HostTier:
         """Remove ``key``'s entry and return ``(slot, score, hits)``; the slot stays out of the free list
         until ``release`` (the page is being copied). None when absent."""
         e = self._index.pop(key, None)
-        return None if e is None else (e.slot, e.score, e.hits)
+        if e is None:
+            return None
+        self._taken.add(e.slot)
+        return e.slot, e.score, e.hits
 
     def put_back(self, key: Key, slot: int, score: tuple, hits: int = 0) -> None:
         """Undo a ``take`` whose copy did not happen."""
+        self._taken.discard(slot)
         self._push(key, slot, score, hits)
 
     def release(self, slots: list[int]) -> None:
         """Free slots whose pages were copied out (after ``take``)."""
+        self._taken.difference_update(slots)
         self._free.extend(slots)
 
     def discard(self, keys: list[Key]) -> int:
@@ -144,8 +150,8 @@ class HostTier:
         return n
 
     def check(self) -> None:
-        """Raise AssertionError unless every slot is free or held by exactly one entry."""
-        held = [e.slot for e in self._index.values()]
+        """Raise AssertionError unless every slot is free, held by exactly one entry, or being copied out."""
+        held = [e.slot for e in self._index.values()] + sorted(self._taken)
         assert len(set(held)) == len(held), "a host slot is held by two entries"
         assert not set(held) & set(self._free), "a host slot is both free and held"
         assert len(set(self._free)) == len(self._free), "a host slot is free twice"

@@ -47,7 +47,7 @@ class ReqPages:
         """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens."""
         pages, node = [], None
         if self.tree is not None and req.max_cacheable_prefix() > 0:
-            if self.hicache is not None:  # pages evicted to the lower tiers come back first
+            if self.hicache is not None and self.hicache.restorer is None:  # evicted pages come back first
                 self.hicache.restore(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
             m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt, hit=True)
             pages, node = m.pages, m.last_node
@@ -55,6 +55,29 @@ class ReqPages:
         matched = len(pages) * self.P
         req.page_table, req.last_node, req.prefix_len, req.num_computed = list(pages), node, matched, matched
         return matched
+
+    def restoring(self, req: Req) -> bool:
+        """True while ``req`` must wait for its prefix to come back from the lower tiers: a copy-thread
+        restore (mem/restore_async.py) was started for it now or is still in flight. One restore per
+        admission attempt: once its job is finished, the request is admitted with what landed."""
+        r = self.hicache.restorer if self.hicache is not None else None
+        if r is None or req.max_cacheable_prefix() <= 0:
+            return False
+        if req.restore_job is None:
+            req.restore_job = r.begin(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
+            return req.restore_job is not None
+        return not req.restore_job.finished
+
+    @property
+    def restoring_pages(self) -> int:
+        """Pool pages held by restores in flight (private to the copy thread)."""
+        r = self.hicache.restorer if self.hicache is not None else None
+        return r.pages if r is not None else 0
+
+    def poll_restores(self) -> None:
+        """Put finished restores into the tree (scheduler thread)."""
+        if self.hicache is not None and self.hicache.restorer is not None:
+            self.hicache.restorer.poll()
 
     def grow(self, req: Req, n: int) -> bool:
         """Make room in the page table for ``n`` more computed tokens."""
@@ -108,13 +131,14 @@ class ReqPages:
         return kept
 
     def prefetch(self, waiting: list[Req], limit: int = 4) -> None:
-        """Start tier-3 reads for the first ``limit`` waiting requests not asked for before (mem/prefetch.py)."""
+        """Start tier-3 reads for the first ``limit`` waiting requests not asked for before (mem/prefetch.py)
+        and not already restoring (their files are read by the restore)."""
         if self.hicache is None or self.hicache.prefetcher is None:
             return
         asked = self._prefetch_asked
         if len(asked) > 4096:
             asked.clear()
-        for req in [r for r in waiting if r.rid not in asked][:limit]:
+        for req in [r for r in waiting if r.rid not in asked and r.restore_job is None][:limit]:
             asked.add(req.rid)
             if req.max_cacheable_prefix() > 0:
                 self.hicache.prefetch(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
@@ -127,7 +151,7 @@ class ReqPages:
 
     def stats(self, running: list[Req]) -> dict:
         """Page counts: free + evictable + protected + private == total."""
-        private = sum(len(r.page_table) - r.prefix_len // self.P for r in running)
+        private = sum(len(r.page_table) - r.prefix_len // self.P for r in running) + self.restoring_pages
         return {"total_pages": self.allocator.num_pages, "free_pages": self.allocator.num_free,
                 "evictable_pages": self.tree.evictable_pages if self.tree else 0,
                 "protected_pages": self.tree.protected_pages if self.tree else 0,

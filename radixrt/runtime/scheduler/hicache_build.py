@@ -14,6 +14,7 @@ import os
 from radixrt.runtime.executor.memory import available_bytes
 from radixrt.runtime.mem.disk_tier import DiskTier
 from radixrt.runtime.mem.hicache import HiCache
+from radixrt.runtime.mem.restore_async import Restorer
 from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
 
@@ -78,5 +79,7 @@ def make_hicache(args, runner, mem) -> HiCache | None:
         shape = (runner.kv_dtype_name, runner.page_size, len(pool.k), pool.k[0].shape[2], pool.k[0].shape[3])
         disk = DiskTier(args.hicache_storage[len("file:"):], model_fingerprint(runner), shape, codec.page_bytes,
                         int(args.hicache_storage_size * 2**30))
-    return HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy,
-                   args.hicache_prefetch_threshold)
+    hc = HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy,
+                 args.hicache_prefetch_threshold)
+    hc.restorer = Restorer(hc)  # admissions restore on a copy thread while other requests step
+    return hc

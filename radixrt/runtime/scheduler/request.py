@@ -33,6 +33,7 @@ class Req:
     num_computed: int = 0               # tokens of fill_ids whose KV is written
     prefix_len: int = 0
     last_node: Any = None
+    restore_job: Any = None             # mem/restore_async.RestoreJob bringing its prefix back (admission waits)
     cached_tokens: int = 0              # tokens taken from the tree at first admission (reported)
     wait_steps: int = 0
     finished_reason: Optional[dict] = None

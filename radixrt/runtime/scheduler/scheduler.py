@@ -114,7 +114,7 @@ class Scheduler:
     def flush_cache(self) -> bool:
         """Drop every unlocked cached page and the drafter's store of past outputs. Returns False (nothing
         done) while requests are running."""
-        busy = bool(self.running or self.waiting)
+        busy = bool(self.running or self.waiting or self.mem.restoring_pages)
         if not busy:
             self.spec.flush()
         if self.tree is None:
@@ -128,7 +128,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.grammar_queue or self.finished_outs)
+        return bool(self.running or self.waiting or self.grammar_queue or self.finished_outs
+                    or self.mem.restoring_pages)
 
     # ---- memory ------------------------------------------------------------------------------------
     def _preempt(self, req: Req) -> None:
@@ -178,6 +179,7 @@ class Scheduler:
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
                 batch.add(req, n)
                 budget -= n
+        self.mem.poll_restores()  # restores that landed: their requests are admitted below
         if budget <= 0 or not self.waiting:
             self.mem.prefetch(self.waiting)
             return batch
@@ -186,6 +188,8 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 break
             if self.tree is not None and shares_uncached(self.tree, req, admitted, self.P):
+                continue
+            if self.tree is not None and self.mem.restoring(req):  # its pages load while others step
                 continue
             matched = self.mem.admit(req)
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
@@ -198,6 +202,7 @@ class Scheduler:
                 req.cached_tokens = matched
                 self.hit_tokens += matched
                 self.query_tokens += len(req.input_ids)
+            req.restore_job = None  # a preempted request may restore again
             self.waiting.remove(req)
             self.running.append(req)
             batch.add(req, n)
@@ -244,6 +249,8 @@ class Scheduler:
             fb = self.runner.prepare(batch)
             logits = self.runner.forward(fb)
             self.conclude(batch, fb, logits)
+        elif self.mem.restoring_pages:  # only restores in flight: sleep until one lands, not spin
+            self.mem.hicache.restorer.wait(0.005)
         self._last_batch_size, self._last_tokens = len(batch), sum(batch.num_new_tokens)
         return self.collect_outputs()
 

@@ -23,7 +23,8 @@ detokenizer, tp_rank).
 With cache tiers (``--enable-hierarchical-cache``, ``mem/hicache.py``), per ``tier`` (``host``, ``disk``):
 ``radixrt:hicache_hit_tokens_total`` (prompt tokens restored from the tier), ``radixrt:hicache_hit_rate``
 (those over all prompt tokens looked up), ``radixrt:hicache_bytes`` (held), ``radixrt:hicache_load_seconds_total``
-and ``radixrt:hicache_store_seconds_total`` (time copying pages in and out of the tier).
+and ``radixrt:hicache_store_seconds_total`` (time copying pages in and out of the tier); and
+``radixrt:hicache_restoring_jobs`` / ``radixrt:hicache_restoring_pages`` (restores in flight on the copy thread).
 Gauges and the cache counters are refreshed from the scheduler at each scrape; latencies are measured in
 the main process.
 """
@@ -72,6 +73,12 @@ class _SchedulerState:
             fam = kind(f"radixrt:hicache_{suffix}", doc, labels=names + ["tier"])
             for t, v in rows[suffix]:
                 fam.add_metric(vals + [t], v)
+            yield fam
+        host = self.hicache.get("host", {})
+        for suffix, doc in (("restoring_jobs", "restores in flight on the copy thread (their requests wait)"),
+                            ("restoring_pages", "KV pool pages being filled by restores in flight")):
+            fam = GaugeMetricFamily(f"radixrt:hicache_{suffix}", doc, labels=names)
+            fam.add_metric(vals, host.get(suffix, 0))
             yield fam
 
     def collect(self):
