@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from server_util import sse_events, start_server
+from server_util import ServerProc, sse_events, start_server
 
 PROMPT = "The capital of France is"
 DRAINING = {"error": {"message": "the server is shutting down", "type": "service_unavailable", "param": None,
@@ -136,3 +136,20 @@ def test_sigterm_to_the_process_group_is_a_shutdown_not_a_crash():
         server.kill()
     logs = server.logs()
     assert "exited unexpectedly" not in logs and "restarting the children" not in logs, logs
+
+
+def test_sigterm_while_starting_stops_the_children():
+    """A stop in the first second, with the children already spawned (before the main process imports its
+    HTTP stack) and uvicorn's handlers not yet installed, once killed the main process by the default
+    action (status 143) and left the scheduler hung forever in ZMQ's term() on its unsent ready message."""
+    import psutil
+    server = ServerProc()
+    try:
+        deadline = time.monotonic() + 120
+        while not psutil.Process(server.proc.pid).children():
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.logs()
+            time.sleep(0.01)
+        assert server.stop(timeout=30) == 0  # raises if anything of its process group survives
+    finally:
+        server.kill()
+

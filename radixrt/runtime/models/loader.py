@@ -69,8 +69,14 @@ def resolve_model(model: str | None) -> ModelSource:
         return ModelSource(os.path.dirname(os.path.abspath(model)), os.path.basename(model), name)
     if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
         return ModelSource(os.path.abspath(model), None, os.path.basename(os.path.normpath(model)))
+    if os.path.isdir(model):
+        what = f"model {model!r} is a directory without config.json"
+    elif os.path.isfile(model):
+        what = f"model {model!r} is a file whose name does not end in .gguf"
+    else:
+        what = f"model {model!r} not found"
     raise ValueError(
-        f"model {model!r} not found. Supported: the aliases {list(ALIASES)}, a path to a .gguf file "
+        f"{what}. Supported: the aliases {list(ALIASES)}, a path to a .gguf file "
         f"of {list(SUPPORTED_ARCHS)}, or a local Hugging Face directory with config.json and safetensors")
 
 

@@ -91,6 +91,11 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
             sched.grammar_cache.shutdown(wait=False)
         if sched.mem.hicache is not None:  # queued tier-3 writes reach their files
             sched.mem.hicache.close()
+        # nobody is left to read what is queued (the parent is gone or stopping us): ZMQ's default linger
+        # would hold the context's term() forever on an unsent message, and the process with it
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
 
 
 def _exit_on_sigterm(signum, frame) -> None:

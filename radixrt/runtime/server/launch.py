@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Optional
 
 import uvicorn
@@ -82,6 +83,7 @@ def serve(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
     children = None
+    early = _EarlySignal()  # until uvicorn's handlers: a stop then must not orphan started children
     try:  # a bad path or file fails here with one line (the children, if started, are stopped first)
         src = resolve_model(args.model)
         from radixrt.runtime.models.prefetch import prefetch
@@ -130,6 +132,10 @@ def serve(args: ServerArgs) -> int:
     server = _Server(config, tm, args.drain_timeout)
     holder["server"] = server
     tm.on_fatal = lambda: setattr(server, "should_exit", True)
+    early.server = server
+    if early.signalled:  # stopped while starting: the children go, and it is still a clean stop
+        tm.stop_processes()
+        return 0
     try:
         server.run()
     finally:
@@ -154,6 +160,27 @@ def _start_children_early(args: ServerArgs, src):
     children = ChildProcesses(args)
     children.spawn()
     return children
+
+
+class _EarlySignal:
+    """SIGINT/SIGTERM before uvicorn installs its own handlers (``_Server.capture_signals``): remembered, so
+    that ``serve`` stops the children it may already have started and exits 0, instead of the default
+    action killing this process and leaving them behind. Only in the main thread (where signals land)."""
+
+    def __init__(self):
+        self.signalled = False
+        self.server: Optional[uvicorn.Server] = None
+        self.install()
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, sig, frame) -> None:
+        self.signalled = True
+        if self.server is not None:  # between the check in serve and uvicorn's handlers
+            self.server.should_exit = True
 
 
 async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> None:

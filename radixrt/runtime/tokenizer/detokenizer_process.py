@@ -51,3 +51,7 @@ def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out
     except BaseException:
         logger.exception("detokenizer died")
         raise
+    finally:  # the parent is gone: drop what is queued (a default linger would hang term() forever)
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
