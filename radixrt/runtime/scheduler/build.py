@@ -55,7 +55,6 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
     Raises:
         ValueError: a bad argument or an unsupported model.
     """
-    from radixrt.runtime.executor.model_runner import ModelRunner
     from radixrt.runtime.scheduler.scheduler import Scheduler
 
     from radixrt.runtime.models.args import ModelArgs
@@ -74,12 +73,7 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
             tok = pool.submit(load_tokenizer, args.model)
             grammar_cache = make_grammar_cache(args, tok, vocab_size, deferred=True)
-            try:
-                runner = ModelRunner(args, tp)
-            except BaseException:
-                if grammar_cache is not None:
-                    grammar_cache.shutdown(wait=False)
-                raise
+            runner = _runner(args, tp, grammar_cache)
             t1 = time.perf_counter()
             tokenizer = tok.result()
         logger.info("set up in %.1f s: weights and KV pool %.1f s, tokenizer %.1f s more (grammar backend "
@@ -91,15 +85,21 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
         # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
         grammar_cache = make_grammar_cache(args, tokenizer, vocab_size)
         t2 = time.perf_counter()
-        try:
-            runner = ModelRunner(args, tp)
-        except BaseException:
-            if grammar_cache is not None:
-                grammar_cache.shutdown(wait=False)
-            raise
+        runner = _runner(args, tp, grammar_cache)
         logger.info("set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
                     time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2)
     sched = Scheduler(args, runner, tokenizer, grammar_cache)
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens
     return sched
+
+
+def _runner(args, tp, grammar_cache):
+    """The model runner; a failed load shuts the grammar cache's thread down before the error goes on."""
+    from radixrt.runtime.executor.model_runner import ModelRunner
+    try:
+        return ModelRunner(args, tp)
+    except BaseException:
+        if grammar_cache is not None:
+            grammar_cache.shutdown(wait=False)
+        raise
