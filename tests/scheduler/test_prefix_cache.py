@@ -15,13 +15,13 @@ P = 16
 G4 = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
 
 
-def _overlapping_prompts(n: int = 16, length: int = 512) -> list[str]:
+def _overlapping_prompts(n: int = 16, length: int = 256) -> list[str]:
     rng = random.Random(0)
     alphabet = string.ascii_letters + string.digits
     bases = ["".join(rng.choice(alphabet) for _ in range(length)) for _ in range(4)]
     out = []
     for i in range(n):
-        cut = rng.randrange(128, 448)
+        cut = rng.randrange(length // 4, length * 7 // 8)
         out.append(bases[i % 4][:cut] + "".join(rng.choice(alphabet) for _ in range(length - cut)))
     return out
 

@@ -73,8 +73,10 @@ class ModelRunner:
         if self._direct_gguf(tp):  # the file's tensors, layer by layer, in their kernels' layouts
             path = os.path.join(self.source.directory, self.source.gguf_file)
             # rotary tables for the positions served, not the architecture's (Llama 3: 131072 x 128 fp32 x 2)
-            self.model = build_from_gguf(path, margs, args.quantization, self.context_length)
+            self.model = build_from_gguf(path, margs, args.quantization, self.context_length, tp)
             self.quantization = "gguf" if args.quantization == "auto" else args.quantization
+            if tp is not None and tp.size > 1:  # each rank read its own slices of the file (gguf_tp)
+                num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
         elif self._direct_gguf(tp, safetensors=True):  # a safetensors dir, tensor by tensor (st_load)
             self.model, self.quantization = build_from_safetensors(self.source.directory, margs, args.quantization,
                                                                    self.context_length)
@@ -112,13 +114,15 @@ class ModelRunner:
                     f"available {memory.available_bytes() / 2**20:.0f} MiB")
 
     def _direct_gguf(self, tp, safetensors: bool = False) -> bool:
-        """A GGUF (or with ``safetensors``, a safetensors directory) on the CPU, unsharded: loaded from the
-        files layer by layer in its format (gguf_load, st_load), never through a whole-model state dict."""
+        """A GGUF (sharded or not) or with ``safetensors`` an unsharded safetensors directory, on the CPU:
+        loaded from the files layer by layer in its format (gguf_load, gguf_tp, st_load), never through a
+        whole-model state dict."""
+        unsharded = tp is None or tp.size == 1
         return ((self.source.gguf_file is None) == safetensors and self.device.type == "cpu"
-                and (tp is None or tp.size == 1) and self.dtype == torch.float32)
+                and (unsharded or not safetensors) and self.dtype == torch.float32)
 
     def _dense_model(self, margs: ModelArgs, tp) -> LlamaForCausalLM:
-        """The fp32 state-dict path (safetensors directories, --tp, CUDA): load, shard, move, quantize."""
+        """The fp32 state-dict path (safetensors directories under --tp, CUDA): load, shard, move, quantize."""
         with torch.device("meta"):
             model = LlamaForCausalLM(margs)
         model = model.to_empty(device="cpu")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,8 +40,13 @@ from radixrt.runtime.models.assemble import assemble
 from radixrt.runtime.models.gguf_weights import GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor
 from radixrt.runtime.models.llama import LlamaForCausalLM
 
+if TYPE_CHECKING:  # gguf_tp imports torch.distributed: only a --tp load pays for it (cold start)
+    from radixrt.runtime.layers.parallel import TPGroup
+    from radixrt.runtime.models.gguf_tp import TPSlices
+
 logger = logging.getLogger(__name__)
 LOAD_FORMATS = ("auto",) + FORMATS
+ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")  # under --tp: input columns split, outputs all-reduced
 
 
 def _drop_mapped(w: GGUFWeights) -> None:
@@ -89,62 +95,88 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
     return make_linear(fmt, name, dense, bias, blocks)
 
 
-def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module) -> nn.Module:
+def _vocab(w: GGUFWeights, name: str, slices: TPSlices | None) -> RawTensor:
+    """The embedding or head table, or (under ``--tp``) this rank's rows of it."""
+    t = w.need(name)
+    return t if slices is None else slices.vocab_rows(t)
+
+
+def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module, slices: TPSlices | None) -> nn.Module:
     """The LM head; a tied head in blocks reads the embedding's own bytes (one copy)."""
     ours = fmt == "auto" or (fmt in ("int8", "q4", "q4_k") and getattr(embedding, "type_name", None) == "Q8_0")
     if margs.tie_word_embeddings and isinstance(embedding, GGMLEmbedding) and ours:
         return GGMLLinear(embedding.type_name, embedding.blocks, embedding.hidden, None)
-    t = w.need("token_embd.weight" if margs.tie_word_embeddings else "output.weight")
+    t = _vocab(w, "token_embd.weight" if margs.tie_word_embeddings else "output.weight", slices)
     return make_projection([t], None, fmt, "lm_head")
 
 
-def _embed_and_head(w: GGUFWeights, margs: ModelArgs, fmt: str) -> tuple[nn.Module, nn.Module]:
+def _embed_and_head(w: GGUFWeights, margs: ModelArgs, fmt: str,
+                    slices: TPSlices | None = None) -> tuple[nn.Module, nn.Module]:
     """``(embedding, lm_head)``. Block types stay in blocks at every format, F16/BF16/F32 in their own dtype
     (a row widens to exactly the fp32 table's values). At ``auto`` a tied dense table is held once, as the
-    head's panels, and the embedding reads its rows from them."""
-    t = w.need("token_embd.weight")
+    head's panels, and the embedding reads its rows from them. Under ``--tp`` both hold this rank's
+    vocabulary rows and the embedding's lookups are summed over the ranks."""
+    t = _vocab(w, "token_embd.weight", slices)
     if t.type_name in ggml.SUPPORTED:
         emb: nn.Module = GGMLEmbedding(t.type_name, t.torch_bytes(copy=False), t.shape[1])
+        head = _head(w, margs, fmt, emb, slices)
     elif margs.tie_word_embeddings and fmt == "auto":
         head = _native(t, None)
-        return PanelEmbedding(head.fp32), head
+        emb = PanelEmbedding(head.fp32)
     else:
         emb = RowEmbedding(t.torch_bytes())
-    return emb, _head(w, margs, fmt, emb)
+        head = _head(w, margs, fmt, emb, slices)
+    if slices is None:
+        return emb, head
+    from radixrt.runtime.models.gguf_tp import VocabShard
+    return VocabShard(emb, *slices.vocab, slices.tp), head
 
 
 _CACHE: dict = {}
 
 
-def load_gguf_weights(path: str, margs: ModelArgs, fmt: str) -> dict:
-    """Every module and tensor of the decoder, by its name in :class:`LlamaForCausalLM`. Cached per process
-    (the modules are read-only; every engine's model shares them).
+def load_gguf_weights(path: str, margs: ModelArgs, fmt: str, tp: TPGroup | None = None) -> dict:
+    """Every module and tensor of the decoder, by its name in :class:`LlamaForCausalLM`; under ``--tp``
+    (``tp.size > 1``) this rank's slices only (:mod:`.gguf_tp`). Cached per process (the modules are
+    read-only; every engine's model shares them).
 
     Raises:
         ValueError: ``fmt`` not in :data:`LOAD_FORMATS`; a bad file, a missing tensor, or a weight type
-            without a kernel (the message names the file, the tensor and the supported types).
+            without a kernel (the message names the file, the tensor and the supported types); under
+            ``--tp``, shapes that do not split over the ranks in whole blocks (the message names the tensor).
     """
     if fmt not in LOAD_FORMATS:
         raise ValueError(f"quantization must be one of {LOAD_FORMATS}, got {fmt!r}")
     st = os.stat(path)
-    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, fmt)
+    slices = None
+    if tp is not None and tp.size > 1:
+        from radixrt.runtime.models.gguf_tp import TPSlices
+        slices = TPSlices(margs, tp)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, fmt, None if slices is None else tp.rank)
     if key not in _CACHE:
         while len(_CACHE) >= 2:  # two formats of one model (a test's none and auto engines) stay loaded
             _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = _load(path, margs, fmt)
+        _CACHE[key] = _load(path, margs, fmt, slices)
     return _CACHE[key]
 
 
-def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
+def _load(path: str, margs: ModelArgs, fmt: str, slices: TPSlices | None = None) -> dict:
     w = GGUFWeights(path, margs.num_heads, margs.num_kv_heads, GGUF_TYPES)
     out: dict = {}
     # the vocabulary table first, while no layer is held: its mapped pages and its copy are the largest
     # transient of the load (a tied F16 head at 1B: 501 MiB mapped + 501 MiB of panels)
-    out["embed_tokens"], out["lm_head"] = _embed_and_head(w, margs, fmt)
+    out["embed_tokens"], out["lm_head"] = _embed_and_head(w, margs, fmt, slices)
     _drop_mapped(w)
     for i in range(margs.num_layers):
         for module in PROJECTIONS:
-            out[f"layers.{i}.{module}"] = make_projection(*w.projection(i, module), fmt, f"layers.{i}.{module}")
+            weights, biases = w.projection(i, module)
+            if slices is not None:
+                weights, biases = slices.projection(module, weights, biases)
+            lin = make_projection(weights, biases, fmt, f"layers.{i}.{module}")
+            if slices is not None and module in ROW_PARALLEL:
+                from radixrt.runtime.models.gguf_tp import RowParallel
+                lin = RowParallel(lin, slices.tp)
+            out[f"layers.{i}.{module}"] = lin
         for module, part in NORMS.items():
             v = w.vector(f"blk.{i}.{part}.weight")
             if v is not None:
@@ -156,7 +188,13 @@ def _load(path: str, margs: ModelArgs, fmt: str) -> dict:
     return out
 
 
-def build_from_gguf(path: str, margs: ModelArgs, fmt: str, max_pos: int | None = None) -> LlamaForCausalLM:
+def build_from_gguf(path: str, margs: ModelArgs, fmt: str, max_pos: int | None = None,
+                    tp: TPGroup | None = None) -> LlamaForCausalLM:
     """A :class:`LlamaForCausalLM` on the CPU over :func:`load_gguf_weights` (shared modules, own layers),
-    rotary tables for ``max_pos`` positions (default the architecture's)."""
-    return assemble(load_gguf_weights(path, margs, fmt), margs, path, max_pos)
+    rotary tables for ``max_pos`` positions (default the architecture's); under ``--tp`` rank ``tp.rank``'s
+    shard, whose logits are gathered from every rank."""
+    model = assemble(load_gguf_weights(path, margs, fmt, tp), margs, path, max_pos)
+    if tp is None or tp.size == 1:
+        return model
+    from radixrt.runtime.models import gguf_tp
+    return gguf_tp.finish(model, gguf_tp.TPSlices(margs, tp))

@@ -27,7 +27,7 @@ PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.
                "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
 NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-# transformers' names of the same tensors (for the fp32 state dict the --tp and CUDA paths still load)
+# transformers' names of the same tensors (for the fp32 state dict the CUDA path still loads)
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -177,8 +177,8 @@ class GGUFWeights:
         return sum(t.nbytes for t in self.tensors.values())
 
     def hf_state_dict(self, num_layers: int, tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
-        """Every tensor dequantized to fp32 under transformers' names: what the ``--tp`` and CUDA paths load
-        (they shard or move a dense model). The CPU path never builds it."""
+        """Every tensor dequantized to fp32 under transformers' names: what the CUDA path loads (it moves a
+        dense model). The CPU paths (``--tp`` included: :mod:`.gguf_tp`) never build it."""
         sd: dict[str, torch.Tensor] = {}
         for i in range(num_layers):
             for part, hf in HF_NAMES.items():

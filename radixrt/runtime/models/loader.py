@@ -188,7 +188,7 @@ def load_config(model: str | None = None):
 @lru_cache(maxsize=1)
 def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
     """fp32 weights in transformers' naming, shared by every engine of this process (read-only): what
-    ``--tp`` and CUDA load (they shard or move a dense model). A GGUF is dequantized from the file
+    CUDA and a safetensors directory under ``--tp`` load (they move or shard a dense model). A GGUF is dequantized from the file
     (``gguf.quants``, as transformers does), never cached on disk."""
     from safetensors.torch import load_file
 
