@@ -62,6 +62,20 @@ def test_gguf_config_and_eos_without_transformers_equal_transformers():
     assert out.split() == ["49152", "30", "2", "False"]
 
 
+def test_gguf_model_builds_without_transformers_or_dynamo():
+    """The server's scheduler path (config, EOS id, weights, the meta-device model they fill) imports neither
+    transformers nor torch._dynamo (meta-device init ran torch's Python references, which import it)."""
+    path = default_gguf_path()
+    code = ("import sys\nfrom radixrt.runtime.models.loader import load_model_config, deferred_tokenizer\n"
+            "from radixrt.runtime.models.args import ModelArgs\n"
+            "from radixrt.runtime.models.gguf_load import build_from_gguf\n"
+            f"a = ModelArgs.from_hf(load_model_config({path!r}))\ndeferred_tokenizer({path!r})\n"
+            f"m = build_from_gguf({path!r}, a, 'auto', 256)\n"
+            "print(m.rotary.cos.shape[0], 'transformers' in sys.modules, 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["256", "False", "False"]
+
+
 def test_light_config_leaves_older_writers_and_yarn_to_transformers(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama", "transformers_version": "4.57.1"}')
     assert light_config(str(tmp_path)) is None
