@@ -93,7 +93,7 @@ def _build() -> bool:
     built = os.path.join(d, "built.ok")  # written after a load through cpp_extension succeeded
     if os.path.exists(built):
         # the directory is keyed on the sources, flags and torch: its library is current. Loaded as it is,
-        # without cpp_extension's import and its ninja run, which check just that (~0.5 s of a cold start)
+        # without cpp_extension's import and its ninja run, which check just that on every start
         try:
             torch.ops.load_library(os.path.join(d, "radixrt_cpu.so"))
             return True
