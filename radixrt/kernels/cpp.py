@@ -2,7 +2,7 @@
 
 All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
 ``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>-<hash>/`` (default ``~/.cache/radixrt``) with
-:data:`FLAGS`; later processes load the cached ``.so`` in well under a second. The hash covers the sources'
+:data:`FLAGS`; later processes load the cached ``.so`` directly (``built.ok`` marks a build that loaded). The hash covers the sources'
 contents, the flags and torch's install folder (each virtualenv its own build), and the build compiles copies of the sources inside that directory: checkouts with the
 same kernels share one build, and a changed kernel never loads a stale one. Each source registers
 its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
@@ -16,6 +16,7 @@ their torch path.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -88,9 +89,20 @@ def _build() -> bool:
     if not cpu_ok():
         logger.warning("radixrt_cpu: CPU lacks AVX2/FMA/F16C; using the torch paths")
         return False
+    d = build_dir()
+    built = os.path.join(d, "built.ok")  # written after a load through cpp_extension succeeded
+    if os.path.exists(built):
+        # the directory is keyed on the sources, flags and torch: its library is current. Loaded as it is,
+        # without cpp_extension's import and its ninja run, which check just that on every start
+        try:
+            torch.ops.load_library(os.path.join(d, "radixrt_cpu.so"))
+            return True
+        except Exception as e:  # noqa: BLE001 - built again below
+            logger.warning("radixrt_cpu: the cached library does not load (%s); building it again", e)
+            with contextlib.suppress(FileNotFoundError):  # another process may have removed it
+                os.remove(built)
     from torch.utils.cpp_extension import load
 
-    d = build_dir()
     os.makedirs(d, exist_ok=True)
     try:
         # An flock dies with its process; torch's own lock file does not, and a build killed midway would
@@ -102,6 +114,7 @@ def _build() -> bool:
                 os.remove(os.path.join(d, "lock"))
             load("radixrt_cpu", _copy_sources(d), build_directory=d, verbose=False, is_python_module=False,
                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
+        open(built, "w").close()
         return True
     except Exception as e:  # noqa: BLE001 - any build failure means: use the torch paths
         logger.warning("radixrt_cpu: C++ build failed (%s); using the torch paths", str(e).splitlines()[0][:300])

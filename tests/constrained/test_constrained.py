@@ -448,6 +448,31 @@ def test_grammar_cache_backend_built_on_its_thread(env):
     with pytest.raises(ValueError, match="max_workers"):
         GrammarCache.building(factory, "xgrammar", max_workers=1)
 
+def test_grammar_cache_build_waits_for_start_or_a_compile(env):
+    """building(start=False) runs no build until start() or the first compile; compiles (as many as the pool
+    has threads) then wait for it and complete: the build has its own thread, not the pool's."""
+    built = []
+
+    def factory():
+        built.append(threading.get_ident())
+        return env["xgrammar"]
+
+    for trigger in ("start", "submit"):
+        built.clear()
+        cache = GrammarCache.building(factory, "xgrammar", start=False)
+        try:
+            time.sleep(0.1)
+            assert built == [] and not cache._backend.done()
+            if trigger == "start":
+                cache.start()
+            futs = [cache.submit("regex", f"a{i}+") for i in range(3)]  # more than the pool's 2 threads
+            cache.start()  # no second build
+            assert all(f.result(10) is not None for f in futs) and len(built) == 1
+            assert cache.backend is env["xgrammar"] and built[0] != threading.get_ident()
+        finally:
+            cache.shutdown()
+
+
 # ---- bitmask kernel ----
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_apply_token_bitmask(device):

@@ -5,9 +5,11 @@ and admits the request once it is (SGLang's "grammar queue"). Entries are keyed 
 ``(kind, spec text, any_whitespace)``; a failed compile is cached too, so a bad spec sent again fails
 fast with the same ValueError.
 
-The backend itself may be built on the pool too (:meth:`GrammarCache.building`): the scheduler then reports
+The backend itself may be built on a thread too (:meth:`GrammarCache.building`): the scheduler then reports
 ready without waiting for it (~2 s at a 128k vocabulary, llguidance's tokenizer import), and a compile
-submitted before it is built waits for it on its compile thread.
+submitted before it is built waits for it on its compile thread. With ``start=False`` the build waits for
+:meth:`GrammarCache.start` or the first compile (the server starts it once idle after ready: on 2 cores a
+build beside the load or the first requests delays their tokens by its CPU time and its hold on the GIL).
 """
 from __future__ import annotations
 
@@ -46,20 +48,33 @@ class GrammarCache:
         self._entries: OrderedDict[tuple, Future] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
         self._backend: Future = Future()
+        self._pending: tuple | None = None  # (factory, name) of a build not started yet
         if backend is not None:
             self._backend.set_result(backend)
 
     @classmethod
     def building(cls, factory: Callable[[], GrammarBackend], name: str, max_workers: int = 2,
-                 max_entries: int = 1024) -> "GrammarCache":
-        """A cache whose backend ``factory()`` runs on the pool's first thread (``max_workers`` >= 2, so a
-        compile can wait for it); returns at once. ``name``: the backend's name, for a failed build's error.
-        A build that raises makes every compile raise ``ValueError`` naming ``name`` and the cause."""
+                 max_entries: int = 1024, start: bool = True) -> "GrammarCache":
+        """A cache whose backend ``factory()`` runs on a thread of its own (a compile waits for it on the
+        pool, ``max_workers`` >= 2); returns at once. ``name``: the backend's name, for a failed build's error.
+        A build that raises makes every compile raise ``ValueError`` naming ``name`` and the cause.
+        ``start=False``: the build waits for :meth:`start`, or the first :meth:`submit`."""
         if max_workers < 2:
             raise ValueError(f"max_workers: a backend built on the pool needs >= 2 threads, got {max_workers}")
         cache = cls(None, max_workers, max_entries)
-        cache._pool.submit(cache._build, factory, name)
+        cache._pending = (factory, name)
+        if start:
+            cache.start()
         return cache
+
+    def start(self) -> None:
+        """Start the build of a cache made with ``building(start=False)``; no effect after the first call or
+        on a cache made with its backend. Its own thread, not the pool's: compiles may already hold every
+        pool thread, each waiting for the backend."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            threading.Thread(target=self._build, args=pending, name="grammar-backend", daemon=True).start()
 
     def _build(self, factory: Callable[[], GrammarBackend], name: str) -> None:
         try:
@@ -92,6 +107,8 @@ class GrammarCache:
         The same ``(kind, spec, any_whitespace)`` gets the same future (and so the same object) back.
         """
         key = (kind, spec, bool(any_whitespace))
+        if self._pending is not None:  # a compile needs the backend now
+            self.start()
         with self._lock:
             fut = self._entries.get(key)
             if fut is not None:

@@ -19,10 +19,11 @@ from radixrt.runtime.executor.kv_dtype import resolve_kv_dtype
 from radixrt.runtime.layers.quant import quantize_for_source
 from radixrt.runtime.layers.tp_shard import local_heads, shard_model
 from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
-from radixrt.runtime.models.loader import load_config, load_state_dict, resolve_model
+from radixrt.runtime.models.loader import load_model_config, load_state_dict, resolve_model
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.gguf_load import build_from_gguf
 from radixrt.runtime.models.st_load import build_from_safetensors
+from radixrt.runtime.models.assemble import no_init
 from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.rope import Rotary
 
@@ -64,7 +65,7 @@ class ModelRunner:
             from radixrt.runtime.layers.parallel import rank_device
             self.device = rank_device(self.device, tp.rank)
         self.source = resolve_model(args.model)
-        cfg = load_config(args.model)
+        cfg = load_model_config(args.model)  # no transformers import where the GGUF's files allow
         self.config = cfg
         margs = ModelArgs.from_hf(cfg)
         self.context_length = min(args.context_length or margs.max_position_embeddings,
@@ -123,7 +124,7 @@ class ModelRunner:
 
     def _dense_model(self, margs: ModelArgs, tp) -> LlamaForCausalLM:
         """The fp32 state-dict path (safetensors directories under --tp, CUDA): load, shard, move, quantize."""
-        with torch.device("meta"):
+        with torch.device("meta"), no_init():
             model = LlamaForCausalLM(margs)
         model = model.to_empty(device="cpu")
         model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)

@@ -2,6 +2,8 @@
 ``st_load``), without allocating the dense layers it replaces (the model is made on the meta device)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -17,7 +19,7 @@ def assemble(parts: dict, margs: ModelArgs, where: str, max_pos: int | None = No
     Raises:
         ValueError: a parameter has no value in ``parts`` (the message names ``where`` and the parameter).
     """
-    with torch.device("meta"):
+    with torch.device("meta"), no_init():
         model = LlamaForCausalLM(margs)
     for name, value in parts.items():
         parent, _, attr = name.rpartition(".")
@@ -31,3 +33,23 @@ def assemble(parts: dict, margs: ModelArgs, where: str, max_pos: int | None = No
     if left:
         raise ValueError(f"{where}: no tensor for {left[:4]}")
     return model.eval()
+
+
+@contextlib.contextmanager
+def no_init():
+    """``torch.nn.init``'s in-place initializers as no-ops (what transformers' ``no_init_weights`` does): a
+    module made on the meta device holds no values to initialize, and ``normal_`` on a meta tensor runs
+    torch's Python reference, whose first call imports ``torch._dynamo`` (~1.7 s of a cold start)."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))]
+    saved = {n: getattr(nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(nn.init, n, _keep)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(nn.init, n, f)
+
+
+def _keep(tensor, *args, **kwargs):
+    return tensor

@@ -185,6 +185,36 @@ def load_config(model: str | None = None):
     return cfg
 
 
+@lru_cache(maxsize=4)
+def load_model_config(model: str | None = None):
+    """What :func:`load_config` gives for every attribute radixrt reads, without importing transformers where
+    a GGUF's verified converted ``config.json`` allows (:func:`.light_meta.light_config`), else
+    :func:`load_config` itself. Raises ValueError as :func:`load_config`."""
+    from radixrt.runtime.models.light_meta import light_config
+
+    _, cache = _converted(model)
+    cfg = light_config(cache) if cache is not None else None
+    if cfg is None:
+        return load_config(model)
+    ModelArgs.check(cfg)
+    return cfg
+
+
+def deferred_tokenizer(model: str | None = None):
+    """A :class:`.light_meta.DeferredTokenizer` of :func:`load_tokenizer` (loaded once started) for a GGUF
+    whose converted tokenizer gives its EOS id without transformers; None otherwise (load it now)."""
+    from radixrt.runtime.models.light_meta import DeferredTokenizer, eos_token_id
+
+    _, cache = _converted(model)
+    if cache is None:
+        return None
+    try:
+        eos = eos_token_id(cache)
+    except Exception:  # noqa: BLE001 - any doubt: transformers loads it now and reports what is wrong
+        return None
+    return DeferredTokenizer(lambda: load_tokenizer(model), eos)
+
+
 @lru_cache(maxsize=1)
 def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
     """fp32 weights in transformers' naming, shared by every engine of this process (read-only): what

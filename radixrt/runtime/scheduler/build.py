@@ -15,12 +15,14 @@ if TYPE_CHECKING:  # the HTTP process imports make_grammar_cache from here: the 
     from radixrt.runtime.scheduler.scheduler import Scheduler
 
 
-def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True, deferred: bool = False):
+def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True, deferred: bool = False,
+                       start: bool = True):
     """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``), warmed up
     (:func:`~radixrt.runtime.constrained.grammar_step.warm_up`; ``masks``: the mask kernels too, which only
     the process that samples needs). ``deferred``: the backend is built and warmed up on the cache's own
     thread (:meth:`GrammarCache.building`) and this returns at once (``tokenizer`` may then be a Future of
     it); a failed set-up then fails each constrained request with its ValueError instead of this call.
+    ``start=False`` (with ``deferred``): the build waits for the cache's ``start()``.
 
     Raises:
         ValueError: an unknown grammar backend (before any thread starts, ``deferred`` or not).
@@ -32,22 +34,27 @@ def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool
         return None
 
     def build():
-        tok = tokenizer.result() if isinstance(tokenizer, Future) else tokenizer
+        from radixrt.runtime.models.light_meta import DeferredTokenizer
+        tok = tokenizer.result() if isinstance(tokenizer, (Future, DeferredTokenizer)) else tokenizer
         backend = create_backend(name, tok, vocab_size)
         warm_up(backend, masks)
         return backend
 
     if deferred and name in BACKEND_CHOICES:
-        return GrammarCache.building(build, name)
+        return GrammarCache.building(build, name, start=start)
     return GrammarCache(build())
 
 
 def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> Scheduler:
     """Load the tokenizer, make the grammar cache, load the model (weights + KV pool), build the Scheduler.
     ``tp``: this rank's TPGroup under ``--tp`` (the model is sharded; sampled ids come from rank 0).
-    ``defer_grammar`` (the server's scheduler process): the tokenizer loads beside the weights and the
-    grammar backend is built after them on its own thread, so the first token waits for neither; its
-    transient (~120 MB at a 128k vocabulary) then peaks over the weights. The Engine keeps the serial order
+    ``defer_grammar`` (the server's scheduler process): what the first token does not need waits for
+    :func:`start_deferred` (the process calls it once idle after ready, or a use starts it): the grammar
+    backend's build
+    (~1.4 s of CPU at a 128k vocabulary) and, where a GGUF's converted files give its EOS id, the
+    transformers tokenizer (:func:`~radixrt.runtime.models.loader.deferred_tokenizer`; else it loads beside
+    the weights). On 2 cores both took their CPU time from the first token. The backend's transient
+    (~120 MB at a 128k vocabulary) then peaks over the weights. The Engine keeps the serial order
     (the grammar backend before the weights: the lowest peak).
 
     The parts are reachable as ``scheduler.tokenizer``, ``.runner`` and ``.grammar_cache``.
@@ -55,29 +62,26 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
     Raises:
         ValueError: a bad argument or an unsupported model.
     """
-    from radixrt.runtime.scheduler.scheduler import Scheduler
-
     from radixrt.runtime.models.args import ModelArgs
-    from radixrt.runtime.models.loader import load_config
-
-    from radixrt.runtime.models.loader import resolve_model
+    from radixrt.runtime.models.loader import deferred_tokenizer, load_model_config, resolve_model
     from radixrt.runtime.models.prefetch import prefetch
 
     t0 = time.perf_counter()
     src = resolve_model(args.model)
-    prefetch(src.directory, src.gguf_file)  # read while the tokenizer and grammar backend are set up
-    vocab_size = ModelArgs.from_hf(load_config(args.model)).vocab_size
+    prefetch(src.directory, src.gguf_file)  # read while torch and the rest are imported
+    from radixrt.runtime.scheduler.scheduler import Scheduler
+
+    vocab_size = ModelArgs.from_hf(load_model_config(args.model)).vocab_size
     if defer_grammar:
-        # the tokenizer, then the grammar backend (on its cache's thread), beside the weights: they share the
-        # cores with the weights' copies (which drop the GIL), and ready waits for the tokenizer only
+        tokenizer = deferred_tokenizer(args.model)  # None: loaded beside the weights (their copies drop the GIL)
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
-            tok = pool.submit(load_tokenizer, args.model)
-            grammar_cache = make_grammar_cache(args, tok, vocab_size, deferred=True)
+            tok = pool.submit(load_tokenizer, args.model) if tokenizer is None else tokenizer
+            grammar_cache = make_grammar_cache(args, tok, vocab_size, deferred=True, start=False)
             runner = _runner(args, tp, grammar_cache)
             t1 = time.perf_counter()
-            tokenizer = tok.result()
+            tokenizer = tok.result() if tokenizer is None else tokenizer
         logger.info("set up in %.1f s: weights and KV pool %.1f s, tokenizer %.1f s more (grammar backend "
-                    "beside them)", time.perf_counter() - t0, t1 - t0, time.perf_counter() - t1)
+                    "after ready)", time.perf_counter() - t0, t1 - t0, time.perf_counter() - t1)
     else:
         tokenizer = load_tokenizer(args.model)
         t1 = time.perf_counter()
@@ -92,6 +96,16 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
     if tp is not None and tp.size > 1:
         sched.outputs.share_tokens = tp.share_tokens
     return sched
+
+
+def start_deferred(sched: Scheduler) -> None:
+    """What ``build_scheduler(defer_grammar=True)`` left for after ready, each on its own thread: the
+    tokenizer's load (where deferred), then the grammar backend's build (which waits for it)."""
+    from radixrt.runtime.models.light_meta import DeferredTokenizer
+    if isinstance(sched.tokenizer, DeferredTokenizer):
+        sched.tokenizer.start()
+    if sched.grammar_cache is not None:
+        sched.grammar_cache.start()
 
 
 def _runner(args, tp, grammar_cache):

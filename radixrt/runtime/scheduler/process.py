@@ -133,6 +133,7 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
                                         CloseSessionReq])
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
+    deferred = True  # build_scheduler's deferred loads: started once idle (or by a request that needs them)
     while True:
         if not parent_alive(parent_pid):
             logger.info("the parent process is gone; exiting")
@@ -152,6 +153,11 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
                     msgs.append(dec.decode(pull.recv(zmq.NOBLOCK)))
                 except zmq.Again:
                     break
+        elif deferred and timeout == IDLE_POLL_MS:  # a poll period with nothing to do: not during the first
+            # requests, whose steps would share the cores and the GIL with the transformers import
+            from radixrt.runtime.scheduler.build import start_deferred
+            start_deferred(sched)
+            deferred = False
         if tp is not None:  # lockstep: every rank applies these messages, then runs the same step
             check_workers(workers)
             name_sessions(msgs)

@@ -31,8 +31,6 @@ import sys
 import threading
 from typing import Optional
 
-import uvicorn
-
 from radixrt.runtime.config import ServerArgs
 
 logger = logging.getLogger("radixrt.server")
@@ -125,11 +123,12 @@ def serve(args: ServerArgs) -> int:
             await tm.shutdown()
 
     app = create_app(args, tm, metrics, lifespan=lifespan)
+    import uvicorn  # after the children started (serve's imports delay them otherwise)
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", http="auto",
                             log_level="debug" if args.log_level == "debug" else "warning",
                             access_log=args.log_level == "debug", lifespan="on", timeout_graceful_shutdown=3,
                             timeout_keep_alive=30)
-    server = _Server(config, tm, args.drain_timeout)
+    server = _server_class()(config, tm, args.drain_timeout)
     holder["server"] = server
     tm.on_fatal = lambda: setattr(server, "should_exit", True)
     early.server = server
@@ -169,7 +168,7 @@ class _EarlySignal:
 
     def __init__(self):
         self.signalled = False
-        self.server: Optional[uvicorn.Server] = None
+        self.server = None  # the uvicorn Server, once made
         self.install()
 
     def install(self) -> None:
@@ -194,49 +193,56 @@ async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> Non
           f"model={tm.model_name}", flush=True)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's Server with our own SIGINT/SIGTERM handling: drain (running requests finish for up to
-    ``drain_timeout`` seconds, the rest end with an error event), shut down, and return normally (uvicorn
-    would re-raise the signal after shutting down, which skips the clean-up after ``run``). A second signal
-    ends the drain at once; a third Ctrl-C forces the exit."""
+def _server_class():
+    """uvicorn's Server with our signal handling, defined at first use: importing uvicorn at module level
+    would delay the start of the children by its import."""
+    import uvicorn
 
-    def __init__(self, config, tm, drain_timeout: float = 0.0):
-        super().__init__(config)
-        self.tm = tm
-        self.drain_timeout = drain_timeout
-        self.draining = False
+    class _Server(uvicorn.Server):
+        """uvicorn's Server with our own SIGINT/SIGTERM handling: drain (running requests finish for up to
+        ``drain_timeout`` seconds, the rest end with an error event), shut down, and return normally (uvicorn
+        would re-raise the signal after shutting down, which skips the clean-up after ``run``). A second signal
+        ends the drain at once; a third Ctrl-C forces the exit."""
 
-    @contextlib.contextmanager
-    def capture_signals(self):
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+        def __init__(self, config, tm, drain_timeout: float = 0.0):
+            super().__init__(config)
+            self.tm = tm
+            self.drain_timeout = drain_timeout
+            self.draining = False
 
-    def handle_exit(self, sig, frame):
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop yet (still starting)
+        @contextlib.contextmanager
+        def capture_signals(self):
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig, frame):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop yet (still starting)
+                self.should_exit = True
+                return
+            if not self.draining and self.started and self.tm.ready is not None and self.tm.ready.is_set():
+                self.draining = True
+                loop.call_soon_threadsafe(self._drain)
+                return
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
             self.should_exit = True
-            return
-        if not self.draining and self.started and self.tm.ready is not None and self.tm.ready.is_set():
-            self.draining = True
-            loop.call_soon_threadsafe(self._drain)
-            return
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        self.should_exit = True
-        loop.call_soon_threadsafe(self.tm.begin_shutdown)
+            loop.call_soon_threadsafe(self.tm.begin_shutdown)
 
-    def _drain(self) -> None:
-        from radixrt.runtime.server.manager.admission import drain
-        self._drain_task = asyncio.get_running_loop().create_task(drain(self.tm, self.drain_timeout, self._stop))
+        def _drain(self) -> None:
+            from radixrt.runtime.server.manager.admission import drain
+            self._drain_task = asyncio.get_running_loop().create_task(drain(self.tm, self.drain_timeout, self._stop))
 
-    def _stop(self) -> None:
-        self.should_exit = True
-        self.tm.begin_shutdown()
+        def _stop(self) -> None:
+            self.should_exit = True
+            self.tm.begin_shutdown()
+
+    return _Server
 
 
 if __name__ == "__main__":

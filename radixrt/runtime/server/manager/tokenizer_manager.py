@@ -34,6 +34,7 @@ from radixrt.runtime.tokenizer.validation import GrammarCheck, Limits, build_req
 
 logger = logging.getLogger("radixrt.server")
 EARLY_ABORT_S = 30.0  # how long an abort of a rid not yet submitted is kept
+IDLE_START_S = 0.2  # the grammar backend starts at the first check this often that finds no request in flight
 
 
 class TokenizerManager:
@@ -70,23 +71,8 @@ class TokenizerManager:
         self.supervisor.spawn()
 
     def _load_tokenizer(self) -> None:
-        from radixrt.runtime.models.loader import load_config, load_tokenizer
+        from radixrt.runtime.models.loader import load_tokenizer
         self.tokenizer = load_tokenizer(self.args.model)
-        # the grammar backend now, beside the scheduler's load, not after it (~1.4 s at a 128k vocabulary):
-        # the config's vocabulary size is the model's (ModelArgs.from_hf takes it as is); _on_ready sets it
-        # up again, and reports a failure, only where the scheduler's differs or this one failed
-        try:
-            self._make_grammar_cache(int(load_config(self.args.model).vocab_size))
-        except Exception as e:  # noqa: BLE001 - retried and reported in _on_ready
-            logger.debug("grammar backend set-up before the model is ready failed: %s", e)
-
-    def _make_grammar_cache(self, vocab_size: int) -> None:
-        from radixrt.runtime.scheduler.build import make_grammar_cache
-        old = self.grammar_cache
-        self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, vocab_size, masks=False)
-        self._grammar_vocab = vocab_size
-        if old is not None:
-            old.shutdown(wait=False)
 
     async def _on_ready(self, r: ReadyOut) -> None:
         if r.error is not None:
@@ -94,18 +80,36 @@ class TokenizerManager:
             return
         try:
             await self._tokenizer_task
-            if self._grammar_vocab != r.vocab_size:
-                await asyncio.to_thread(self._make_grammar_cache, r.vocab_size)
         except Exception as e:
-            logger.exception("tokenizer / grammar set-up failed")
-            self._set_fatal(f"tokenizer or grammar backend set-up failed: {type(e).__name__}: {e}")
+            logger.exception("tokenizer set-up failed")
+            self._set_fatal(f"tokenizer set-up failed: {type(e).__name__}: {e}")
             return
+        from radixrt.runtime.scheduler.build import make_grammar_cache
+        # the grammar backend (~1.4 s of CPU at a 128k vocabulary) on its own thread once no request is in
+        # flight, or at the first compile: built beside the scheduler's load or the first requests it
+        # delayed their tokens on 2 cores (CPU and this process's GIL); a compile waits for it, and a failed
+        # build fails each constrained request with its cause (a 400)
+        if self.grammar_cache is None or self._grammar_vocab != r.vocab_size:  # once, unless a restart differs
+            if self.grammar_cache is not None:
+                self.grammar_cache.shutdown(wait=False)
+            self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, r.vocab_size, masks=False,
+                                                    deferred=True, start=False)
+            self._grammar_vocab = r.vocab_size
+            if self.grammar_cache is not None:
+                self._tasks.append(asyncio.create_task(self._start_grammar_when_idle(self.grammar_cache)))
         self.limits = Limits(r.context_length, r.vocab_size, r.max_total_tokens, max_token_chars(self.tokenizer))
         self.admission.set_pool(r.max_total_tokens // max(r.page_size, 1))
         self.ready_info = r
         if not self.args.served_model_name:
             self.model_name = r.model_name
         self.ready.set()
+
+    async def _start_grammar_when_idle(self, cache) -> None:
+        while True:
+            await asyncio.sleep(IDLE_START_S)
+            if not self.states:
+                cache.start()
+                return
 
     def _set_fatal(self, msg: str) -> None:
         logger.error("%s", msg)
