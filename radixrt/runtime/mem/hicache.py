@@ -229,7 +229,8 @@ class HiCache:
         put = 0
         for key, salt, start, hashes, rows in self.prefetcher.take_done():
             in_tree = len(self.tree.match_prefix(key, salt).pages)
-            busy = {**(self.restorer.in_flight if self.restorer else {}), **(self.storer.in_flight if self.storer else {})}
+            busy = {**(self.restorer.in_flight if self.restorer else {}),
+                    **(self.storer.in_flight if self.storer else {})}
             keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
                     if start + i >= in_tree and (salt, h) not in self.host and (salt, h) not in busy]
             if not keep:

@@ -161,10 +161,13 @@ class Storer:
                 raise TimeoutError(f"hicache: a store of {len(job.keys)} pages did not finish in {timeout}s")
         return self.poll()
 
-    def close(self) -> None:
-        """Land what is queued (so ``write_back``'s ``persist`` sees it), then stop the thread."""
+    def close(self, timeout: float = 60.0) -> None:
+        """Land what is queued (so ``write_back``'s ``persist`` sees it), then stop the thread. A copy stuck
+        past ``timeout`` seconds is dropped with a warning (its pages are not in tier 2; the process ends)."""
         try:
-            self.drain()
+            self.drain(timeout)
+        except TimeoutError as e:
+            logger.warning("%s; dropped at shutdown", e)
         finally:
             self._queue.put(None)
             self._thread.join(timeout=30)
