@@ -1,7 +1,7 @@
 """Cache tiers under the radix tree (issue 30), in-process Engine, default SmolLM2 GGUF (Q4_1 blocks, fp16 KV).
 
     python benchmarks/bench_hicache.py [--pool 2048] [--sessions 16] [--prefix 512] [--rounds 3] [--pairs 3]
-        [--only unique] [--out PATH]
+        [--only unique|ttft] [--ttft-tokens N] [--out PATH]
 
 1. Agent trace, working set = sessions x prefix tokens (4x the pool by default), each session revisited
    ``rounds`` times in shuffled order with a fresh 32-token suffix: hit rate and req/s for the pool alone,
@@ -63,7 +63,7 @@ def ttft(e: Engine, p: list[int]) -> tuple[float, int]:
 
 def ttft_section(a, kv_dir: str) -> dict:
     rng = random.Random(1)
-    n = min(1024, a.pool // 2)
+    n = a.ttft_tokens or min(1024, a.pool // 2)
     p = ids(rng, n)
     fillers = [ids(rng, n) for _ in range(3)]
     e = engine(a.pool, enable_hierarchical_cache=True, hicache_ratio=4.0, hicache_storage=f"file:{kv_dir}")
@@ -96,7 +96,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--unique", type=int, default=24, help="requests of the nothing-revisited section")
     ap.add_argument("--pairs", type=int, default=3, help="tier off/on pairs of the nothing-revisited section")
-    ap.add_argument("--only", choices=["unique"], help="run that section alone")
+    ap.add_argument("--only", choices=["unique", "ttft"], help="run that section alone")
+    ap.add_argument("--ttft-tokens", type=int, default=0, help="prefix of the TTFT section (0: min(1024, pool/2))")
     ap.add_argument("--out", default=OUT)
     a = ap.parse_args()
     trace = agent_trace(a)
@@ -109,24 +110,25 @@ def main() -> None:
         res[name] = run_trace(e, trace)
         e.shutdown()
         print(name, {k: v for k, v in res[name].items() if k != "tiers"}, flush=True)
-    if not a.only:
+    if a.only != "unique":
         with tempfile.TemporaryDirectory() as d:
             res["ttft"] = ttft_section(a, os.path.join(d, "kv"))
         print("ttft", res["ttft"], flush=True)
+    if not a.only:
         res["tier2_speedup"] = res["pool+tier2"]["req_per_s"] / res["pool"]["req_per_s"]
         res["hit_rate_gap_vs_x4_points"] = 100 * (res["pool_x4"]["hit_rate"] - res["pool+tier2"]["hit_rate"])
     rng = random.Random(2)
     unique = [ids(rng, min(512, a.pool // 2)) for _ in range(a.unique)]
     ratios = []
-    for i in range(a.pairs):
+    for i in range(a.pairs if a.only != "ttft" else 0):
         for name, kw in (("unique_off", {}), ("unique_tier2", {"enable_hierarchical_cache": True})):
             e = engine(a.pool, **kw)
             res[f"{name}_{i}"] = run_trace(e, unique)
             e.shutdown()
             print(name, i, {k: v for k, v in res[f"{name}_{i}"].items() if k != "tiers"}, flush=True)
         ratios.append(res[f"unique_tier2_{i}"]["req_per_s"] / res[f"unique_off_{i}"]["req_per_s"])
-    res["unique_cost_ratios"] = ratios
-    res["unique_cost_ratio"] = statistics.median(ratios)
+    if ratios:
+        res["unique_cost_ratios"], res["unique_cost_ratio"] = ratios, statistics.median(ratios)
     res["load_after"] = os.getloadavg()
     print({k: res[k] for k in ("tier2_speedup", "hit_rate_gap_vs_x4_points", "unique_cost_ratios",
                                "unique_cost_ratio") if k in res})
