@@ -46,11 +46,12 @@ def close_engine(e) -> None:
 
 
 def wait_idle(e, timeout: float = 30.0) -> dict:
-    """Wait until the engine has no running or waiting request, then check the pool accounting."""
+    """Wait until the engine has no running or waiting request nor store to tier 2 in flight, then check the
+    pool accounting."""
     deadline = time.time() + timeout
     while True:
         info = e.get_server_info()
-        if info["num_running"] == 0 and info["num_waiting"] == 0:
+        if info["num_running"] == 0 and info["num_waiting"] == 0 and not info["cache"].get("storing_pages"):
             break
         if time.time() > deadline:
             raise AssertionError(f"engine not idle after {timeout}s: {info}")

@@ -59,6 +59,8 @@ def test_restart_serves_a_known_prefix_from_disk(tmp_path, passage_ids):
         assert hit is not None and float(hit.group(1)) == 592.0, text[-3000:]
         restoring = re.search(r'radixrt:hicache_restoring_pages\{model_name="[^"]+"\} (\S+)', text)
         assert restoring is not None and float(restoring.group(1)) == 0.0, text[-3000:]  # the restore landed
+        storing = re.search(r'radixrt:hicache_storing_pages\{model_name="[^"]+"\} (\S+)', text)
+        assert storing is not None and float(storing.group(1)) == 0.0, text[-3000:]  # nothing evicted yet
         s.wait_idle()
     finally:
         s.stop()

@@ -33,6 +33,7 @@ from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
 from radixrt.runtime.mem.page_hash import page_hashes
 from radixrt.runtime.mem.prefetch import Prefetcher
+from radixrt.runtime.mem.radix_cache import HELD
 
 logger = logging.getLogger(__name__)
 WRITE_POLICIES = ("write_through", "write_back")
@@ -69,6 +70,8 @@ class HiCache:
         self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
         self.prefetched_pages = 0
         self.restorer = None  # restore_async.Restorer: restores on a copy thread (set by the scheduler)
+        self.storer = None  # store_async.Storer: stores on a copy thread (set by the scheduler)
+        self.store_async = False  # set by ReqPages.allocate(wait=False): evicted pages are held, stored by the thread
         tree.on_evict = self.on_evict
         tree.evict_partial = True  # a leaf's tail goes down a tier, its head stays in the pool
         host.on_drop = tree.policy.dropped
@@ -84,8 +87,9 @@ class HiCache:
         return [t for part in reversed(parts) for t in part], salt
 
     # ---- hooks ---------------------------------------------------------------------------------
-    def on_evict(self, leaf) -> bool:
-        """Copy an evicted leaf's pages to tier 2 (before the tree frees them). Returns True when kept."""
+    def on_evict(self, leaf) -> bool | str:
+        """Copy an evicted leaf's pages to tier 2 (before the tree frees them). Returns True when kept, HELD
+        when the store copy thread took the pages (they are freed once copied)."""
         if self._suspended:
             return False
         t0 = time.perf_counter()
@@ -93,6 +97,9 @@ class HiCache:
         hashes = page_hashes(key, self.ps)[-len(leaf.value):]
         keys = [(salt, h) for h in hashes]
         scores = [self.tree.policy.key(leaf)] * len(keys)
+        if self.store_async and self.storer is not None and self._deferred is None:
+            self.storer.begin(keys, scores, leaf.hit_count, pages=list(leaf.value))
+            return HELD
         # a copy-thread restore's allocation: keep the page ids; pages the job takes are packed on its thread
         rows = list(leaf.value) if self.defer_pages else self.codec.pack(leaf.value)
         if self._deferred is not None:
@@ -121,13 +128,19 @@ class HiCache:
         if not pages:
             return
         hashes = page_hashes(key[: (first + len(pages)) * self.ps], self.ps)[first:]
-        self.host.discard([(salt, h) for h in hashes])
+        self.in_pool([(salt, h) for h in hashes])
         if self.disk is not None and self.write_policy == "write_through":
             todo = [(i, h) for i, h in enumerate(hashes) if (salt, h) not in self.disk]
             if todo:
                 rows = self.codec.pack([pages[i] for i, _ in todo]).numpy()
                 for (_, h), row in zip(todo, rows):
                     self.disk.write(salt, h, row.tobytes())
+
+    def in_pool(self, keys: list[tuple]) -> None:
+        """``keys`` are pool pages of the tree again: tier 2 (and any store in flight) lets them go."""
+        self.host.discard(keys)
+        if self.storer is not None:
+            self.storer.discard(keys)
 
     def restore(self, key: list[int], salt: str | None) -> int:
         """Load the pages of ``key`` that follow the tree's match from tiers 2 and 3 into the pool and the
@@ -216,7 +229,8 @@ class HiCache:
         put = 0
         for key, salt, start, hashes, rows in self.prefetcher.take_done():
             in_tree = len(self.tree.match_prefix(key, salt).pages)
-            busy = self.restorer.in_flight if self.restorer is not None else {}
+            busy = {**(self.restorer.in_flight if self.restorer else {}),
+                    **(self.storer.in_flight if self.storer else {})}
             keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
                     if start + i >= in_tree and (salt, h) not in self.host and (salt, h) not in busy]
             if not keep:
@@ -237,6 +251,8 @@ class HiCache:
     # ---- maintenance ---------------------------------------------------------------------------
     def flush(self) -> int:
         """Empty tiers 1 and 2 (tier 3 is the durable copy and stays). Returns pool pages freed."""
+        if self.storer is not None:
+            self.storer.drain()
         self._suspended = True
         try:
             freed = self.tree.flush()
@@ -268,6 +284,8 @@ class HiCache:
         queued files (a graceful shutdown; SIGTERM drains through here)."""
         if self.restorer is not None:
             self.restorer.close()
+        if self.storer is not None:
+            self.storer.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.disk is not None:
@@ -289,6 +307,8 @@ class HiCache:
                 assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"
         for k in (self.restorer.in_flight if self.restorer is not None else ()):  # being copied: in neither
             assert k not in self.host, f"page {k} is being restored and still held in tier 2"
+        for k in (self.storer.in_flight if self.storer is not None else ()):  # matchable only once landed
+            assert k not in self.host, f"page {k} is being stored and already held in tier 2"
 
     def stats(self, query_tokens: int) -> dict:
         """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""
@@ -301,7 +321,9 @@ class HiCache:
                         "loaded_pages": self.loaded_pages, "store_seconds": self.store_seconds,
                         "load_seconds": self.load_seconds,
                         "restoring_jobs": len(self.restorer.jobs) if self.restorer else 0,
-                        "restoring_pages": self.restorer.pages if self.restorer else 0}}
+                        "restoring_pages": self.restorer.pages if self.restorer else 0,
+                        "storing_jobs": len(self.storer.jobs) if self.storer else 0,
+                        "storing_pages": self.storer.pages if self.storer else 0}}
         d = self.disk
         if d is not None:
             out["disk"] = {"dir": d.dir, "files": len(d.known), "hit_tokens": self.disk_hit_tokens,

@@ -48,6 +48,7 @@ class HostTier:
         self._heap: list[tuple[tuple, int, Key]] = []
         self._seq = itertools.count()
         self._taken: set[int] = set()  # slots taken and being copied out (``take`` .. ``release``/``put_back``)
+        self._writing: set[int] = set()  # slots reserved and being written (``reserve`` .. ``commit``)
         # told the score of each entry this tier evicts (the tree's policy ages by it: eviction.dropped)
         self.on_drop: Callable[[tuple], None] | None = None
 
@@ -67,49 +68,73 @@ class HostTier:
         """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys`` with the node's ``hits``,
         evicting the lowest-scored entries when full. A key already present keeps its bytes (the same
         prefix, the same KV) and takes the higher score and hit count. Returns the evicted ``(key, row)``
-        pairs (the disk tier may keep them; without ``keep_evicted`` the rows are None, no copy made)."""
-        evicted: list[tuple[Key, torch.Tensor]] = []
-        new = [(i, k) for i, k in enumerate(keys) if k not in self._index]
+        pairs (the disk tier may keep them; without ``keep_evicted`` the rows are None, no copy made).
+        ``reserve`` + ``write`` + ``commit`` in one go (store_async.Storer splits them over two threads)."""
+        new, spilled = self.reserve(keys, scores, hits)
+        evicted = [(k, self.rows[slot].clone() if keep_evicted else None) for k, slot in spilled]
+        self.write(new, rows, len(keys))
+        self.commit(keys, new, scores, hits)
+        return evicted
+
+    def reserve(self, keys: list[Key], scores: list[tuple], hits: int = 0
+                ) -> tuple[list[tuple[int, int]], list[tuple[Key, int]]]:
+        """Take slots for the keys not held yet, evicting the lowest-scored entries when full (keys held
+        take the higher score and hits now). Returns ``(new, spilled)``: ``new`` pairs ``(index in keys,
+        slot)``, the slots "being written" (neither free nor held) until ``commit``; ``spilled`` the evicted
+        ``(key, slot)``: each such slot is one of ``new``'s, so its old row is readable until ``write``."""
         for i, k in enumerate(keys):
             e = self._index.get(k)
             if e is not None and scores[i] > e.score:
                 self._push(k, e.slot, scores[i], max(hits, e.hits))
         # the pages of one evicted node come leaf-last; keep the ones nearest the root when space is short
-        new = new[: self.num_slots]
+        new = [i for i, k in enumerate(keys) if k not in self._index][: self.num_slots]
+        spilled: list[tuple[Key, int]] = []
         while len(self._free) < len(new):
-            popped = self._pop_lowest(keep_evicted)
+            popped = self._pop_lowest_slot()
             if popped is None:
                 break
-            evicted.append(popped)
-        if len(self._free) < len(new):
-            new = new[: len(self._free)]
+            spilled.append(popped)
+        new = new[: len(self._free)]
+        out = [(i, self._free.pop()) for i in new]  # LIFO: the spilled slots (appended last) go first
+        self._writing.update(slot for _, slot in out)
+        return out, spilled
+
+    def write(self, new: list[tuple[int, int]], rows: torch.Tensor, n_keys: int) -> None:
+        """Copy ``rows`` (uint8 ``[n_keys, page_bytes]``) into the slots ``reserve`` gave. Any thread."""
         if not new:
-            return evicted
-        slots = [self._free.pop() for _ in new]
-        src = rows if len(new) == len(keys) else rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
-        self.rows[torch.tensor(slots, dtype=torch.long)] = src
+            return
+        src = rows if len(new) == n_keys else rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
+        self.rows[torch.tensor([s for _, s in new], dtype=torch.long)] = src
+
+    def commit(self, keys: list[Key], new: list[tuple[int, int]], scores: list[tuple], hits: int = 0,
+               skip: set | frozenset = frozenset()) -> None:
+        """Make written slots hold their keys; keys in ``skip`` (back in the pool meanwhile) or held again
+        by now free their slot instead."""
         # deepest page first: among equal scores the heap pops the oldest push, so a node's tail goes before
         # its head, and a prefix never loses a page while keeping the ones after it
-        for slot, (i, k) in reversed(list(zip(slots, new))):
-            self._push(k, slot, scores[i], hits)
-        return evicted
+        for i, slot in reversed(new):
+            self._writing.discard(slot)
+            if keys[i] in skip or keys[i] in self._index:
+                self._free.append(slot)
+            else:
+                self._push(keys[i], slot, scores[i], hits)
 
     def _push(self, key: Key, slot: int, score: tuple, hits: int = 0) -> None:
         seq = next(self._seq)
         self._index[key] = _Entry(slot, score, seq, hits)
         heapq.heappush(self._heap, (score, seq, key))
 
-    def _pop_lowest(self, copy: bool = True) -> tuple[Key, torch.Tensor | None] | None:
+    def _pop_lowest_slot(self) -> tuple[Key, int] | None:
+        """Evict the lowest-scored entry: ``(key, slot)``, its slot now free (its row still intact)."""
         while self._heap:
             _, seq, key = heapq.heappop(self._heap)
             e = self._index.get(key)
             if e is not None and e.seq == seq:
                 del self._index[key]
-                row = self.rows[e.slot].clone() if copy else None
                 self._free.append(e.slot)
                 if self.on_drop is not None:
                     self.on_drop(e.score)
-                return key, row
+                return key, e.slot
         return None
 
     def take(self, key: Key) -> tuple[int, tuple, int] | None:
@@ -150,8 +175,9 @@ class HostTier:
         return n
 
     def check(self) -> None:
-        """Raise AssertionError unless every slot is free, held by exactly one entry, or being copied out."""
-        held = [e.slot for e in self._index.values()] + sorted(self._taken)
+        """Raise AssertionError unless every slot is free, held by exactly one entry, or being copied in or
+        out."""
+        held = [e.slot for e in self._index.values()] + sorted(self._taken) + sorted(self._writing)
         assert len(set(held)) == len(held), "a host slot is held by two entries"
         assert not set(held) & set(self._free), "a host slot is both free and held"
         assert len(set(self._free)) == len(self._free), "a host slot is free twice"

@@ -33,6 +33,8 @@ from radixrt.runtime.mem.allocator import PageAllocator
 from radixrt.runtime.mem.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
 from radixrt.runtime.mem.tree_check import check_tree
 
+HELD = "held"  # on_evict's answer when it keeps the evicted pages out of the free list until their copy lands
+
 
 class TreeNode:
     """One edge of the radix tree: ``key`` tokens whose KV lives in the ``value`` pages."""
@@ -87,8 +89,9 @@ class RadixCache:
         # called with each leaf as evict() removes it, before its pages are freed (mem/hicache.py copies
         # them to the host tier); it returns True when the pages were kept in a lower tier, and then the
         # policy is not told (the prefix is still cached; the tier tells it when the pages leave for good).
-        # None: evicted pages are simply freed
-        self.on_evict: Callable[[TreeNode], bool] | None = None
+        # None: evicted pages are simply freed. HELD: kept, and the hook now owns the pages (it frees them once
+        # their copy has landed: mem/store_async.py)
+        self.on_evict: Callable[[TreeNode], bool | str] | None = None
         # evict only the pages asked for: the last leaf popped is split and its tail goes (set with a lower
         # tier, where whole-leaf eviction would leave up to a leaf of pool pages free instead of cached)
         self.evict_partial = False
@@ -264,7 +267,8 @@ class RadixCache:
             assert parent is not None
             kept = self.on_evict(leaf) if self.on_evict is not None else False
             del parent.children[tuple(leaf.key[:self.page_size])]
-            self.allocator.free(leaf.value)
+            if kept is not HELD:
+                self.allocator.free(leaf.value)
             if not kept:
                 self.policy.evicted(leaf)
             freed += len(leaf.value)

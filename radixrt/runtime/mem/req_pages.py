@@ -31,15 +31,37 @@ class ReqPages:
         self.hicache: Any = None
         self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
 
-    def allocate(self, n: int) -> list[int] | None:
+    def allocate(self, n: int, wait: bool = True) -> list[int] | None:
         """``n`` free pages, evicting tree leaves (by the eviction policy) if short, then dropping session
-        pins one by one (oldest first) while still short; None if impossible."""
+        pins one by one (oldest first) while still short; None if impossible.
+
+        With tier 2's store thread (mem/store_async.py), ``wait=False`` (an admission, an extend chunk: they
+        can wait a step) evicts with the copies off the step, counting pages whose store is in flight as
+        coming, and returns None while only those would make up ``n``. ``wait=True`` (a decode's page)
+        evicts with the copy on the step, and waits for stores in flight when nothing else is left."""
         if n <= 0:
             return []
+        storer = self.hicache.storer if self.hicache is not None else None
         while True:
-            if self.allocator.num_free < n and self.tree is not None:
-                self.tree.evict(n - self.allocator.num_free)
-            if self.allocator.num_free >= n or self.unpin is None or not self.unpin():
+            if storer is not None:
+                storer.poll()
+            coming = storer.pages if storer is not None and not wait else 0
+            if self.allocator.num_free + coming < n and self.tree is not None:
+                if self.hicache is not None:
+                    self.hicache.store_async = not wait
+                try:
+                    self.tree.evict(n - self.allocator.num_free - coming)
+                finally:
+                    if self.hicache is not None:
+                        self.hicache.store_async = False
+            if self.allocator.num_free >= n:
+                break
+            if storer is not None and storer.pages:
+                if not wait:  # the pages come back once their copies land: the caller retries next step
+                    return None
+                storer.drain()  # never hand out a page whose copy is in flight
+                continue
+            if self.unpin is None or not self.unpin():
                 break
         return self.allocator.allocate(n)
 
@@ -63,10 +85,11 @@ class ReqPages:
         r = self.hicache.restorer if self.hicache is not None else None
         if r is None or req.max_cacheable_prefix() <= 0:
             return False
-        if req.restore_job is None:
+        job = req.restore_job
+        if job is None or (job.finished and getattr(job, "is_store", False)):  # a store landed: restore it now
             req.restore_job = r.begin(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
             return req.restore_job is not None
-        return not req.restore_job.finished
+        return not job.finished
 
     @property
     def restoring_pages(self) -> int:
@@ -74,15 +97,30 @@ class ReqPages:
         r = self.hicache.restorer if self.hicache is not None else None
         return r.pages if r is not None else 0
 
+    @property
+    def storing_pages(self) -> int:
+        """Pool pages held by stores in flight (evicted, copied to tier 2 by the store thread)."""
+        s = self.hicache.storer if self.hicache is not None else None
+        return s.pages if s is not None else 0
+
     def poll_restores(self) -> None:
-        """Put finished restores into the tree (scheduler thread)."""
+        """Put finished restores into the tree and land finished stores (scheduler thread)."""
         if self.hicache is not None and self.hicache.restorer is not None:
             self.hicache.restorer.poll()
+        if self.hicache is not None and self.hicache.storer is not None:
+            self.hicache.storer.poll()
 
-    def grow(self, req: Req, n: int) -> bool:
-        """Make room in the page table for ``n`` more computed tokens."""
+    def wait_copies(self, timeout: float) -> None:
+        """An idle scheduler with only copies in flight sleeps until one is done (at most ``timeout`` s)."""
+        for t in (self.hicache.restorer, self.hicache.storer) if self.hicache is not None else ():
+            if t is not None and t.jobs:
+                t.wait(timeout)
+                return
+
+    def grow(self, req: Req, n: int, wait: bool = True) -> bool:
+        """Make room in the page table for ``n`` more computed tokens (``wait``: see ``allocate``)."""
         need = -(-(req.num_computed + n) // self.P) - len(req.page_table)
-        pages = self.allocate(need)
+        pages = self.allocate(need, wait)
         if pages is None:
             return False
         req.page_table.extend(pages)
@@ -150,9 +188,12 @@ class ReqPages:
         return self.hicache.flush() if self.hicache is not None else self.tree.flush()
 
     def stats(self, running: list[Req]) -> dict:
-        """Page counts: free + evictable + protected + private == total."""
+        """Page counts: free + evictable + protected + private == total (private: running requests', restores'
+        and stores' in flight; ``storing_pages`` the last)."""
         private = sum(len(r.page_table) - r.prefix_len // self.P for r in running) + self.restoring_pages
+        private += self.storing_pages
         return {"total_pages": self.allocator.num_pages, "free_pages": self.allocator.num_free,
                 "evictable_pages": self.tree.evictable_pages if self.tree else 0,
                 "protected_pages": self.tree.protected_pages if self.tree else 0,
-                "private_pages": private, "page_size": self.P, "enabled": self.tree is not None}
+                "private_pages": private, "storing_pages": self.storing_pages, "page_size": self.P,
+                "enabled": self.tree is not None}

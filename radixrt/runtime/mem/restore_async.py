@@ -91,16 +91,18 @@ class Restorer:
         hc.drain_prefetched()
         m = hc.tree.match_prefix(key, salt)
         start = len(m.pages)
-        if start >= n_pages or not (hc.host.num_used or hc.disk is not None or self.in_flight):
+        if start >= n_pages or not (hc.host.num_used or hc.disk is not None or self.in_flight
+                                    or (hc.storer is not None and hc.storer.in_flight)):
             return None
         hashes = page_hashes(key[: n_pages * ps], ps)
-        first = self.in_flight.get((salt, hashes[start]))
-        if first is not None:
+        storing = hc.storer.in_flight if hc.storer is not None else {}
+        first = self.in_flight.get((salt, hashes[start])) or storing.get((salt, hashes[start]))
+        if first is not None:  # a restore bringing it, or a store not landed yet (its slot is half-written)
             return first
         host, disk = [], []
         for i in range(start, n_pages):
             k = (salt, hashes[i])
-            if k in self.in_flight:
+            if k in self.in_flight or k in storing:
                 break
             got = hc.host.take(k)
             if got is not None:
@@ -215,13 +217,16 @@ class Restorer:
                 hc.host.release([slot])
             else:  # past a failed read: the page stays in tier 2
                 hc.host.put_back(k, slot, score, hits)
-        for item in job.deferred:  # the slots above are free again: the allocation's spills go in now
-            hc._store(*item)
+        for keys, scores, rows, hits in job.deferred:  # the slots above are free again: the spills go in now
+            if hc.storer is not None:  # their rows are packed already: the store thread writes them
+                hc.storer.begin(keys, scores, hits, rows=rows)
+            else:
+                hc._store(keys, scores, rows, hits)
         if len(job.pages) > n:
             hc.tree.allocator.free(job.pages[n:])
         if n:
             present = hc.tree.insert(job.key[: (job.start + n) * ps], job.prefix_pages + job.pages[:n], job.salt)
-            hc.host.discard(job.keys[:n])  # a copy spilled meanwhile (computed and evicted again): pool only
+            hc.in_pool(job.keys[:n])  # a copy spilled meanwhile (computed and evicted again): pool only
             dup = job.pages[: max(0, present // ps - job.start)]  # computed meanwhile by another request
             if dup:
                 hc.tree.allocator.free(dup)

@@ -14,6 +14,7 @@ import os
 from radixrt.runtime.executor.memory import available_bytes
 from radixrt.runtime.mem.disk_tier import DiskTier
 from radixrt.runtime.mem.hicache import HiCache
+from radixrt.runtime.mem.store_async import Storer
 from radixrt.runtime.mem.restore_async import Restorer
 from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
@@ -82,4 +83,5 @@ def make_hicache(args, runner, mem) -> HiCache | None:
     hc = HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy,
                  args.hicache_prefetch_threshold)
     hc.restorer = Restorer(hc)  # admissions restore on a copy thread while other requests step
+    hc.storer = Storer(hc)  # and evicted pages reach tier 2 on another
     return hc

@@ -129,7 +129,7 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self.grammar_queue or self.finished_outs
-                    or self.mem.restoring_pages)
+                    or self.mem.restoring_pages or self.mem.storing_pages)
 
     # ---- memory ------------------------------------------------------------------------------------
     def _preempt(self, req: Req) -> None:
@@ -176,7 +176,7 @@ class Scheduler:
         budget -= self.spec.attach(batch, self.mem, budget, pending)  # drafts on decode rows (spec_step.py)
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch):
+            if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch, wait=False):
                 batch.add(req, n)
                 budget -= n
         self.mem.poll_restores()  # restores that landed: their requests are admitted below
@@ -193,7 +193,7 @@ class Scheduler:
                 continue
             matched = self.mem.admit(req)
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if not self.mem.grow(req, n):
+            if not self.mem.grow(req, n, wait=False):  # no room yet (or it is being stored): next step
                 self.mem.release(req)
                 break
             if req.t_admit is None:
@@ -213,14 +213,17 @@ class Scheduler:
         self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
         return batch
 
-    def _grow_or_preempt(self, req: Req, n: int, batch: ScheduledBatch) -> bool:
+    def _grow_or_preempt(self, req: Req, n: int, batch: ScheduledBatch, wait: bool = True) -> bool:
         """Make room for ``n`` more tokens of ``req``, preempting the newest running request not already
-        in this step's ``batch`` until the pages fit. Returns False when ``req`` itself was preempted.
+        in this step's ``batch`` until the pages fit. Returns False when ``req`` itself was preempted, or
+        (``wait=False``, an extend chunk) when pages are being stored to tier 2: the chunk waits a step.
 
         Decodes are visited oldest first, so the newest request gives way: recompute preemption, as in
         vLLM and SGLang."""
         in_batch = set(batch.reqs)
-        while not self.mem.grow(req, n):
+        while not self.mem.grow(req, n, wait):
+            if not wait and self.mem.storing_pages:
+                return False
             victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
             self._preempt(victim)
             if victim is req:
@@ -249,8 +252,8 @@ class Scheduler:
             fb = self.runner.prepare(batch)
             logits = self.runner.forward(fb)
             self.conclude(batch, fb, logits)
-        elif self.mem.restoring_pages:  # only restores in flight: sleep until one lands, not spin
-            self.mem.hicache.restorer.wait(0.005)
+        elif self.mem.restoring_pages or self.mem.storing_pages:  # only copies in flight: sleep, not spin
+            self.mem.wait_copies(0.005)
         self._last_batch_size, self._last_tokens = len(batch), sum(batch.num_new_tokens)
         return self.collect_outputs()
 

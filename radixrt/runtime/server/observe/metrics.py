@@ -24,7 +24,8 @@ With cache tiers (``--enable-hierarchical-cache``, ``mem/hicache.py``), per ``ti
 ``radixrt:hicache_hit_tokens_total`` (prompt tokens restored from the tier), ``radixrt:hicache_hit_rate``
 (those over all prompt tokens looked up), ``radixrt:hicache_bytes`` (held), ``radixrt:hicache_load_seconds_total``
 and ``radixrt:hicache_store_seconds_total`` (time copying pages in and out of the tier); and
-``radixrt:hicache_restoring_jobs`` / ``radixrt:hicache_restoring_pages`` (restores in flight on the copy thread).
+``radixrt:hicache_restoring_jobs`` / ``radixrt:hicache_restoring_pages`` (restores in flight on the copy thread),
+``radixrt:hicache_storing_jobs`` / ``radixrt:hicache_storing_pages`` (stores of evicted pages in flight).
 Gauges and the cache counters are refreshed from the scheduler at each scrape; latencies are measured in
 the main process.
 """
@@ -76,7 +77,9 @@ class _SchedulerState:
             yield fam
         host = self.hicache.get("host", {})
         for suffix, doc in (("restoring_jobs", "restores in flight on the copy thread (their requests wait)"),
-                            ("restoring_pages", "KV pool pages being filled by restores in flight")):
+                            ("restoring_pages", "KV pool pages being filled by restores in flight"),
+                            ("storing_jobs", "stores of evicted pages to tier 2 in flight on the store thread"),
+                            ("storing_pages", "KV pool pages held until their store to tier 2 lands")):
             fam = GaugeMetricFamily(f"radixrt:hicache_{suffix}", doc, labels=names)
             fam.add_metric(vals, host.get(suffix, 0))
             yield fam
