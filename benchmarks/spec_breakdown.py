@@ -38,11 +38,12 @@ from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 
 
 class Probe:
-    """Timers around one Engine's scheduler methods; ``steps`` lists ``(kind, T, rows, seconds, fwd)``."""
+    """Timers around one Engine's scheduler methods; ``steps`` lists ``(kind, T, rows, seconds, forward
+    seconds, {part: seconds})`` per step that ran a batch (``T``: tokens computed, drafts included)."""
 
     def __init__(self, e: Engine):
         self.acc: dict[str, float] = defaultdict(float)
-        self.steps: list[tuple[str, int, int, float, float]] = []
+        self.steps: list[tuple] = []
         self.step_parts: dict[str, float] = {}
         s = e.scheduler
         for obj, name, key in ((s, "schedule", "schedule"), (s.runner, "prepare", "prepare"),
@@ -59,7 +60,7 @@ class Probe:
             self._batch = list(b)
             return b
 
-        def step():
+        def step():  # the parts timed while a step runs (the detokenizer's work is outside, in _loop)
             self.step_parts = defaultdict(float)
             self._batch = []
             t0 = time.perf_counter()
