@@ -170,8 +170,9 @@ class Speculator:
 
     # ---- verification ------------------------------------------------------------------------------
     def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
-        """Sample each spec row position by position (module doc). ``spec_at``: ``(req, first logits row)``;
-        rows ``first .. first + len(req.draft_ids)`` score its positions. Returns the finished requests."""
+        """Verify each spec row (module doc; scheduler/spec_verify.py) and count what was kept. ``spec_at``:
+        ``(req, first logits row)``; rows ``first .. first + len(req.draft_ids)`` score its positions.
+        Returns the finished requests."""
         finished, sampled, accepted = verify_rows(self.outputs, logits, spec_at)
         ended = {id(r) for r, _ in finished}
         for req, _ in spec_at:
