@@ -16,7 +16,8 @@ Per workload and setting: ``out tok/s`` = output tokens / wall seconds of the wo
 the issue's "output tok/s"), and for the one-at-a-time workloads ``decode tok/s`` = (output tokens - 1 per
 call) / the calls' seconds after their first token (the decode phase alone). For speculation: the
 acceptance rate and mean accepted length (tokens per verifying request-step). Engines run each workload in
-turn; ``--repeat N`` runs it N times per engine (alternating) and keeps each engine's fastest.
+turn; ``--repeat N`` runs it N times per engine (alternating): the line shows each engine's fastest run, and
+the ratios of the medians over the N runs (``median out`` / ``decode``).
 ``--warm-system`` prefills agent-dependent's and 16-concurrent's shared system message (the tool list) before
 each timed run, as every agent after a fleet's first finds it, with the drafter's store still empty.
 """
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -147,6 +149,10 @@ def measure(e: Engine, fn, warm: str | None = None) -> dict:
             if decode_s > 0 else 0.0, **d}
 
 
+def median(ms: list[dict], key: str) -> float:
+    return statistics.median(m[key] for m in ms)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algos", default="suffix")
@@ -172,18 +178,19 @@ def main() -> None:
         e.generate("Warm up.", {"temperature": 0, "max_new_tokens": 4, "json_schema": js})
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at start")
     for w, fn in wl.items():
-        best: dict = {}
+        runs: dict = {n: [] for n in engines}
         for _ in range(a.repeat):
             for n, e in engines.items():
-                m = measure(e, fn, warm)
-                if n not in best or m["seconds"] < best[n]["seconds"]:
-                    best[n] = m
+                runs[n].append(measure(e, fn, warm))
+        best = {n: min(ms, key=lambda m: m["seconds"]) for n, ms in runs.items()}
         for n, m in best.items():
             extra = (f"  accept_rate {m['accepted_tokens'] / m['draft_tokens']:.2f} accept_length "
                      f"{m['emitted_tokens'] / m['verify_steps']:.2f}" if m["verify_steps"] else "")
             print(f"{w:16s} {n:7s} {m['tokens']:5d} tok {m['seconds']:6.2f} s  out {m['tps']:6.1f} tok/s "
                   f"x{m['tps'] / best['none']['tps']:.2f}  decode {m['decode_tps']:6.1f} tok/s "
-                  f"x{m['decode_tps'] / best['none']['decode_tps']:.2f}{extra}", flush=True)
+                  f"x{m['decode_tps'] / best['none']['decode_tps']:.2f}  median out "
+                  f"x{median(runs[n], 'tps') / median(runs['none'], 'tps'):.2f} decode "
+                  f"x{median(runs[n], 'decode_tps') / median(runs['none'], 'decode_tps'):.2f}{extra}", flush=True)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at end")
     for e in engines.values():
         e.shutdown()

@@ -76,3 +76,20 @@ def test_acceptance_estimate():
     assert a.p("r") == pytest.approx((h + 2 * a.global_rate) / (h + m + 2))
     a.finish("r")
     assert a.p("r") == pytest.approx(a.global_rate)
+
+
+def test_measured_steps_scale_the_whole_curve():
+    # start-up curve (one short row); then 16 long-context rows measure 108 ms at T = 16, 4x the curve
+    t = table({1: 5, 2: 7.5, 16: 27, 17: 28.5, 18: 30, 20: 33})
+    for _ in range(40):
+        t.observe(16, 108 * MS)
+    assert t.scale == pytest.approx(4.0, rel=1e-3)
+    assert t(16) == pytest.approx(108 * MS, rel=1e-3)
+    assert t(17) - t(16) == pytest.approx(6 * MS, rel=1e-3)  # the curve's 1.5 ms a token, 4x: never free
+    assert t(19) == pytest.approx(4 * 31.5 * MS, rel=1e-3)
+    # a token of p = 0.9 costs 6 ms against the rows' 16 / 108 ms: no draft pays
+    rows = [(0.9, 4)] * 4 + [(0.0, 0)] * 12
+    assert choose_drafts(t, 16, 16, rows, budget=64) == [0] * 16
+    # a row alone at the same scale: 1 token in t(1) = 20 ms; 16 drafts of p = 0.99 emit 1 + 14.7 tokens in
+    # t(17) = 114 ms (0.138 a ms against 0.05): drafts still pay where they are sure
+    assert choose_drafts(t, 1, 1, [(0.99, 16)], budget=64) == [16]

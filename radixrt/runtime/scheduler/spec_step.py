@@ -27,6 +27,7 @@ from __future__ import annotations
 from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.scheduler.request import Req
+from radixrt.runtime.scheduler.spec_verify import verify_rows
 from radixrt.runtime.spec import DraftConfig, make_drafter
 from radixrt.runtime.spec.cost import Acceptance, StepTimes, choose_drafts
 
@@ -169,26 +170,10 @@ class Speculator:
 
     # ---- verification ------------------------------------------------------------------------------
     def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
-        """Sample each spec row position by position (module doc). ``spec_at``: ``(req, first logits row)``;
-        rows ``first .. first + len(req.draft_ids)`` score its positions. Returns the finished requests."""
-        finished: list[tuple[Req, dict]] = []
-        level, j = list(spec_at), 0
-        sampled = {id(r): 0 for r, _ in spec_at}
-        accepted = dict(sampled)
-        while level:
-            before = {id(r): len(r.output_ids) for r, _ in level}
-            fin = self.outputs.sample(logits, [(r, row + j) for r, row in level])
-            finished += fin
-            done = {id(r) for r, _ in fin}
-            nxt = []
-            for req, row in level:
-                sampled[id(req)] += 1
-                hit = (j < len(req.draft_ids) and len(req.output_ids) == before[id(req)] + 1
-                       and req.output_ids[-1] == req.draft_ids[j])
-                accepted[id(req)] += hit
-                if hit and id(req) not in done:
-                    nxt.append((req, row))
-            level, j = nxt, j + 1
+        """Verify each spec row (module doc; scheduler/spec_verify.py) and count what was kept. ``spec_at``:
+        ``(req, first logits row)``; rows ``first .. first + len(req.draft_ids)`` score its positions.
+        Returns the finished requests."""
+        finished, sampled, accepted = verify_rows(self.outputs, logits, spec_at)
         ended = {id(r) for r, _ in finished}
         for req, _ in spec_at:
             # conclude advanced by the row's first token; each further sampled position's input was an

@@ -19,7 +19,7 @@ import heapq
 from typing import Callable, Sequence
 
 EXACT_UP_TO = 64   # step sizes up to this many tokens are timed exactly; above, in buckets of 1/8 octave
-TIME_EMA = 0.2     # weight of a new measurement of t(T)
+TIME_EMA = 0.2     # weight of a new step's measured / base time in the scale of t(T)
 PRIOR = (4.0, 1.0)  # global acceptance starts at Beta(4, 1) = 0.8: optimistic, so drafting is tried at all
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the global rate in a request's own estimate
 DECAY = 0.9        # a request's evidence shrinks by this per step it is observed or passed over
@@ -37,18 +37,25 @@ def bucket(T: int) -> int:
 
 class StepTimes:
     """``t(T)``: seconds of a step that computes ``T`` tokens (prefill chunks, decode rows and drafts
-    together). Points come from a start-up measurement (:meth:`set`) and every step run
-    (:meth:`observe`, an exponential average per bucket); between points ``t`` is interpolated linearly,
-    below the first it is the first, above the last it grows along the last two points' slope."""
+    together), as ``scale x base(T)``. The base curve comes from a start-up measurement (:meth:`set`: one
+    row, short contexts); between its points it is interpolated linearly, below the first it is the first,
+    above the last it grows along the last two points' slope. Every step run (:meth:`observe`) moves
+    ``scale``, an exponential average of measured over base time, so one factor carries what the base
+    curve does not see (the rows' context lengths, the load) to every ``T`` alike: a step's marginal cost
+    ``t(T0 + D) - t(T0)`` keeps the base curve's shape. (Keeping a measured time per ``T`` instead mixes
+    contexts: 16 long rows measured at ``T = 16`` beside start-up points at 17..20 made drafts look free.)
+    With no base curve, the first step measured becomes its point."""
 
     def __init__(self):
         self._keys: list[int] = []
         self._t: dict[int, float] = {}
+        self.scale = 1.0
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def set(self, T: int, seconds: float) -> None:
+        """A point of the base curve."""
         k = bucket(T)
         if k not in self._t:
             bisect.insort(self._keys, k)
@@ -56,11 +63,17 @@ class StepTimes:
 
     def observe(self, T: int, seconds: float) -> None:
         """One step of ``T`` tokens took ``seconds``."""
-        k = bucket(T)
-        self.set(T, seconds if k not in self._t else (1 - TIME_EMA) * self._t[k] + TIME_EMA * seconds)
+        if not self._keys:
+            self.set(T, seconds)
+            return
+        self.scale = (1 - TIME_EMA) * self.scale + TIME_EMA * seconds / self.base(T)
 
     def __call__(self, T: int) -> float:
         """Estimated seconds at ``T`` tokens. Raises ValueError while nothing is measured."""
+        return self.scale * self.base(T)
+
+    def base(self, T: int) -> float:
+        """The base curve at ``T`` tokens. Raises ValueError while it has no point."""
         keys, t = self._keys, self._t
         if not keys:
             raise ValueError("StepTimes: no step time measured yet")
