@@ -152,6 +152,8 @@ class ServerArgs:
             _check_storage_dir(self.hicache_storage[len("file:"):])
         if self.hicache_size > 0 or self.hicache_storage:  # either turns the tiers on: say so in server_info
             self.enable_hierarchical_cache = True
+        if self.enable_hierarchical_cache and self.tp > 1:  # refused here, before any rank loads the model
+            raise ValueError("enable_hierarchical_cache is not supported with --tp > 1")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
 
@@ -199,6 +201,8 @@ def _check_storage_dir(path: str) -> None:
     writable directory. Raises ValueError naming ``hicache_storage``."""
     import os
     p = os.path.abspath(os.path.expanduser(path))
+    if os.path.islink(p) and not os.path.exists(p):  # makedirs would fail on it after the model loaded
+        raise ValueError(f"hicache_storage: {p} is a symbolic link to {os.readlink(p)!r}, which does not exist")
     if os.path.exists(p):
         if not os.path.isdir(p):
             raise ValueError(f"hicache_storage: {p} exists and is not a directory")

@@ -86,7 +86,9 @@ def test_disk_tier_checks_every_field(tmp_path):
                                       ({"hicache_ratio": 0.0}, "hicache_ratio"),
                                       ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
                                       ({"hicache_prefetch_threshold": 0}, "hicache_prefetch_threshold"),
-                                      ({"hicache_storage_size": 1e-12}, "hicache_storage_size: 1e-12 GB holds no page")])
+                                      ({"hicache_storage_size": 1e-12}, "hicache_storage_size: 1e-12 GB holds no page"),
+                                      ({"hicache_size": 0.5, "tp": 3},
+                                       "enable_hierarchical_cache is not supported with --tp > 1")])
 def test_bad_tier_flags_name_the_field(kw, field):
     from radixrt.runtime.config import ServerArgs
     with pytest.raises(ValueError, match=field):
@@ -97,8 +99,10 @@ def test_storage_dir_checked_before_the_model_loads(tmp_path):
     from radixrt.runtime.config import ServerArgs
     afile = tmp_path / "afile"
     afile.write_text("x")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "gone")
     for d, why in ((afile, "exists and is not a directory"), (afile / "sub", "cannot be created"),
-                   ("/proc/radixrt-x", "cannot be created")):
+                   ("/proc/radixrt-x", "cannot be created"), (dangling, "is a symbolic link to .*gone.*does not exist")):
         with pytest.raises(ValueError, match=f"hicache_storage: .*{why}"):
             ServerArgs(hicache_storage=f"file:{d}")
     assert ServerArgs(hicache_storage=f"file:{tmp_path / 'new' / 'dir'}").hicache_storage  # made later, 0700

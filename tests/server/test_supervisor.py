@@ -95,6 +95,10 @@ def test_queue_bound_is_503_with_retry_after(server):
             # a prompt that can never fit is still a 400 at once, not a 503
             r = c.post("/generate", json={"input_ids": [1] * 300, "sampling_params": GREEDY})
             assert r.status_code == 400, r.text
+            # so is a call whose choices alone exceed the bound: retrying its 503 would never succeed
+            r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "n": 4})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+            assert r.json()["error"]["message"].startswith("n: this call makes 4 requests (prompts x n), more ")
         finally:
             for rid in rids:
                 c.post("/abort_request", json={"rid": rid})

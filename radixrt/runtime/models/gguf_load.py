@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # gguf_tp imports torch.distributed: only a --tp load pays fo
 
 logger = logging.getLogger(__name__)
 LOAD_FORMATS = ("auto",) + FORMATS
-ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")  # under --tp: input columns split, outputs all-reduced
+GATHERED = ("self_attn.o_proj", "mlp.down_proj")  # under --tp: whole input gathered, output rows split
 
 
 def _drop_mapped(w: GGUFWeights) -> None:
@@ -143,7 +143,7 @@ def load_gguf_weights(path: str, margs: ModelArgs, fmt: str, tp: TPGroup | None 
     Raises:
         ValueError: ``fmt`` not in :data:`LOAD_FORMATS`; a bad file, a missing tensor, or a weight type
             without a kernel (the message names the file, the tensor and the supported types); under
-            ``--tp``, shapes that do not split over the ranks in whole blocks (the message names the tensor).
+            ``--tp``, head counts or an intermediate size that do not split over the ranks.
     """
     if fmt not in LOAD_FORMATS:
         raise ValueError(f"quantization must be one of {LOAD_FORMATS}, got {fmt!r}")
@@ -173,9 +173,8 @@ def _load(path: str, margs: ModelArgs, fmt: str, slices: TPSlices | None = None)
             if slices is not None:
                 weights, biases = slices.projection(module, weights, biases)
             lin = make_projection(weights, biases, fmt, f"layers.{i}.{module}")
-            if slices is not None and module in ROW_PARALLEL:
-                from radixrt.runtime.models.gguf_tp import RowParallel
-                lin = RowParallel(lin, slices.tp)
+            if slices is not None and module in GATHERED:
+                lin = slices.gathered(module, lin)
             out[f"layers.{i}.{module}"] = lin
         for module, part in NORMS.items():
             v = w.vector(f"blk.{i}.{part}.weight")

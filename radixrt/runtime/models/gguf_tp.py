@@ -1,22 +1,25 @@
 """Tensor parallelism over a GGUF file's own blocks: each rank reads only its slices of each tensor from
 the memory map, in the file's format, as the layer-by-layer load goes (no whole-model fp32 state dict).
 
-The layout is layers/parallel.py's (Megatron-LM, Shoeybi et al. 2019):
+Every projection is split by output rows, so every output value is computed by one rank with exactly the
+one-device arithmetic (the same blocks, the same int8 activation blocks, the same reduction order):
 
-    qkv_proj     column-parallel  rank r: rows of its query heads, then of its KV heads (q, k, v parts)
-    gate_up_proj column-parallel  rank r: rows [r*I/tp, (r+1)*I/tp) of gate and of up
-    o_proj       row-parallel     rank r: input columns of its query heads; outputs all-reduced
-    down_proj    row-parallel     rank r: input columns [r*I/tp, (r+1)*I/tp); outputs all-reduced
-    embed/head   vocab-parallel   rank r: vocabulary rows vocab_range(r); lookups summed, logits gathered
+    qkv_proj     rank r: rows of its query heads, then of its KV heads (q, k, v parts); outputs stay sharded
+    gate_up_proj rank r: rows [r*I/tp, (r+1)*I/tp) of gate and of up; outputs stay sharded
+    o_proj       rank r: rows [r*H/tp, ...) of the hidden size, over the whole input, which is first
+    down_proj    all-gathered from the ranks' shards; the output shards are all-gathered again
+    embed/head   rank r: vocabulary rows vocab_range(r); lookups summed (one rank adds a non-zero), logits
+                 gathered
 
-A row slice of a block tensor is a slice of whole rows (a view of the map where the rows are the file's).
-A column slice must start and end on a block boundary (32 values for Q4_0..Q8_0, 256 for the K-quants),
-so that each rank's blocks are exactly the file's: the ranks' partial sums are then the single-device
-blocks' products, summed in another order.
+Megatron-LM (Shoeybi et al. 2019) splits ``o_proj``/``down_proj`` by input columns and all-reduces partial
+sums instead: one collective, not two, but the sums then add in another order than one device's, and with
+int8 activations (a value near a rounding boundary of amax / 127 flips) greedy tokens drift from one
+device's and with the batch (gloo's ring reduces each element in an order that depends on the tensor's
+size). Gathering keeps ``--tp N`` bit-identical to ``--tp 1`` and batch-invariant at every format. Every
+split is by whole rows (views of the map), so no block is ever cut.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,28 +33,8 @@ def _row_range(t: RawTensor, start: int, end: int) -> RawTensor:
     return RawTensor(t.name, t.type_name, t.type_id, (end - start,) + t.shape[1:], t.data[start:end], t.owned)
 
 
-def _col_range(t: RawTensor, start: int, end: int, tp: int) -> RawTensor:
-    """Input columns ``[start, end)`` of ``t`` (our own copy: each row keeps a run of its blocks).
-
-    Raises:
-        ValueError: ``start`` or ``end`` is not on a block boundary of ``t``'s type.
-    """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type_id)]
-    if start % block or end % block:
-        raise ValueError(f"--tp {tp}: {t.name} ({t.type_name}, blocks of {block} values) cannot be split at "
-                         f"input columns [{start}, {end}): each rank's share must be whole blocks")
-    if t.type_name in ("F32", "F16"):  # stored as items, the rest as bytes
-        lo, hi = start, end
-    else:
-        lo, hi = start // block * size, end // block * size
-    data = np.ascontiguousarray(t.data[:, lo:hi])
-    return RawTensor(t.name, t.type_name, t.type_id, (t.shape[0], end - start), data, owned=True)
-
-
 class TPSlices:
-    """Which rows and columns of each GGUF tensor rank ``tp.rank`` of ``tp.size`` holds.
+    """Which rows of each GGUF tensor rank ``tp.rank`` of ``tp.size`` holds.
 
     Raises (at construction):
         ValueError: head counts, the intermediate size or the vocabulary that do not split over ``tp.size``.
@@ -69,38 +52,49 @@ class TPSlices:
             raise ValueError(f"tp={tp.size} must divide intermediate_size={inter}")
         self.inter_size = inter // tp.size
         self.inter = (tp.rank * self.inter_size, (tp.rank + 1) * self.inter_size)
+        self.hidden = vocab_range(tp.rank, tp.size, margs.hidden_size)  # the same near-even split
+        self.hidden_sizes = _sizes(tp.size, margs.hidden_size)
+        self.q_sizes = [len(q_heads(i, tp.size, margs.num_heads)) * hd for i in range(tp.size)]
+        self.inter_sizes = [self.inter_size] * tp.size
         self.vocab = vocab_range(tp.rank, tp.size, margs.vocab_size)
-        self.vocab_sizes = [e - s for s, e in (vocab_range(i, tp.size, margs.vocab_size) for i in range(tp.size))]
+        self.vocab_sizes = _sizes(tp.size, margs.vocab_size)
 
     def projection(self, module: str, weights: list[RawTensor], biases: list[RawTensor] | None):
-        """This rank's ``(weights, biases)`` of one fused projection (``gguf_weights.PROJECTIONS`` order).
-        A row-parallel bias stays on rank 0 only, so that the all-reduce counts it once."""
-        def rows(parts, ranges):
-            return None if parts is None else [_row_range(p, *r) for p, r in zip(parts, ranges)]
-
+        """This rank's output rows ``(weights, biases)`` of one fused projection (``gguf_weights.PROJECTIONS``
+        order)."""
         if module == "self_attn.qkv_proj":
             ranges = [self.q, self.kv, self.kv]
-            return rows(weights, ranges), rows(biases, ranges)
-        if module == "mlp.gate_up_proj":
-            return rows(weights, [self.inter] * 2), rows(biases, [self.inter] * 2)
-        cols = self.q if module == "self_attn.o_proj" else self.inter
-        bias = biases if self.tp.rank == 0 else None
-        return [_col_range(weights[0], *cols, self.tp.size)], bias
+        elif module == "mlp.gate_up_proj":
+            ranges = [self.inter] * 2
+        else:  # o_proj, down_proj: rows of the hidden size (their whole input is gathered first)
+            ranges = [self.hidden]
+        return ([_row_range(p, *r) for p, r in zip(weights, ranges)],
+                None if biases is None else [_row_range(b, *r) for b, r in zip(biases, ranges)])
+
+    def gathered(self, module: str, inner: nn.Module) -> nn.Module:
+        """``o_proj`` / ``down_proj`` over this rank's output rows, between the two all-gathers."""
+        ins = self.q_sizes if module == "self_attn.o_proj" else self.inter_sizes
+        return GatherLinear(inner, ins, self.hidden_sizes, self.tp)
 
     def vocab_rows(self, t: RawTensor) -> RawTensor:
         """The embedding's or head's rows of this rank's vocabulary range."""
         return _row_range(t, *self.vocab)
 
 
-class RowParallel(nn.Module):
-    """``y = all_reduce(inner(x_r))``: a projection over this rank's input columns, in any format."""
+def _sizes(tp: int, n: int) -> list[int]:
+    return [e - s for s, e in (vocab_range(i, tp, n) for i in range(tp))]
 
-    def __init__(self, inner: nn.Module, tp: TPGroup):
+
+class GatherLinear(nn.Module):
+    """``y = gather(inner(gather(x_r)))``: the ranks' input shards ``[T, ins[r]]`` joined into the whole
+    input, this rank's output rows computed on it (any format), the output shards ``[T, outs[r]]`` joined."""
+
+    def __init__(self, inner: nn.Module, ins: list[int], outs: list[int], tp: TPGroup):
         super().__init__()
-        self.inner, self.tp = inner, tp
+        self.inner, self.ins, self.outs, self.tp = inner, ins, outs, tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.inner(x))
+        return self.tp.all_gather_last(self.inner(self.tp.all_gather_last(x.contiguous(), self.ins)), self.outs)
 
 
 class VocabShard(nn.Module):

@@ -102,11 +102,28 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
 
 
+def _check_split(args) -> None:
+    """Refuse a ``--tp`` that the model's heads or MLP width do not split, before any rank is spawned (each
+    would load the model only to fail the same way).
+
+    Raises:
+        ValueError: naming the count that does not split.
+    """
+    from radixrt.runtime.layers.tp_shard import local_heads
+    from radixrt.runtime.models.args import ModelArgs
+    from radixrt.runtime.models.loader import load_config
+    a = ModelArgs.from_hf(load_config(args.model))
+    local_heads(a.num_heads, a.num_kv_heads, args.tp)
+    if a.intermediate_size % args.tp:
+        raise ValueError(f"tp={args.tp} must divide intermediate_size={a.intermediate_size}")
+
+
 def _start_tp(args, args_json: bytes):
     """Rank 0 of ``--tp``: under torchrun the other ranks exist already (``env://``); else spawn them here."""
     from radixrt.runtime.layers.parallel import init_tp, rank_device
     from radixrt.runtime.executor.model_runner import resolve_device_dtype
     from radixrt.runtime.scheduler.tp_lockstep import spawn_workers
+    _check_split(args)
     device = rank_device(resolve_device_dtype(args.device, args.dtype)[0], 0)
     if "WORLD_SIZE" in os.environ:
         if int(os.environ["WORLD_SIZE"]) != args.tp:

@@ -24,6 +24,8 @@ ever inserts ``fill_ids[:num_computed]``, which holds accepted tokens only.
 """
 from __future__ import annotations
 
+import logging
+
 from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.scheduler.request import Req
@@ -49,6 +51,9 @@ class Speculator:
         # under --tp every rank must draft alike; the ranks' lockstep carries no drafts yet
         self.drafter = make_drafter(args.speculative_algorithm, cfg) if args.tp == 1 else None
         self.algorithm = args.speculative_algorithm if self.drafter is not None else "none"
+        if args.tp > 1 and args.speculative_algorithm != "none":
+            logging.getLogger(__name__).warning("--speculative-algorithm %s is not run under --tp %d: decoding "
+                                                "without drafts", args.speculative_algorithm, args.tp)
         self.max_batch = args.speculative_max_batch_size or None
         self.adaptive = args.speculative_adaptive
         self.chunk = args.chunked_prefill_size

@@ -42,10 +42,15 @@ class Admission:
         return None if self.max_queued is None else self.max_running + self.max_queued
 
     def check(self, in_flight: int, n: int) -> None:
-        """Raises ApiError 503 when draining, or when ``n`` more requests would exceed the bound."""
+        """Raises ApiError 503 when draining, or when ``n`` more requests (a call's prompts x its ``n``
+        choices) would exceed the bound; 400 when ``n`` alone exceeds it: waiting would never make room."""
         if self.draining is not None:
             raise ApiError(self.draining, status=503, type="service_unavailable")
         limit = self.limit
+        if limit is not None and n > limit:
+            raise ApiError(f"n: this call makes {n} requests (prompts x n), more than the server ever holds in "
+                           f"flight ({limit}: --max-running-requests {self.max_running} + --max-queued-requests "
+                           f"{self.max_queued})", status=400, param="n")
         if limit is not None and in_flight + n > limit:
             self.refused += 1
             raise ApiError(f"the server is at capacity: {in_flight} requests in flight, at most {limit} "
