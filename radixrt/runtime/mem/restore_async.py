@@ -40,6 +40,17 @@ from radixrt.runtime.mem.page_hash import page_hashes
 logger = logging.getLogger(__name__)
 
 
+def on_stream(stream, fn, job):
+    """``fn(job)`` on the CUDA copy ``stream`` (synchronized before it returns), or as is without one: how
+    the restore and store threads (store_async.py) run each copy."""
+    if stream is None:
+        return fn(job)
+    with torch.cuda.stream(stream):
+        out = fn(job)
+    stream.synchronize()
+    return out
+
+
 @dataclass(eq=False)
 class RestoreJob:
     """One run of pages on its way into the pool. ``host``: ``(index in run, key, slot, score, hits)``;
@@ -151,12 +162,7 @@ class Restorer:
                 return
             t0 = time.perf_counter()
             try:
-                if self.stream is not None:
-                    with torch.cuda.stream(self.stream):
-                        job.landed = self._copy(job)
-                    self.stream.synchronize()
-                else:
-                    job.landed = self._copy(job)
+                job.landed = on_stream(self.stream, self._copy, job)
             except BaseException as e:  # nothing landed: the request recomputes; the scheduler logs it
                 job.error, job.landed = e, 0
             job.seconds = time.perf_counter() - t0

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixrt.runtime.mem.restore_async import on_stream
+
 logger = logging.getLogger(__name__)
 
 
@@ -104,12 +106,7 @@ class Storer:
                 return
             t0 = time.perf_counter()
             try:
-                if self.stream is not None:
-                    with torch.cuda.stream(self.stream):
-                        self._copy(job)
-                    self.stream.synchronize()
-                else:
-                    self._copy(job)
+                on_stream(self.stream, self._copy, job)
             except BaseException as e:  # the slots are given back at poll; the pages were cached, not needed
                 job.error = e
             job.seconds = time.perf_counter() - t0
