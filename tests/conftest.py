@@ -1,5 +1,5 @@
-"""Shared fixtures. The model loads once per session (weights are cached in-process by
-``load_state_dict``, so further engines only allocate their KV pool). After every test, every live engine
+"""Shared fixtures. The model loads once per session (the ``engine`` fixture; a GGUF's tensors are views of
+its memory map, opened once per process). After every test, every live engine
 must satisfy free + evictable + protected (+ private, while busy) = total pages, with all locks released."""
 from __future__ import annotations
 

@@ -17,15 +17,14 @@ from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.executor.cascade_groups import group_decode_rows
 from radixrt.runtime.executor.kv_dtype import resolve_kv_dtype
 from radixrt.runtime.layers.quant import quantize_for_source
-from radixrt.runtime.layers.tp_shard import local_heads, shard_model
+from radixrt.runtime.layers.tp_shard import local_heads
 from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
-from radixrt.runtime.models.loader import load_model_config, load_state_dict, resolve_model
+from radixrt.runtime.models.loader import load_model_config, resolve_model
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.gguf_load import build_from_gguf
 from radixrt.runtime.models.st_load import build_from_safetensors
-from radixrt.runtime.models.assemble import no_init
+from radixrt.runtime.models.dense_load import build_dense
 from radixrt.runtime.models.llama import LlamaForCausalLM
-from radixrt.runtime.models.rope import Rotary
 
 logger = logging.getLogger(__name__)
 CPU_MAX_CONTEXTS = 8  # an unset --max-total-tokens on the cpu: the pool holds at most this many contexts
@@ -123,16 +122,11 @@ class ModelRunner:
                 and (unsharded or not safetensors) and self.dtype == torch.float32)
 
     def _dense_model(self, margs: ModelArgs, tp) -> LlamaForCausalLM:
-        """The fp32 state-dict path (safetensors directories under --tp, CUDA): load, shard, move, quantize."""
-        with torch.device("meta"), no_init():
-            model = LlamaForCausalLM(margs)
-        model = model.to_empty(device="cpu")
-        model.rotary = Rotary(margs.inv_freq, margs.max_position_embeddings, margs.rope_scaling)
-        model.load_hf_state_dict(load_state_dict(self.args.model))
-        if tp is not None and tp.size > 1:
-            shard_model(model, tp)
-        model = model.to(device=self.device, dtype=self.dtype).eval()
-        model.rotary.to(self.device)  # tables stay fp32; cast per use
+        """The dense path (CUDA, a bf16/fp16 model on the CPU, safetensors directories under --tp): the
+        files read layer by layer into ``self.dtype`` on the device (models/dense_load.py), then quantized
+        where the format asks."""
+        model = build_dense(self.source.directory, self.source.gguf_file, margs, self.device, self.dtype, tp,
+                            max_pos=self.context_length)
         self.quantization = quantize_for_source(model, self.args.quantization, self.source, self.device)
         return model
 

@@ -165,7 +165,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, weight: torch.Tensor, start: int, end: int, tp: TPGroup):
         super().__init__()
         self.tp, self.start, self.end = tp, start, end
-        self.weight = nn.Parameter(weight[start:end].contiguous(), requires_grad=False)
+        self.weight = nn.Parameter(weight[start:end].clone(), requires_grad=False)  # not a view of the whole
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         mine = (ids >= self.start) & (ids < self.end)

@@ -42,39 +42,56 @@ def shard_model(model: nn.Module, tp: TPGroup) -> nn.Module:
     """
     if tp.size == 1:
         return model
-    a, r, n = model.args, tp.rank, tp.size
+    for layer in model.layers:
+        shard_layer(layer, model.args, tp)
+    return shard_vocab(model, tp)
+
+
+def shard_layer(layer: nn.Module, a, tp: TPGroup) -> nn.Module:
+    """Swap one ``DecoderLayer``'s projections (``a``: the model's ``ModelArgs``) for rank ``tp.rank``'s
+    parallel ones, in place: what a layer-by-layer load calls before the next layer is read.
+
+    Raises:
+        ValueError: as :func:`shard_model`.
+    """
+    r, n = tp.rank, tp.size
     qh, kh = q_heads(r, n, a.num_heads), kv_heads(r, n, a.num_kv_heads)
     hd = a.head_dim
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        w, b = _linear(attn.qkv_proj)
-        q_size, kv_size = a.num_heads * hd, a.num_kv_heads * hd
-        wq, wk, wv = w.split([q_size, kv_size, kv_size])
-        parts = [_rows(wq, qh, hd), _rows(wk, kh, hd), _rows(wv, kh, hd)]
-        bias = None
-        if b is not None:
-            bq, bk, bv = b.split([q_size, kv_size, kv_size])
-            bias = torch.cat([_rows(bq[:, None], qh, hd)[:, 0], _rows(bk[:, None], kh, hd)[:, 0],
-                              _rows(bv[:, None], kh, hd)[:, 0]])
-        attn.qkv_proj = ColumnParallelLinear(torch.cat(parts), bias)
-        w, b = _linear(attn.o_proj)
-        cols = w.view(w.shape[0], a.num_heads, hd)[:, qh].reshape(w.shape[0], -1)
-        attn.o_proj = RowParallelLinear(cols, b, tp)
-        attn.nh, attn.nkv = len(qh), len(kh)
-        attn.q_size, attn.kv_size = len(qh) * hd, len(kh) * hd
+    attn, mlp = layer.self_attn, layer.mlp
+    w, b = _linear(attn.qkv_proj)
+    q_size, kv_size = a.num_heads * hd, a.num_kv_heads * hd
+    wq, wk, wv = w.split([q_size, kv_size, kv_size])
+    parts = [_rows(wq, qh, hd), _rows(wk, kh, hd), _rows(wv, kh, hd)]
+    bias = None
+    if b is not None:
+        bq, bk, bv = b.split([q_size, kv_size, kv_size])
+        bias = torch.cat([_rows(bq[:, None], qh, hd)[:, 0], _rows(bk[:, None], kh, hd)[:, 0],
+                          _rows(bv[:, None], kh, hd)[:, 0]])
+    attn.qkv_proj = ColumnParallelLinear(torch.cat(parts), bias)
+    w, b = _linear(attn.o_proj)
+    cols = w.view(w.shape[0], a.num_heads, hd)[:, qh].reshape(w.shape[0], -1)
+    attn.o_proj = RowParallelLinear(cols, b, tp)
+    attn.nh, attn.nkv = len(qh), len(kh)
+    attn.q_size, attn.kv_size = len(qh) * hd, len(kh) * hd
 
-        w, b = _linear(mlp.gate_up_proj)
-        inter, per = mlp.inter, mlp.inter // n
-        if inter % n:
-            raise ValueError(f"tp={n} must divide intermediate_size={inter}")
-        sl = slice(r * per, (r + 1) * per)
-        gate, up = w.split(inter)
-        gb = None if b is None else torch.cat([b[:inter][sl], b[inter:][sl]])
-        mlp.gate_up_proj = ColumnParallelLinear(torch.cat([gate[sl], up[sl]]), gb)
-        w, b = _linear(mlp.down_proj)
-        mlp.down_proj = RowParallelLinear(w[:, sl], b, tp)
-        mlp.inter = per
+    w, b = _linear(mlp.gate_up_proj)
+    inter, per = mlp.inter, mlp.inter // n
+    if inter % n:
+        raise ValueError(f"tp={n} must divide intermediate_size={inter}")
+    sl = slice(r * per, (r + 1) * per)
+    gate, up = w.split(inter)
+    gb = None if b is None else torch.cat([b[:inter][sl], b[inter:][sl]])
+    mlp.gate_up_proj = ColumnParallelLinear(torch.cat([gate[sl], up[sl]]), gb)
+    w, b = _linear(mlp.down_proj)
+    mlp.down_proj = RowParallelLinear(w[:, sl], b, tp)
+    mlp.inter = per
+    return layer
 
+
+def shard_vocab(model: nn.Module, tp: TPGroup) -> nn.Module:
+    """Keep rank ``tp.rank``'s vocabulary rows of the embedding and ``lm_head`` (copies: the whole tensors
+    can be freed), and replace ``compute_logits`` by one that all-gathers the shards."""
+    a, r, n = model.args, tp.rank, tp.size
     start, end = vocab_range(r, n, a.vocab_size)
     sizes = [e - s for s, e in (vocab_range(i, n, a.vocab_size) for i in range(n))]
     model.embed_tokens = VocabParallelEmbedding(model.embed_tokens.weight.detach(), start, end, tp)

@@ -209,34 +209,49 @@ class LlamaForCausalLM(nn.Module):
         Raises:
             ValueError: a missing or unexpected tensor.
         """
-        own: dict[str, torch.Tensor] = {}
-        a = self.args
-
-        def put(dst: str, names: list[str]) -> None:
-            try:
-                own[dst] = torch.cat([sd[n] for n in names], dim=0) if len(names) > 1 else sd[names[0]]
-            except KeyError as e:
-                raise ValueError(f"weights do not fit the {a.model_type} model: missing {e.args[0]}") from None
-
+        a, own = self.args, {}
         for i in range(a.num_layers):
-            p, q = f"model.layers.{i}.", f"layers.{i}."
-            kinds = ["weight"] + (["bias"] if a.qkv_bias else [])
-            for kind in kinds:
-                put(q + f"self_attn.qkv_proj.{kind}", [p + f"self_attn.{n}_proj.{kind}" for n in "qkv"])
-            for kind in ["weight"] + (["bias"] if a.o_bias else []):
-                put(q + f"self_attn.o_proj.{kind}", [p + f"self_attn.o_proj.{kind}"])
-            for kind in ["weight"] + (["bias"] if a.mlp_bias else []):
-                put(q + f"mlp.gate_up_proj.{kind}", [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"])
-                put(q + f"mlp.down_proj.{kind}", [p + f"mlp.down_proj.{kind}"])
-            norms = ["input_layernorm", "post_attention_layernorm"]
-            norms += ["self_attn.q_norm", "self_attn.k_norm"] if a.qk_norm else []
-            for n in norms:
-                put(q + f"{n}.weight", [p + f"{n}.weight"])
-        put("embed_tokens.weight", ["model.embed_tokens.weight"])
-        put("norm.weight", ["model.norm.weight"])
-        if self.lm_head is not None:
-            put("lm_head.weight", ["lm_head.weight"])
+            own.update({f"layers.{i}.{k}": v for k, v in fuse_hf(hf_names(a, i), sd.__getitem__, a).items()})
+        own.update(fuse_hf(hf_names(a, None), sd.__getitem__, a))
         missing, unexpected = self.load_state_dict(own, strict=False)
         missing = [m for m in missing if not m.startswith("rotary")]
         if missing or unexpected:
             raise ValueError(f"weights do not fit the {a.model_type} model: missing={missing} unexpected={unexpected}")
+
+
+def hf_names(a: ModelArgs, layer: int | None) -> dict[str, list[str]]:
+    """Our parameter names -> the transformers tensors each one is made of (row-concatenated: q/k/v and
+    gate/up are fused). ``layer`` i: the names of ``layers.{i}`` relative to it; None: the model's own
+    (embedding, final norm, and ``lm_head`` unless tied)."""
+    if layer is None:
+        out = {"embed_tokens.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
+        if not a.tie_word_embeddings:
+            out["lm_head.weight"] = ["lm_head.weight"]
+        return out
+    p, out = f"model.layers.{layer}.", {}
+    for kind in ["weight"] + (["bias"] if a.qkv_bias else []):
+        out[f"self_attn.qkv_proj.{kind}"] = [p + f"self_attn.{n}_proj.{kind}" for n in "qkv"]
+    for kind in ["weight"] + (["bias"] if a.o_bias else []):
+        out[f"self_attn.o_proj.{kind}"] = [p + f"self_attn.o_proj.{kind}"]
+    for kind in ["weight"] + (["bias"] if a.mlp_bias else []):
+        out[f"mlp.gate_up_proj.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
+        out[f"mlp.down_proj.{kind}"] = [p + f"mlp.down_proj.{kind}"]
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    norms += ["self_attn.q_norm", "self_attn.k_norm"] if a.qk_norm else []
+    out.update({f"{n}.weight": [p + f"{n}.weight"] for n in norms})
+    return out
+
+
+def fuse_hf(names: dict[str, list[str]], get: Callable[[str], torch.Tensor], a: ModelArgs) -> dict[str, torch.Tensor]:
+    """``{our name: tensor}`` for :func:`hf_names`' ``names``, each read by ``get(transformers name)``.
+
+    Raises:
+        ValueError: ``get`` raised KeyError (the message names the missing tensor).
+    """
+    own = {}
+    for dst, parts in names.items():
+        try:
+            own[dst] = torch.cat([get(n) for n in parts], dim=0) if len(parts) > 1 else get(parts[0])
+        except KeyError as e:
+            raise ValueError(f"weights do not fit the {a.model_type} model: missing {e.args[0]}") from None
+    return own

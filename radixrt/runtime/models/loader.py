@@ -217,9 +217,9 @@ def deferred_tokenizer(model: str | None = None):
 
 @lru_cache(maxsize=1)
 def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
-    """fp32 weights in transformers' naming, shared by every engine of this process (read-only): what
-    CUDA and a safetensors directory under ``--tp`` load (they move or shard a dense model). A GGUF is dequantized from the file
-    (``gguf.quants``, as transformers does), never cached on disk."""
+    """The whole model's fp32 weights in transformers' naming (read-only, cached per process): a reference for
+    tests and benchmarks only. The runtime never builds it: every path loads layer by layer
+    (:mod:`.gguf_load`, :mod:`.gguf_tp`, :mod:`.st_load`, :mod:`.dense_load`)."""
     from safetensors.torch import load_file
 
     cfg = load_config(model)
