@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Optional
@@ -81,6 +83,12 @@ def serve(args: ServerArgs) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
     children = None
+    try:  # before the model loads: a port in use is one line and exit 2, not an exit 3 seconds later
+        http_sock = _listen(args.host, args.port, "--port")
+        _listen(args.host, args.dsl_port, "--zmq-port").close()  # zmq binds it itself, once started
+    except ValueError as e:
+        print(f"radixrt: error: {e}", file=sys.stderr)
+        return 2
     early = _EarlySignal()  # until uvicorn's handlers: a stop then must not orphan started children
     try:  # a bad path or file fails here with one line (the children, if started, are stopped first)
         src = resolve_model(args.model)
@@ -136,7 +144,7 @@ def serve(args: ServerArgs) -> int:
         tm.stop_processes()
         return 0
     try:
-        server.run()
+        server.run(sockets=[http_sock])
     finally:
         tm.stop_processes()
     if tm.fatal is not None:
@@ -159,6 +167,28 @@ def _start_children_early(args: ServerArgs, src):
     children = ChildProcesses(args)
     children.spawn()
     return children
+
+
+def _listen(host: str, port: int, flag: str) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` (``SO_REUSEADDR``, as uvicorn binds), for uvicorn to serve on.
+
+    Raises:
+        ValueError: the address cannot be bound (in use, not this machine's, no permission), naming ``flag``.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port} ({flag}): {e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        reason = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        raise ValueError(f"cannot listen on {host}:{port} ({flag}): {reason}") from None
+    sock.set_inheritable(False)
+    return sock
 
 
 class _EarlySignal:
