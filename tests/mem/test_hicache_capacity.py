@@ -25,6 +25,7 @@ class Turn:
     def __init__(self, ids: list[int], rid: str) -> None:
         self.input_ids, self.output_ids, self.rid, self.cache_salt = ids, [], rid, None
         self.page_table, self.last_node, self.prefix_len, self.num_computed = [], None, 0, 0
+        self.hit_counted = False
 
     @property
     def fill_ids(self) -> list[int]:

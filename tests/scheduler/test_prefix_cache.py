@@ -233,3 +233,23 @@ def test_dfs_weight_and_fcfs_policies(passage_ids, engine):
             assert sum(o["meta_info"]["cached_tokens"] for o in outs) >= 6 * 48
         finally:
             close_engine(e)
+
+
+def test_one_hit_per_request_however_often_admitted():
+    """An admission retried for want of pages (released, then admitted again next step) or after a
+    preemption counts one hit on its prefix, not one per try: LFU/GDSF rank by hits."""
+    from radixrt.runtime.mem.req_pages import ReqPages
+    mem = ReqPages(4, 64, True, "lfu")
+    hot = list(range(100, 116))
+    mem.tree.insert(hot, mem.allocator.allocate(4))
+    req = Req("r", hot + [1, 2], SamplingParams(), 4)
+    for _ in range(3):
+        assert mem.admit(req) == 16
+        mem.release(req)
+    node = mem.tree.match_prefix(hot).last_node
+    assert (node.key, node.hit_count) == (hot, 1)
+    other = Req("s", hot + [3], SamplingParams(), 4)
+    mem.admit(other)
+    mem.release(other)
+    assert node.hit_count == 2
+    assert mem.allocator.num_free + mem.tree.evictable_pages == 64 and mem.tree.protected_pages == 0

@@ -66,12 +66,17 @@ class ReqPages:
         return self.allocator.allocate(n)
 
     def admit(self, req: Req) -> int:
-        """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens."""
+        """Match the request's cacheable prefix, lock it, adopt its pages. Returns matched tokens. The match
+        counts a hit on its nodes at the request's first admission only."""
         pages, node = [], None
         if self.tree is not None and req.max_cacheable_prefix() > 0:
             if self.hicache is not None and self.hicache.restorer is None:  # evicted pages come back first
                 self.hicache.restore(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
-            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt, hit=True)
+            # one hit per request: an admission retried for want of pages, or after a preemption, is the
+            # same access (each retry counted before, inflating LFU/GDSF's frequencies of queued prefixes)
+            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt,
+                                       hit=not req.hit_counted)
+            req.hit_counted = True
             pages, node = m.pages, m.last_node
             self.tree.inc_lock_ref(node)
         matched = len(pages) * self.P

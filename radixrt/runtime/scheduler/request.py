@@ -35,6 +35,7 @@ class Req:
     last_node: Any = None
     restore_job: Any = None             # mem/restore_async.RestoreJob bringing its prefix back (admission waits)
     cached_tokens: int = 0              # tokens taken from the tree at first admission (reported)
+    hit_counted: bool = False           # its admission counted a hit on the matched nodes (once per request)
     wait_steps: int = 0
     finished_reason: Optional[dict] = None
     # For the request log (request_log.py): Unix times of arrival and first admission, the cacheable
