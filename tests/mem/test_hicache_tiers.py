@@ -129,6 +129,17 @@ def test_disk_tier_recreates_a_deleted_directory(tmp_path):
     d.close()
 
 
+def test_disk_tier_forgets_the_files_of_a_deleted_directory(tmp_path):
+    import shutil
+    d = DiskTier(str(tmp_path / "kv"), bytes(16), ("fp16", 16, 2, 3, 8), 10)
+    assert all(d.write(None, h, bytes(10)) for h in (1, 3, 4)) and d.flush()
+    shutil.rmtree(d.dir)
+    assert d.write(None, 2, bytes(10)) and d.flush()  # no read of the lost ones: the write finds out
+    assert d.recreated == 1 and d.known == {d.name(None, 2)} and list(d._lru) == [d.name(None, 2)]
+    assert all((None, h) not in d for h in (1, 3, 4))
+    d.close()
+
+
 def test_server_args_report_the_tiers_on(tmp_path):
     from radixrt.runtime.config import ServerArgs
     assert ServerArgs().enable_hierarchical_cache is False

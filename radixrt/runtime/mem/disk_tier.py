@@ -151,6 +151,7 @@ class DiskTier:
                     os.chmod(self.dir, 0o700)
                     self.recreated += 1
                     self._write_file(name, data)
+                    self._resync()
                 self.written += 1
                 self.bytes_written += len(data)
             except OSError as e:  # a full disk loses the page, not the server
@@ -160,6 +161,16 @@ class DiskTier:
                 self.write_seconds += time.perf_counter() - t0
                 with self._lock:
                     self._pending -= 1
+
+    def _resync(self) -> None:
+        """The directory was made again (writer thread): forget the files that went with the old one, which
+        ``disk.files`` still counted, keeping those on disk and those whose writes are queued."""
+        with self._queue.mutex:
+            queued = {item[0] for item in self._queue.queue if item is not None and item[1] is not None}
+        keep = queued | {n[:-3] for n in os.listdir(self.dir) if n.endswith(".kv")}
+        for name in list(self.known):  # list(set) copies in one step: the scheduler thread may add meanwhile
+            if name not in keep:
+                self._forget(name)
 
     def _write_file(self, name: str, data: bytes) -> None:
         tmp = self.path(name) + f".tmp{threading.get_ident()}"
