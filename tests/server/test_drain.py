@@ -153,3 +153,20 @@ def test_sigterm_while_starting_stops_the_children():
     finally:
         server.kill()
 
+
+
+def test_sigterm_repeated_until_exit_is_still_status_0():
+    """A stop signal every 20 ms until the process is gone (an impatient supervisor): each one after the
+    first only hurries the stop, and one landing after the clean-up used to meet CPython's finalization,
+    which restores the default action (exit -15 while it joined idle threads)."""
+    server = start_server()
+    try:
+        deadline = time.monotonic() + 30
+        while server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
+            assert time.monotonic() < deadline, server.logs()
+            time.sleep(0.02)
+        assert server.proc.returncode == 0, server.logs()
+        assert "Traceback" not in server.logs()
+    finally:
+        server.kill()

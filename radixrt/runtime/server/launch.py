@@ -275,5 +275,19 @@ def _server_class():
     return _Server
 
 
+def cli() -> None:
+    """The ``radixrt`` command: :func:`main`, then exit at once with its status. Once ``main`` returns, the
+    stop is complete (children stopped, IPC folder removed): a second SIGTERM then is ignored instead of
+    killing the interpreter's finalization (CPython restores the default action, exit -15, and joins idle
+    pool threads first)."""
+    code = main()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()
