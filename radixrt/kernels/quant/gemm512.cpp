@@ -129,7 +129,7 @@ bool gemm512_enabled() {
 // threads, weights cycled from memory): Q4_K 20-22 GB/s on gemv512.h vs 31-38 on the AVX2 tile, Q8_0 25-27
 // vs 32-34; in cache both ~45 (Q4_K). The AVX2 tile reads each weight row in address order, one stream the
 // hardware prefetcher follows; gemv512.h's 4-8 interleaved rows leaned on software prefetch, which lost here.
-static bool decode512() {
+bool decode512() {
   static const bool on = [] {
     const char* v = std::getenv("RADIXRT_GGML_DECODE512");
     return v != nullptr && *v && std::string(v) != "0";
