@@ -106,9 +106,10 @@ struct KQuant {
 #define RADIXRT_VNNI256 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 // Decode (1 row) where the CPU has AVX-512 VNNI: KQuant::stream with vpdpwssd on 256 bits in place of
-// madd + add (the same exact int32 sums, so the same bits), in the same address order. Why: in cache the AVX2
-// tile reads ~45 GB/s of Q4_K on 2 threads, near what memory gives, so each instruction saved per
-// sub-block shows; gemv512.h's 512-bit tiles save more but read 4 rows interleaved, slower from memory here.
+// madd + add (the same exact int32 sums, so the same bits), in the same address order. Why: in cache the
+// AVX2 tile reads ~45 GB/s of Q4_K on 2 threads, near what memory gives, so each instruction saved per
+// sub-block shows; gemv512.h's 512-bit tiles save more but read 4 rows interleaved, slower from memory
+// here (gemm512.cpp, decode512).
 template <class T>
 struct KQuantVnni {
   // weight rows n .. n + RB against activation row m0
