@@ -109,6 +109,38 @@ def test_layers_the_op_cannot_run_stay_python(monkeypatch):
         assert calls == expected
 
 
+def _in_parts(model: llama.LlamaForCausalLM) -> None:
+    """Each layer's qkv as a Q4_K_M file stores it: parts of two types (q in Q8_0, k and v in Q5_0)."""
+    from gguf import GGMLQuantizationType, quants
+
+    from radixrt.kernels import quant
+    from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLLinear
+    for layer in model.layers:
+        a = layer.self_attn
+        blocks, hidden = a.qkv_proj.blocks, a.qkv_proj.in_features
+        kv = quant.dequantize(blocks[a.q_size:].contiguous(), 8).numpy()
+        q5 = torch.from_numpy(quants.quantize(kv, GGMLQuantizationType.Q5_0).copy())
+        a.qkv_proj = ConcatLinear([GGMLLinear("Q8_0", blocks[:a.q_size].contiguous(), hidden, None),
+                                   GGMLLinear("Q5_0", q5.reshape(kv.shape[0], -1), hidden, None)])
+
+
+def test_projection_in_parts_runs_in_the_op(monkeypatch):
+    """A projection stored in parts of different types (ConcatLinear) runs inside the op, one weight per
+    part flagged CONT after the first, concatenated as the module does: the same bits as layer by layer."""
+    from radixrt.kernels.layer import CONT
+    model = _model("int8")
+    _in_parts(model)
+    w = model.layers[0].fused_args(1)
+    assert w is not None and w.kinds == [108, 106 | CONT, 108, 108, 108] and len(w.weights) == 5
+    ours, kv1, calls = _run(model, STEPS, True, monkeypatch)
+    ref, kv2, none = _run(model, STEPS, False, monkeypatch)
+    assert none == 0 and calls == 6 * 3
+    for o, r in zip(ours, ref):
+        assert torch.equal(o, r)
+    for layer in range(model.args.num_layers):
+        assert torch.equal(kv1.k_buffer(layer), kv2.k_buffer(layer))
+
+
 @pytest.mark.parametrize("m", [1, 8, 9, 32, 300])
 def test_dense_weight_layouts(m):
     """One copy, the panel layout, for every row count (fp32 and a 2-byte copy); equal to a matmul to

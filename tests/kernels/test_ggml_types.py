@@ -133,8 +133,8 @@ def test_decode_rows_many_chunks(ops, t):
 
 
 def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
-    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.h's tiles and of 1-2 rows gemv512.h's
-    (Q6_K: the AVX2 tile): the same bits as the AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
+    """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.h's tiles, of 2 rows gemv512.h's
+    (Q6_K: the AVX2 tile), of 1 row gemv512.h's only with RADIXRT_GGML_DECODE512=1: the same bits as the AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
     and type; elsewhere both processes run the AVX2 tiles."""
     import subprocess
     import sys
@@ -151,12 +151,18 @@ def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
                    env=env, check=True)
     avx2 = torch.load(tmp_path / "avx2.pt")
     assert avx2["enabled"] is False
+    # 1 row runs the AVX2 tile by default; gemv512.h's 1-row tiles only with RADIXRT_GGML_DECODE512=1
+    env = dict(os.environ, RADIXRT_GGML_DECODE512="1")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "d512.pt")],
+                   env=env, check=True)
+    d512 = torch.load(tmp_path / "d512.pt")
     flags = open("/proc/cpuinfo").read()
     assert ops.gemm512_enabled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq",
                                                                "avx512_vnni"))
     for t in TYPES:
-        for m, ref in zip((1, 2, 3, 8, 65, 130), avx2[t.name]):
+        for m, ref, other in zip((1, 2, 3, 8, 65, 130), avx2[t.name], d512[t.name]):
             assert torch.equal(ops.mm(x[:m].contiguous(), ws[t.name], t.ggml_type), ref), (t.name, m)
+            assert torch.equal(other, ref), (t.name, m)
 
 
 def test_older_ops_agree(ops, case):

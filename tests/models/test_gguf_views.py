@@ -41,3 +41,30 @@ def test_stored_blocks_are_views_of_the_map_and_stacked_parts_are_copies():
     want = np.concatenate([np.asarray(raw[f"blk.0.ffn_{p}.weight"].data) for p in ("gate", "up")])
     assert gate_up.numpy().tobytes() == want.tobytes()
     assert _file_offset(gate_up.data_ptr()) is None  # our own (anonymous) memory
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping holding ``addr`` (``/proc/self/smaps``)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"address {addr:#x} is not mapped")
+
+
+def test_copied_weights_are_advised_huge_pages():
+    """Our copies of at least 2 MiB (stacked gate/up, unpermuted q/k) sit in 2 MiB-aligned anonymous memory
+    advised MADV_HUGEPAGE ("hg"); a smaller one is a plain array."""
+    from radixrt.runtime.models.gguf_weights import huge_empty
+
+    a = huge_empty((3, 1 << 20), np.uint8)
+    a[:] = 7
+    assert a.shape == (3, 1 << 20) and a.flags.c_contiguous and a.ctypes.data % (2 << 20) == 0
+    assert "hg" in _vm_flags(a.ctypes.data) and _file_offset(a.ctypes.data) is None
+    small = huge_empty((1000,), np.float32)
+    assert small.nbytes == 4000 and "hg" not in _vm_flags(small.ctypes.data)

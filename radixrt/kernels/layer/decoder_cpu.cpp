@@ -16,7 +16,9 @@
 // Q4_1X8 / Q4_1 / Q8_0 radixrt_ggml's kernels over GGUF blocks; GGML_BASE + t radixrt_ggml::mm over blocks of
 // ggml type t; ONEDNN mkldnn::_linear_pointwise over its
 // packed weight. The caller picks the kind for the step's row
-// count (runtime/layers/quant.py, kernel_weight).
+// count (runtime/layers/quant.py, kernel_weight). A projection may be several parts whose outputs are
+// concatenated (kinds[i] | CONT on every part after the first: a Q4_K_M file's qkv with attn_v in Q6_K);
+// each part is the same product the module path runs, so the same bits as its torch.cat.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -28,6 +30,7 @@
 namespace {
 
 enum Kind : int64_t { DENSE_T = 0, GEMV = 1, Q4_1X8 = 2, Q4_1 = 3, Q8_0 = 4, ONEDNN = 5, GGML_BASE = 100 };
+constexpr int64_t CONT = 1 << 16;  // flag: this part's output is concatenated onto the previous part's
 
 using Mm = at::Tensor(const at::Tensor&, const at::Tensor&);
 using TypedMm = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t);
@@ -93,6 +96,14 @@ at::Tensor linear(const at::Tensor& x, int64_t kind, const at::Tensor& w) {
   return {};
 }
 
+// The parts [b, e) of one projection: x @ each, concatenated along the output.
+at::Tensor project(const at::Tensor& x, at::IntArrayRef kinds, at::TensorList weights, size_t b, size_t e) {
+  if (e - b == 1) return linear(x, kinds[b], weights[b]);
+  std::vector<at::Tensor> outs;
+  for (size_t i = b; i < e; ++i) outs.push_back(linear(x, kinds[i] & ~CONT, weights[i]));
+  return at::cat(outs, 1);
+}
+
 std::tuple<at::Tensor, at::Tensor> decode_layer(
     const at::Tensor& x, const c10::optional<at::Tensor>& residual_in, const at::Tensor& ln1, const at::Tensor& ln2,
     double eps, at::IntArrayRef kinds, at::TensorList weights, const at::Tensor& cos, const at::Tensor& sin,
@@ -100,7 +111,14 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     at::Tensor k_scale, at::Tensor v_scale, const at::Tensor& out_loc, const at::Tensor& rows, const at::Tensor& page_ptr, const at::Tensor& kv_start,
     const at::Tensor& kv_end, const at::Tensor& kv_indices, int64_t page_size, const at::Tensor& blocks,
     const at::Tensor& members, bool scatter) {
-  TORCH_CHECK(kinds.size() == 4 && weights.size() == 4, "decode_layer: 4 projections (qkv, o, gate_up, down)");
+  TORCH_CHECK(kinds.size() == weights.size() && !kinds.empty() && !(kinds[0] & CONT),
+              "decode_layer: one kind per weight, the first not a continuation");
+  std::vector<size_t> cut;  // projection p is parts [cut[p], cut[p + 1])
+  for (size_t i = 0; i < kinds.size(); ++i)
+    if (!(kinds[i] & CONT)) cut.push_back(i);
+  cut.push_back(kinds.size());
+  TORCH_CHECK(cut.size() == 5, "decode_layer: 4 projections (qkv, o, gate_up, down)");
+  auto proj = [&](int p, const at::Tensor& in) { return project(in, kinds, weights, cut[p], cut[p + 1]); };
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be contiguous [T, hidden]");
   const Ops& op = ops();
   const int64_t T = x.size(0), D = k_pool.size(2);
@@ -113,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     residual = x;
     h = op.rms_norm.call(x, ln1, eps);
   }
-  at::Tensor qkv = linear(h, kinds[0], weights[0]);
+  at::Tensor qkv = proj(0, h);
   // q, k (together, for rope) and v as strided views of qkv [T, q_size + 2 kv_size]: one op each, where
   // narrow + view are three.
   TORCH_CHECK(qkv.is_contiguous(), "decode_layer: the qkv product must be contiguous");
@@ -129,8 +147,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     op.blocks.call(q, o, lse, rows, blocks, members, k_pool, v_pool, k_scale, v_scale, kv_indices, page_size, scale);
   TORCH_CHECK(o.size(0) == T, "decode_layer: the paged kernel must attend every row of the step");
   if (scatter) o = at::empty_like(o).index_copy_(0, rows, o);  // its rows back in token order
-  h = op.add_rms_norm.call(linear(o.view({T, q_size}), kinds[1], weights[1]), residual, ln2, eps);
-  at::Tensor out = linear(op.silu_mul.call(linear(h, kinds[2], weights[2])), kinds[3], weights[3]);
+  h = op.add_rms_norm.call(proj(1, o.view({T, q_size})), residual, ln2, eps);
+  at::Tensor out = proj(3, op.silu_mul.call(proj(2, h)));
   return {out, residual};
 }
 

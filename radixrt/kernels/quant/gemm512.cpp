@@ -1,9 +1,11 @@
 // The AVX-512 VNNI entry of radixrt_ggml.mm: 1 activation row (decode) on gemv512.h's tiles (every type
-// but Q6_K), 2 .. mid_rows(type) rows on the same tiles by passes of up to 8 rows (midrows512.h), more on
-// gemm512.h's; the same bits as the AVX2 tiles, which keep every row count on a CPU without AVX-512 VNNI.
+// but Q6_K; only with RADIXRT_GGML_DECODE512=1), 2 .. mid_rows(type) rows on the same tiles by passes of up
+// to 8 rows (midrows512.h), more on gemm512.h's; the same bits as the AVX2 tiles, which keep every row count
+// on a CPU without AVX-512 VNNI.
 // Q4_0 never comes here: q4_0_rows.cpp has its own arithmetic and tiles.
 // RADIXRT_DISABLE_AVX512=1 (read once; unset, empty or 0: enabled) keeps the AVX2 tiles, for comparisons;
 // RADIXRT_GGML_MID_ROWS=n (read once) replaces every type's mid_rows by n (0: gemm512.h from 3 rows).
+// 1 row runs the AVX2 tiles unless RADIXRT_GGML_DECODE512=1 (decode512() below says why).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <cstdlib>
@@ -122,8 +124,22 @@ bool gemm512_enabled() {
   return ok;
 }
 
+// 1 row (decode) on gemv512.h's tiles only with RADIXRT_GGML_DECODE512=1 (read once): by default the AVX2
+// streaming tiles (same bits). Measured on this host (2026-12-04, gemv_probe.py, alternating processes, 2
+// threads, weights cycled from memory): Q4_K 20-22 GB/s on gemv512.h vs 31-38 on the AVX2 tile, Q8_0 25-27
+// vs 32-34; in cache both ~45 (Q4_K). The AVX2 tile reads each weight row in address order, one stream the
+// hardware prefetcher follows; gemv512.h's 4-8 interleaved rows leaned on software prefetch, which lost here.
+bool decode512() {
+  static const bool on = [] {
+    const char* v = std::getenv("RADIXRT_GGML_DECODE512");
+    return v != nullptr && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
 bool gemm512_run(int64_t type, const Ctx& c, int64_t M) {
   if (M < 1 || !gemm512_enabled()) return false;
+  if (M == 1 && !decode512()) return false;
   // 2 rows too: the K-quants' 2-row tiles here beat gemv512.h's (1B Q4_K_M step 34 -> 30 ms; Q6_K's
   // 512-bit unpacking pays off from 2 rows); the 32-element types' are gemv512.h's own (NZ = 4)
   if (M >= 2 && M <= mid_rows(type) && mid_run(type, c, M)) return true;

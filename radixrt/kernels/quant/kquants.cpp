@@ -103,9 +103,65 @@ struct KQuant {
   }
 };
 
+#define RADIXRT_VNNI256 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+// Decode (1 row) where the CPU has AVX-512 VNNI: KQuant::stream with vpdpwssd on 256 bits in place of
+// madd + add (the same exact int32 sums, so the same bits), in the same address order. Why: in cache the
+// AVX2 tile reads ~45 GB/s of Q4_K on 2 threads, near what memory gives, so each instruction saved per
+// sub-block shows; gemv512.h's 512-bit tiles save more but read 4 rows interleaved, slower from memory
+// here (gemm512.cpp, decode512).
+template <class T>
+struct KQuantVnni {
+  // weight rows n .. n + RB against activation row m0
+  template <int RB>
+  RADIXRT_VNNI256 static void tile(const Ctx& c, int64_t n, int64_t m0) {
+    const int64_t ns = c.K / 256;
+    const int8_t* y = c.q + m0 * c.K;
+    for (int r = 0; r < RB; ++r) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t s = 0; s < ns; ++s) {
+        const uint8_t* p = c.W + (n + r) * c.row_bytes + s * T::BYTES;
+        for (int l = 0; l < T::BYTES; l += 64)  // ~1 KB ahead, in address order (as KQuant::stream)
+          _mm_prefetch(reinterpret_cast<const char*>(p + 1024 + l), _MM_HINT_T0);
+        Head h;
+        T::head(p, h);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          const __m256i yv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + s * 256 + 32 * j));
+          isum = _mm256_dpwssd_epi32(isum, _mm256_maddubs_epi16(T::q(p, j), yv), T::sc(h, j));
+        }
+        const int64_t a = m0 * ns + s;
+        const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.bsums + a * 16));
+        acc = fold<T>(acc, isum, bs, h.aux, h.d, h.dmin, c.d[a]);
+      }
+      c.out[m0 * c.N + n + r] = hsum(acc);
+    }
+  }
+
+  // as run() (mm_driver.h) splits one row's product: the same chunks, tiles of 4 weight rows
+  static void run1(const Ctx& c) {
+    const int64_t grain = c.N * c.K < (1 << 16) ? c.N : 16;
+    radixrt::parallel_for(0, c.N, grain, [&](int64_t n0, int64_t n1) {
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4) tile<4>(c, n, 0);
+      for (; n < n1; ++n) tile<1>(c, n, 0);
+    });
+  }
+};
+
 }  // namespace
 
 bool kquant_run(int64_t type, const Ctx& c, int64_t M) {
+  if (M == 1 && gemm512_enabled()) {  // the 1-row tile above, unless RADIXRT_GGML_DECODE512=1 (gemm512.cpp)
+    if (!decode512()) {
+      switch (type) {
+        case 12: KQuantVnni<Q4_K>::run1(c); return true;
+        case 13: KQuantVnni<Q5_K>::run1(c); return true;
+        case 14: KQuantVnni<Q6_K>::run1(c); return true;
+        default: return false;
+      }
+    }
+  }
   if (gemm512_run(type, c, M)) return true;
   switch (type) {  // gguf's GGMLQuantizationType numbering
     case 12: run<KQuant<Q4_K>>(c, M); return true;

@@ -62,6 +62,8 @@ bool legacy_run(int64_t type, const Ctx& c, int64_t M);
 bool kquant_run(int64_t type, const Ctx& c, int64_t M);
 // gemm512.cpp: the AVX-512 VNNI tiles for M >= 3 where the CPU has them (same bits); false if not run.
 bool gemm512_run(int64_t type, const Ctx& c, int64_t M);
+bool gemm512_enabled();  // the CPU has AVX-512 VNNI and RADIXRT_DISABLE_AVX512 is not set
+bool decode512();        // RADIXRT_GGML_DECODE512=1: 1 row on gemv512.h's tiles
 // q4_0_rows.cpp: Q4_0 at every row count and on every CPU (its own arithmetic: see q4_0_lanes.h).
 void q4_0_run(const Ctx& c, int64_t M);
 

@@ -60,6 +60,12 @@ class ConcatLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
+    def kernel_parts(self, rows: int) -> list[tuple[int, torch.Tensor]] | None:
+        """Each part's ``(kind, weight)`` for ``radixrt_layer.decode_layer`` (which concatenates them as
+        :meth:`forward` does); ``None`` if a part has none."""
+        kw = [getattr(p, "kernel_weight", lambda _: None)(rows) for p in self.parts]
+        return None if any(k is None for k in kw) else kw
+
     @property
     def nbytes(self) -> int:
         return sum(getattr(p, "nbytes", 0) for p in self.parts)

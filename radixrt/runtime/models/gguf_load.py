@@ -37,7 +37,8 @@ from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLEmbedding, GGML
 from radixrt.runtime.layers.quant import FORMATS, DenseLinear, make_linear
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.assemble import assemble
-from radixrt.runtime.models.gguf_weights import GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor
+from radixrt.runtime.models.gguf_weights import (GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor,
+                                                huge_empty)
 from radixrt.runtime.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:  # gguf_tp imports torch.distributed: only a --tp load pays for it (cold start)
@@ -79,7 +80,9 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
         if len(kinds) == 1:  # one tensor of the parts' rows, stacked (blocks run along the input)
             t = weights[0]
             if len(weights) > 1:
-                data = np.concatenate([np.asarray(w.data) for w in weights])
+                parts = [np.asarray(w.data) for w in weights]
+                data = huge_empty((sum(len(p) for p in parts),) + parts[0].shape[1:], parts[0].dtype)
+                np.concatenate(parts, out=data)
                 t = RawTensor(name, t.type_name, t.type_id, (data.shape[0],) + t.shape[1:], data, owned=True)
             return _native(t, bias)
         # a Q4_K_M file mixes types inside one fused module (attn_v in Q6_K beside Q4_K q and k)

@@ -24,7 +24,7 @@ from torch import nn
 
 from radixrt.kernels import fused, gemv
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, scales
-from radixrt.kernels.layer import layer_ops
+from radixrt.kernels.layer import CONT, layer_ops
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.rope import Rotary
 
@@ -51,8 +51,9 @@ class LayerWeights:
     ln1: torch.Tensor          # input_layernorm weight [hidden] fp32
     ln2: torch.Tensor          # post_attention_layernorm weight [hidden] fp32
     eps: float                 # both norms' epsilon
-    kinds: list[int]           # how each of qkv, o, gate_up, down multiplies (kernels/layer constants)
-    weights: list[torch.Tensor]  # the four weights, each in its kind's layout
+    kinds: list[int]           # how each of qkv, o, gate_up, down multiplies (kernels/layer constants;
+    #                            a projection in parts: one per part, | CONT after the first)
+    weights: list[torch.Tensor]  # the weights, each in its kind's layout
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,22 @@ class DecoderLayer(nn.Module):
         cache = self.__dict__.setdefault("_fused", {})
         if rows not in cache:
             a, m = self.self_attn, self.mlp
-            lins = [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
-            kw = [getattr(lin, "kernel_weight", lambda _: None)(rows) for lin in lins]
-            ok = a.q_norm is None and all(w is not None for w in kw)
+            parts = [_kernel_parts(lin, rows) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            ok = a.q_norm is None and all(p is not None for p in parts)
+            kinds = [k | (CONT if j else 0) for p in parts if ok for j, (k, _) in enumerate(p)]
             cache[rows] = LayerWeights(self.input_layernorm.weight, self.post_attention_layernorm.weight,
-                                       self.input_layernorm.eps, [k for k, _ in kw], [w for _, w in kw]) if ok else None
+                                       self.input_layernorm.eps, kinds,
+                                       [w for p in parts for _, w in p]) if ok else None
         return cache[rows]
+
+
+def _kernel_parts(lin: nn.Module, rows: int) -> list[tuple[int, torch.Tensor]] | None:
+    """``lin``'s ``(kind, weight)`` parts for ``decode_layer`` at ``rows`` rows (one unless stored in parts of
+    different types), or ``None`` where the op cannot run it."""
+    if hasattr(lin, "kernel_parts"):
+        return lin.kernel_parts(rows)
+    kw = getattr(lin, "kernel_weight", lambda _: None)(rows)
+    return None if kw is None else [kw]
 
 
 class LlamaForCausalLM(nn.Module):
