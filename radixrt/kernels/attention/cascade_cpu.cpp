@@ -11,7 +11,10 @@
 // item is (block, KV head, up to ROWS query rows, a token range); it walks its tokens in chunks aligned to
 // absolute multiples of CHUNK, each chunk's state computed from zero and folded in order (kv_chunk.h: the
 // same packing, products, exp and fold as the paged kernel, so an extend row gets the bits that row would
-// get as a decode row, or in any other chunking of the prefill):
+// get as a decode row, or in any other chunking of the prefill). A speculative verification row is such an
+// extend: its k + 1 tokens x G heads are one item's rows, so each K/V chunk is read once for all of them;
+// when the step has fewer items than threads want, every chunk of an item is a task of its own (its state
+// kept, the fold after it in the same order):
 //
 //   pack   Qt [D, Mp] (the rows, transposed, pre-scaled, zero-padded to a multiple of 8)
 //   St = K Qt              6 tokens x 16 rows of accumulators, one broadcast per token
@@ -98,7 +101,9 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
   const int64_t *mem = members.data_ptr<int64_t>(), *rw = rows.data_ptr<int64_t>();
   // The items; when there are few (one shared prefix, few members), a shared-prefix group's item splits its
   // tokens so that every thread gets work (merged below by log-sum-exp: not the fixed order, which is why
-  // groups are opt-in). An extend's item never splits: its rows fold every chunk from position 0 in order. Per row: (item, member index within it) of every item that holds it.
+  // groups are opt-in). An extend's item never splits its tokens: its rows fold every chunk from position 0
+  // in order (with few items, its chunks run as separate tasks below). Per row: (item, member index within
+  // it) of every item that holds it.
   std::vector<Item> items;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> of_row(R);
   int64_t parts = 0, base = 0;
@@ -130,26 +135,74 @@ void block_attention(const at::Tensor& q, at::Tensor o, at::Tensor lse, const at
   const float* qd = q.data_ptr<float>();
   const int32_t* idx = kv_indices.data_ptr<int32_t>();
   const float sc_ = (float)scale;
-  radixrt::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t a, int64_t e) {
-    ItemScratch sc;
-    std::vector<int64_t> end;
-    for (int64_t it = a; it < e; ++it) {
-      const Item& w = items[it];
-      const Block& k = bl[w.b];
-      const int64_t M = (w.m1 - w.m0) * G, Mp = (M + 7) / 8 * 8, n = k.me - k.mb;
-      sc.sc.qt.assign(D * Mp, 0.0f);
-      end.resize(M);
-      for (int64_t m = w.m0; m < w.m1; ++m)
-        for (int64_t j = 0; j < G; ++j) {
-          end[(m - w.m0) * G + j] = k.causal ? k.end - (n - 1 - m) : k.end;
-        }
-      for (int64_t m = w.m0; m < w.m1; ++m)  // the same packing (and pre-scaling) as the paged kernel's
-        pack_q(qd + rw[mem[k.mb + m]] * q.stride(0), q.stride(1), w.h * G, G, D, Mp, (m - w.m0) * G, sc_,
-               sc.sc.qt.data());
-      attend_item(K, V, M, Mp, end.data(), idx + k.page, page_size, w.h, w.t0, w.t1,
-                  part_o.data() + w.part * D, part_lse.data() + w.part, sc);
+  // An item's rows packed as Qt [D, Mp] into sc.qt (the same packing and pre-scaling as the paged kernel's),
+  // and where each row's causal range ends; returns M.
+  auto pack = [&](const Item& w, Scratch& sc, std::vector<int64_t>& end) {
+    const Block& k = bl[w.b];
+    const int64_t M = (w.m1 - w.m0) * G, Mp = (M + 7) / 8 * 8, n = k.me - k.mb;
+    sc.qt.assign(D * Mp, 0.0f);
+    end.resize(M);
+    for (int64_t m = w.m0; m < w.m1; ++m) {
+      std::fill_n(end.begin() + (m - w.m0) * G, G, k.causal ? k.end - (n - 1 - m) : k.end);
+      pack_q(qd + rw[mem[k.mb + m]] * q.stride(0), q.stride(1), w.h * G, G, D, Mp, (m - w.m0) * G, sc_,
+             sc.qt.data());
     }
-  });
+    return M;
+  };
+  // Fewer items than threads want (a verification row's k + 1 tokens, a short extend: one item per KV head):
+  // every chunk of every item is a task of its own that writes the chunk's state, and then each item's rows
+  // fold their chunks in increasing order, the fold attend_item makes, so the bits are the same and every
+  // thread has work (the paged kernel's split-K).
+  if ((int64_t)items.size() < want) {
+    std::vector<int64_t> first(items.size() + 1, 0), state(items.size() + 1, 0);  // tasks, state rows
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Item& w = items[i];
+      first[i + 1] = first[i] + (w.t1 - 1) / CHUNK - w.t0 / CHUNK + 1;
+      state[i + 1] = state[i] + (first[i + 1] - first[i]) * (w.m1 - w.m0) * G;
+    }
+    std::vector<int64_t> task_item(first.back());
+    for (size_t i = 0; i < items.size(); ++i) std::fill(task_item.begin() + first[i], task_item.begin() + first[i + 1], i);
+    std::vector<float> cm(state.back()), cl(state.back()), co(state.back() * D);
+    radixrt::parallel_for(0, first.back(), 1, [&](int64_t a, int64_t e) {
+      Scratch sc;
+      std::vector<int64_t> end;
+      int64_t packed = -1, M = 0;
+      for (int64_t t = a; t < e; ++t) {
+        const int64_t i = task_item[t], c = items[i].t0 / CHUNK + t - first[i];
+        const Item& w = items[i];
+        if (i != packed) M = pack(w, sc, end), packed = i;  // a thread's tasks run on: one packing per item
+        const int64_t c0 = std::max(w.t0, c * CHUNK), c1 = std::min(w.t1, (c + 1) * CHUNK);
+        const int64_t s = state[i] + (t - first[i]) * M;
+        chunk_state(K, V, idx + bl[w.b].page, page_size, w.h, c0, c1 - c0, M, (M + 7) / 8 * 8, end.data(),
+                    cm.data() + s, cl.data() + s, co.data() + s * D, sc);
+      }
+    });
+    radixrt::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t a, int64_t e) {
+      for (int64_t i = a; i < e; ++i) {
+        const int64_t M = (items[i].m1 - items[i].m0) * G, nc = first[i + 1] - first[i];
+        for (int64_t r = 0; r < M; ++r) {
+          float m = NEG_INF, l = 0.0f, *out = part_o.data() + (items[i].part + r) * D;
+          std::fill(out, out + D, 0.0f);
+          for (int64_t c = 0; c < nc; ++c) {
+            const int64_t s = state[i] + c * M + r;
+            fold(m, l, out, cm[s], cl[s], co.data() + s * D, D);
+          }
+          finish(m, l, out, part_lse.data() + items[i].part + r, D);
+        }
+      }
+    });
+  } else {
+    radixrt::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t a, int64_t e) {
+      ItemScratch sc;
+      std::vector<int64_t> end;
+      for (int64_t it = a; it < e; ++it) {
+        const Item& w = items[it];
+        const int64_t M = pack(w, sc.sc, end);
+        attend_item(K, V, M, (M + 7) / 8 * 8, end.data(), idx + bl[w.b].page, page_size, w.h, w.t0, w.t1,
+                    part_o.data() + w.part * D, part_lse.data() + w.part, sc);
+      }
+    });
+  }
   // An item of head h is `h * (items of the block's head 0)` after the head-0 item: items are pushed head-major.
   std::vector<int64_t> per_head(Nb, 0);
   for (const Item& w : items)

@@ -11,17 +11,19 @@ from radixrt.runtime.spec.cost import StepTimes
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
 
-def measure_step_times(runner, allocator, sizes=SIZES, reps: int = 2) -> StepTimes:
+def measure_step_times(runner, allocator, sizes=SIZES, reps: int = 2, context: int = 0) -> StepTimes:
     """``t(T)`` for each ``T`` of ``sizes``: the fastest of ``reps`` forwards of one row of ``T`` tokens
     (the weight products dominate a step here, and they cost the same whichever rows the tokens belong
-    to); the online measurements of every real step refine it (``StepTimes.observe``). Empty when the
-    pool has no free pages for the largest size."""
-    times, P, n = StepTimes(), runner.page_size, max(sizes)
+    to); the online measurements of every real step refine it (``StepTimes.observe``). ``context``: tokens
+    of the row's request already in the pool (benchmarks/step_curve.py: a verification row at a long
+    context; their K/V are whatever the scratch pages hold, which does not change the time). Empty when
+    the pool has no free pages for ``context`` plus the largest size."""
+    times, P, n = StepTimes(), runner.page_size, context + max(sizes)
     pages = allocator.allocate(-(-n // P))
     if pages is None:
         return times
     try:
-        batches = {T: _one_row(T, pages, P) for T in sizes}
+        batches = {T: _one_row(T, pages, P, context) for T in sizes}
         for T in (sizes[0], sizes[-1], sizes[0]):  # warm-up: kernels built, per-row-count caches filled
             runner.forward(batches[T])
         for T in sizes:
@@ -36,6 +38,7 @@ def measure_step_times(runner, allocator, sizes=SIZES, reps: int = 2) -> StepTim
     return times
 
 
-def _one_row(T: int, pages: list[int], P: int) -> ForwardBatch:
-    meta = AttentionMetadata.build([pages], [T], [T], P)
-    return ForwardBatch.make([0] * T, list(range(T)), meta, list(range(T)))
+def _one_row(T: int, pages: list[int], P: int, context: int = 0) -> ForwardBatch:
+    n = context + T
+    meta = AttentionMetadata.build([pages[:-(-n // P)]], [T], [n], P)
+    return ForwardBatch.make([0] * T, list(range(context, n)), meta, list(range(T)))
