@@ -120,9 +120,9 @@ struct KQuantVnni {
     for (int r = 0; r < RB; ++r) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t s = 0; s < ns; ++s) {
+        // No software prefetch: one address-ordered stream per thread is what the hardware prefetcher
+        // follows best; prefetching 1 KB ahead read 3-10% slower from memory (issue 26, in-process A/B).
         const uint8_t* p = c.W + (n + r) * c.row_bytes + s * T::BYTES;
-        for (int l = 0; l < T::BYTES; l += 64)  // ~1 KB ahead, in address order (as KQuant::stream)
-          _mm_prefetch(reinterpret_cast<const char*>(p + 1024 + l), _MM_HINT_T0);
         Head h;
         T::head(p, h);
         __m256i isum = _mm256_setzero_si256();
