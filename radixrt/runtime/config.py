@@ -156,6 +156,21 @@ class ServerArgs:
             raise ValueError("enable_hierarchical_cache is not supported with --tp > 1")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        self._check_ports()
+        if self.quantization not in ("auto", "none") and self.dtype in ("bfloat16", "float16"):
+            raise ValueError(f"quantization {self.quantization!r} runs on fp32 activations; with dtype "
+                             f"{self.dtype!r} the weights stay {self.dtype} ('auto' or 'none')")
+
+    def _check_ports(self) -> None:
+        """The HTTP port and the DSL's ZMQ port: each in 1..65535, and two different ports (one socket
+        would take both, and HTTP would never be answered)."""
+        for name, v in (("port", self.port), ("zmq_port", self.zmq_port)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 65535):
+                raise ValueError(f"{name} must be an integer in 1..65535, got {v!r}")
+        if self.zmq_port is None and self.port == 65535:
+            raise ValueError("zmq_port defaults to port + 1 = 65536: give a zmq_port in 1..65535")
+        if self.dsl_port == self.port:
+            raise ValueError(f"zmq_port must differ from port ({self.port}): they are two sockets")
 
     @property
     def dsl_port(self) -> int:

@@ -27,6 +27,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -47,7 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     ServerArgs.add_cli_args(serve)
     from radixrt.runtime.server.cli.profile_cmd import add_parser as add_profile_parser
     add_profile_parser(sub)
+    parser.set_defaults(serve_parser=serve)  # its usage line goes with a bad serve argument
     return parser
+
+
+def _as_flag(message: str) -> str:
+    """A ``ServerArgs`` error as the command line spells it: its leading field name as the flag
+    (``speculative_num_draft_tokens must be ...`` -> ``--speculative-num-draft-tokens must be ...``)."""
+    import dataclasses
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    return re.sub(r"\b[a-z][a-z0-9_]*\b", lambda m: "--" + m.group().replace("_", "-")
+                  if m.group() in fields and "_" in m.group() or m.start() == 0 and m.group() in fields
+                  else m.group(), message)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -62,7 +74,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         args = ServerArgs.from_cli_args(ns)
     except ValueError as e:
-        parser.error(str(e))
+        ns.serve_parser.error(_as_flag(str(e)))
     if args.dp > 1:
         from radixrt.runtime.router.launch import serve_dp
         return serve_dp(args)

@@ -59,6 +59,7 @@ class DslServer:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises: abort its work
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its connection
+        self.sock.setsockopt(zmq.IPV6, 1)  # --host ::1 and other IPv6 addresses (IPv4 ones still bind)
         self.sock.bind(self.address)
         self.task = asyncio.create_task(self._serve(), name="radixrt-dsl")
 
