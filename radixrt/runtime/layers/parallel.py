@@ -127,6 +127,17 @@ def kv_heads(rank: int, tp: int, num_kv_heads: int) -> list[int]:
     raise ValueError(f"tp={tp} and num_key_value_heads={num_kv_heads}: one must divide the other")
 
 
+def inter_share(intermediate_size: int, tp: int) -> int:
+    """The MLP width one of ``tp`` ranks holds (gate/up rows, down's inputs).
+
+    Raises:
+        ValueError: ``tp`` does not divide ``intermediate_size``.
+    """
+    if intermediate_size % tp:
+        raise ValueError(f"tp={tp} must divide intermediate_size={intermediate_size}")
+    return intermediate_size // tp
+
+
 def vocab_range(rank: int, tp: int, vocab: int) -> tuple[int, int]:
     per = -(-vocab // tp)
     return min(rank * per, vocab), min((rank + 1) * per, vocab)

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from radixrt.runtime.layers.parallel import (ColumnParallelLinear, RowParallelLinear, TPGroup,
-                                             VocabParallelEmbedding, kv_heads, q_heads, vocab_range)
+                                             VocabParallelEmbedding, inter_share, kv_heads, q_heads,
+                                             vocab_range)
 
 
 def local_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:
@@ -75,9 +76,7 @@ def shard_layer(layer: nn.Module, a, tp: TPGroup) -> nn.Module:
     attn.q_size, attn.kv_size = len(qh) * hd, len(kh) * hd
 
     w, b = _linear(mlp.gate_up_proj)
-    inter, per = mlp.inter, mlp.inter // n
-    if inter % n:
-        raise ValueError(f"tp={n} must divide intermediate_size={inter}")
+    inter, per = mlp.inter, inter_share(mlp.inter, n)
     sl = slice(r * per, (r + 1) * per)
     gate, up = w.split(inter)
     gb = None if b is None else torch.cat([b[:inter][sl], b[inter:][sl]])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixrt.runtime.layers.parallel import TPGroup, kv_heads, q_heads, vocab_range
+from radixrt.runtime.layers.parallel import TPGroup, inter_share, kv_heads, q_heads, vocab_range
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.gguf_weights import RawTensor
 
@@ -47,10 +47,7 @@ class TPSlices:
         self.num_heads, self.num_kv_heads = len(qh), len(kh)
         self.q = (qh[0] * hd, (qh[-1] + 1) * hd)  # heads are contiguous runs (layers/parallel.py)
         self.kv = (kh[0] * hd, (kh[-1] + 1) * hd)
-        inter = margs.intermediate_size
-        if inter % tp.size:
-            raise ValueError(f"tp={tp.size} must divide intermediate_size={inter}")
-        self.inter_size = inter // tp.size
+        self.inter_size = inter_share(margs.intermediate_size, tp.size)
         self.inter = (tp.rank * self.inter_size, (tp.rank + 1) * self.inter_size)
         self.hidden = vocab_range(tp.rank, tp.size, margs.hidden_size)  # the same near-even split
         self.hidden_sizes = _sizes(tp.size, margs.hidden_size)

@@ -28,7 +28,7 @@ PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.
                "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
 NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-# transformers' names of the same tensors (for the fp32 state dict the CUDA path still loads)
+# transformers' names of the same tensors (models/dense_load.py reads them by these names)
 HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

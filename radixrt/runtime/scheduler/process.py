@@ -109,13 +109,13 @@ def _check_split(args) -> None:
     Raises:
         ValueError: naming the count that does not split.
     """
+    from radixrt.runtime.layers.parallel import inter_share
     from radixrt.runtime.layers.tp_shard import local_heads
     from radixrt.runtime.models.args import ModelArgs
     from radixrt.runtime.models.loader import load_config
     a = ModelArgs.from_hf(load_config(args.model))
     local_heads(a.num_heads, a.num_kv_heads, args.tp)
-    if a.intermediate_size % args.tp:
-        raise ValueError(f"tp={args.tp} must divide intermediate_size={a.intermediate_size}")
+    inter_share(a.intermediate_size, args.tp)
 
 
 def _start_tp(args, args_json: bytes):

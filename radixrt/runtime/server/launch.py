@@ -57,9 +57,12 @@ def _as_flag(message: str) -> str:
     (``speculative_num_draft_tokens must be ...`` -> ``--speculative-num-draft-tokens must be ...``)."""
     import dataclasses
     fields = {f.name for f in dataclasses.fields(ServerArgs)}
-    return re.sub(r"\b[a-z][a-z0-9_]*\b", lambda m: "--" + m.group().replace("_", "-")
-                  if m.group() in fields and "_" in m.group() or m.start() == 0 and m.group() in fields
-                  else m.group(), message)
+
+    def flag(m: re.Match) -> str:  # a one-word field ("port") only where it leads: elsewhere it is prose
+        word = m.group()
+        return "--" + word.replace("_", "-") if word in fields and ("_" in word or m.start() == 0) else word
+
+    return re.sub(r"\b[a-z][a-z0-9_]*\b", flag, message)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
