@@ -18,8 +18,11 @@ call) / the calls' seconds after their first token (the decode phase alone). For
 acceptance rate and mean accepted length (tokens per verifying request-step). Engines run each workload in
 turn; ``--repeat N`` runs it N times per engine (alternating): the line shows each engine's fastest run, and
 the ratios of the medians over the N runs (``median out`` / ``decode``).
-``--warm-system`` prefills agent-dependent's and 16-concurrent's shared system message (the tool list) before
-each timed run, as every agent after a fleet's first finds it, with the drafter's store still empty.
+``--warm-system`` prefills the workload's shared system message (the tool list of agent-dependent and 16-concurrent,
+agent-loop's notes, json-decode's instructions, the chat's system line) before each timed run, as every request
+after a fleet's first finds it, with the drafter's store still empty. agent-loop and multi-turn-chat send token
+ids: each call continues from the previous call's ids and answer as generated (``systems/base.prompt_ids``, as
+the suite's radixrt system does), not from the re-tokenized text.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import workloads as W  # noqa: E402
+from systems.base import eos_ids_of, prompt_ids  # noqa: E402
 from radixrt import Engine  # noqa: E402
 from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 
@@ -87,8 +91,11 @@ def concurrent(e: Engine, prompts: list[str], sp: dict) -> list[dict]:
     return outs
 
 
-def run_programs(e: Engine, programs) -> list[dict]:
-    """Drive workloads.py programs one after another (each call's answer feeds the next prompt)."""
+def run_programs(e: Engine, programs, tok, eos: set) -> list[dict]:
+    """Drive workloads.py programs one after another (each call's answer feeds the next prompt). A call that
+    continues the previous one sends its token ids as ``systems/base.prompt_ids`` builds them for the suite's
+    radixrt system: the previous ids and answer as generated, then the new turn (re-tokenizing the answer can
+    split it otherwise, and the KV of everything after the split would be computed again)."""
     outs = []
     for prog in programs:
         try:
@@ -97,15 +104,17 @@ def run_programs(e: Engine, programs) -> list[dict]:
                 sp = {"temperature": 0, "max_new_tokens": call.max_new_tokens, "ignore_eos": call.ignore_eos}
                 if call.json_schema is not None:
                     sp["json_schema"] = json.dumps(call.json_schema)
-                o = e.generate(call.prompt, sp)
+                ids = prompt_ids(tok, call, eos)
+                o = e.generate(input_ids=ids, sampling_params=sp)
                 outs.append(o)
-                call = prog.send(SimpleNamespace(output_text=o["text"]))
+                call = prog.send(SimpleNamespace(output_text=o["text"], sent_ids=ids, output_ids=o["output_ids"]))
         except StopIteration:
             pass
     return outs
 
 
-def workloads(tok, a) -> dict:
+def workloads(tok, a) -> tuple[dict, dict]:
+    """The workloads by name, and each one's shared system message (for ``--warm-system``)."""
     rng = random.Random(0)
     tools = tool_list(rng)
     words = W.Words(tok)
@@ -116,13 +125,20 @@ def workloads(tok, a) -> dict:
     agents16 = [agent_prompt(tools, [], f"Task {i}: update the record {i} and run its tests.") for i in range(16)]
     g = {"temperature": 0, "max_new_tokens": a.max_new}
     js = json.dumps(W.PERSON_SCHEMA)
+    eos = eos_ids_of(tok)
     return {
         "agent-dependent": lambda e: agent_dependent(e, tools, a.max_new),
-        "agent-loop": lambda e: run_programs(e, W.agent_loop(words, z).make_programs()),
+        "agent-loop": lambda e: run_programs(e, W.agent_loop(words, z).make_programs(), tok, eos),
         "json-decode": lambda e: [e.generate(p, {**g, "json_schema": js}) for p in json_prompts],
-        "multi-turn-chat": lambda e: run_programs(e, W.multi_turn_chat(words, z).make_programs()),
+        "multi-turn-chat": lambda e: run_programs(e, W.multi_turn_chat(words, z).make_programs(), tok, eos),
         "random-text-b1": lambda e: [e.generate(p, {**g, "ignore_eos": True}) for p in rand],
         "16-concurrent": lambda e: concurrent(e, agents16, g),
+    }, {
+        "agent-dependent": system_prefix(tools),
+        "agent-loop": system_turn(next(W.agent_loop(words, z).make_programs()[0]).prompt),
+        "json-decode": system_turn(json_prompts[0]),
+        "multi-turn-chat": system_turn(next(W.multi_turn_chat(words, z).make_programs()[0]).prompt),
+        "16-concurrent": system_prefix(tools),
     }
 
 
@@ -131,6 +147,11 @@ def system_prefix(tools: str) -> str:
     ``<|im_end|>\n``), for ``--warm-system``."""
     return W.chatml([("system", "You are an agent. Call one tool per turn as JSON "
                       '{"tool": NAME, "args": {...}}.\nTools:\n' + tools)])
+
+
+def system_turn(prompt: str) -> str:
+    """A ChatML prompt's first turn, its system message (a token prefix of the prompt, as above)."""
+    return prompt[: prompt.index("<|im_end|>\n") + len("<|im_end|>\n")]
 
 
 def measure(e: Engine, fn, warm: str | None = None) -> dict:
@@ -162,12 +183,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-adaptive", action="store_true", help="--no-speculative-adaptive for the spec engines")
     ap.add_argument("--warm-system", action="store_true",
-                    help="prefill the agents' system message (the tool list) before each timed run, as after "
-                         "the first agent of a fleet; the drafter's store stays empty (1 token out, speculation off)")
+                    help="prefill the workload's shared system message before each timed run, as every request "
+                         "after a fleet's first finds it; the drafter's store stays empty (1 token out, speculation off)")
     a = ap.parse_args()
     tok = load_tokenizer()
-    wl = workloads(tok, a)
-    warm = system_prefix(tool_list(random.Random(0))) if a.warm_system else None
+    wl, systems = workloads(tok, a)
     if a.workloads:
         wl = {k: wl[k] for k in a.workloads.split(",")}
     names = ["none"] + a.algos.split(",")
@@ -181,7 +201,7 @@ def main() -> None:
         runs: dict = {n: [] for n in engines}
         for _ in range(a.repeat):
             for n, e in engines.items():
-                runs[n].append(measure(e, fn, warm))
+                runs[n].append(measure(e, fn, systems.get(w) if a.warm_system else None))
         best = {n: min(ms, key=lambda m: m["seconds"]) for n, ms in runs.items()}
         for n, m in best.items():
             extra = (f"  accept_rate {m['accepted_tokens'] / m['draft_tokens']:.2f} accept_length "
