@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     gflops, gbps = matmul_gflops(), read_gbps()
     print(f"roofline: fp32 matmul {gflops:.1f} GFLOP/s, memory read {gbps:.1f} GB/s")
-    engine = Engine(max_total_tokens=16384, max_running_requests=64, chunked_prefill_size=1024,
+    engine = Engine(speculative_algorithm="none", max_total_tokens=16384, max_running_requests=64, chunked_prefill_size=1024,
                     quantization="none")
     tok = load_tokenizer()
     sd = load_state_dict()
@@ -118,7 +118,7 @@ def main() -> None:
     hf1 = hf_tps(hf, prompt1, args.new_tokens)
     fp32_tps = None
     for fmt in args.formats.split(","):
-        e = Engine(max_total_tokens=4096, quantization=fmt)
+        e = Engine(max_total_tokens=4096, quantization=fmt, speculative_algorithm="none")
         decode_tps(e, prompt1, [4])  # warm-up
         # three rounds of (bandwidth probe, decode): this VM's bandwidth drifts by a third within minutes
         rounds = [(read_gbps(256) * 1e9 / weight_bytes, decode_tps(e, prompt1, [args.new_tokens])) for _ in range(3)]

@@ -37,7 +37,7 @@ def prompts(n: int) -> list[str]:
 
 
 def run(disable: bool, ps: list[str], max_new: int) -> dict:
-    e = Engine(disable_jump_forward=disable, max_total_tokens=16384)
+    e = Engine(speculative_algorithm="none", disable_jump_forward=disable, max_total_tokens=16384)
     try:
         sp = {"max_new_tokens": max_new, "temperature": 0, "json_schema": json.dumps(W.PERSON_SCHEMA)}
         e.generate(ps[0], sp)  # warm-up: grammar compile, first-step allocations

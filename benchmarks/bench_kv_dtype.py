@@ -37,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     print("load:", os.getloadavg())
     for kv in args.kv.split(","):
-        e = Engine(quantization=args.quantization, kv_cache_dtype=kv, max_total_tokens=8 * (args.context + 64) + 64)
+        e = Engine(speculative_algorithm="none", quantization=args.quantization, kv_cache_dtype=kv, max_total_tokens=8 * (args.context + 64) + 64)
         try:
             row = []
             for batch in (1, 8):

@@ -42,7 +42,7 @@ def main() -> None:
     from radixrt import Engine
 
     t = time.perf_counter()
-    e = Engine(model=a.gguf, quantization="auto", max_total_tokens=2048, context_length=2048, num_threads=2,
+    e = Engine(model=a.gguf, quantization="auto", speculative_algorithm="none", max_total_tokens=2048, context_length=2048, num_threads=2,
                log_level="warning")
     load_s = time.perf_counter() - t
     long = long_prompt(512)

@@ -181,7 +181,7 @@ def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -
     build_s = time.perf_counter() - t
     t = time.perf_counter()
     e = Engine(model=path, quantization="auto", max_total_tokens=kv_tokens, context_length=kv_tokens, num_threads=2,
-               log_level="warning")
+               log_level="warning", speculative_algorithm="none")
     load_s = time.perf_counter() - t
     e.generate(input_ids=SHORT, sampling_params=sp(8))  # warm-up
     decode = decode_tok_s(e, new_tokens)
@@ -264,7 +264,7 @@ def check(path: str, n_prompts: int = 4, n_new: int = 16, port: int = 18089) -> 
     prompts = [[1] + [2 + (i * 31 + j * 977) % 40000 for j in range(8 + 5 * i)] for i in range(n_prompts)]  # BOS first
     sp = {"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True}
     e = Engine(model=path, quantization="auto", max_total_tokens=1024, context_length=1024, num_threads=2,
-               log_level="warning")
+               log_level="warning", speculative_algorithm="none")
     alone = []
     for p in prompts:
         e.flush_cache()

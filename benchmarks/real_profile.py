@@ -32,7 +32,7 @@ def main() -> None:
 
     from radixrt import Engine
 
-    e = Engine(model=a.gguf, quantization="auto", max_total_tokens=2048, context_length=2048, num_threads=2,
+    e = Engine(model=a.gguf, quantization="auto", speculative_algorithm="none", max_total_tokens=2048, context_length=2048, num_threads=2,
                log_level="warning")
     sp = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
     short = [1 + (i * 7919) % 40000 for i in range(16)]

@@ -79,6 +79,7 @@ def run_one(system: str, path: str, a) -> dict:
         cmd = [sys.executable, "-m", "radixrt", "serve", "--model", path, "--port", str(port), "--zmq-port",
                str(free_port()), "--quantization", "auto", "--num-threads", "2", "--max-total-tokens",
                str(a.kv_tokens), "--context-length", str(min(a.kv_tokens, 8192)), "--log-level", "warning",
+               "--speculative-algorithm", "none",
                *a.radixrt_args.split()]
     else:
         cmd = [llama_binary("llama-server"), "-m", path, "-t", "2", "-tb", "2", "-c", str(a.kv_tokens), "-np", "1",

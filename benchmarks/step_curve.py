@@ -26,7 +26,8 @@ def main() -> None:
 
     sizes = tuple(int(s) for s in a.sizes.split(","))
     with Engine(model=a.model, max_total_tokens=max(4096, 2 * (a.context + max(sizes)))) as eng:
-        times = measure_step_times(eng.runner, eng.scheduler.allocator, sizes, reps=a.reps, context=a.context)
+        times = measure_step_times(eng.runner, eng.scheduler.allocator, sizes, reps=a.reps, context=a.context,
+                                   budget_s=None)
     mid = os.environ.get("RADIXRT_GGML_MID_ROWS", "default")
     print(f"{os.path.basename(a.model or 'smollm2-135m')} (RADIXRT_GGML_MID_ROWS={mid}, context {a.context}, "
           f"load {os.getloadavg()[0]:.2f}) ms per step:")

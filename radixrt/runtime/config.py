@@ -52,7 +52,7 @@ class ServerArgs:
     grammar_backend: str = field(default="llguidance", metadata={"help": "llguidance|xgrammar|outlines|none (llguidance: the only one with no invalid output on the schema benchmark, benchmarks/results/grammar_backends.md)"})
     grammar_overlap: bool = field(default=False, metadata={"help": "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, benchmarks/results/grammar_backends.md)"})
     disable_jump_forward: bool = field(default=True, metadata={"help": "on by default (jump-forward off): it loses wall time at 16 concurrent requests; --no-disable-jump-forward appends grammar-forced text in one extend step"})
-    speculative_algorithm: str = field(default="none", metadata={"help": "none|suffix|ngram: draftless speculative decoding; drafts from the request's own tokens and recent outputs (suffix, SuffixDecoding) or prompt lookup (ngram), verified in the batched decode step (docs/DESIGN.md: speculative decoding)"})
+    speculative_algorithm: str = field(default="auto", metadata={"help": "auto|none|suffix|ngram: draftless speculative decoding; drafts from the request's own tokens and recent outputs (suffix, SuffixDecoding) or prompt lookup (ngram), verified in the batched decode step; auto: suffix on the CPU without --tp (faster or equal on every workload of benchmarks/bench_spec.py), none on CUDA (never run on a GPU) and under --tp (docs/DESIGN.md: speculative decoding)"})
     speculative_num_draft_tokens: int = field(default=24, metadata={"help": "most draft tokens one request verifies per step (SuffixDecoding's depth: 24)"})
     speculative_max_batch_size: int = field(default=0, metadata={"help": "no drafts in a step with more running decodes than this; 0: no fixed cutoff, the cost model (--speculative-adaptive) stops drafting where it no longer pays"})
     speculative_adaptive: bool = field(default=True, metadata={"help": "choose each step's draft lengths from the measured step time and each request's acceptance (spec/cost.py); --no-speculative-adaptive: every row verifies what the drafter proposes, scaled by its acceptance rate"})
@@ -99,7 +99,7 @@ class ServerArgs:
         choice("kv_cache_dtype", KV_CACHE_DTYPES)
         choice("router_policy", ROUTER_POLICIES)
         choice("reasoning_history", ("keep", "strip"))
-        choice("speculative_algorithm", ("none", "suffix", "ngram"))
+        choice("speculative_algorithm", ("auto", "none", "suffix", "ngram"))
         for name in ("turn_store_size", "response_store_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")

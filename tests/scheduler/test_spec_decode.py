@@ -24,7 +24,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 32}
 
 @pytest.fixture(scope="module")
 def off():
-    return make_engine()
+    return make_engine(speculative_algorithm="none")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_greedy_identical_without_radix_cache_and_on_gguf_blocks(off):
     assert [nocache.generate(p, GREEDY)["output_ids"] for p in AGENT] == want
     assert spec(nocache)["accepted_tokens"] > 0
     # the default server configuration: the GGUF's own Q4_1 blocks, fp16 KV pool
-    q_off = make_engine(quantization="auto")
+    q_off = make_engine(quantization="auto", speculative_algorithm="none")
     q_on = make_engine(quantization="auto", speculative_algorithm="suffix")
     want = ids_of(q_off.generate(AGENT, GREEDY))
     assert ids_of(q_on.generate(AGENT, GREEDY)) == want
@@ -110,6 +110,19 @@ def test_sessions_unchanged(off, suffix):
         got.append((a1["output_ids"], a2["output_ids"], a2["meta_info"]["cached_tokens"]))
         e.close_session(sid)
     assert got[1] == got[0]
+
+
+def test_default_is_suffix_and_calibration_keeps_to_its_budget(engine):
+    """--speculative-algorithm auto (the default) drafts with suffix on the CPU; the start-up step-time curve
+    stops once its time budget is spent (two sizes at least), or measures every size without one."""
+    from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
+    assert spec(engine)["algorithm"] == "suffix"
+    free = engine.check_invariants()["free_pages"]
+    few = measure_step_times(engine.runner, engine.scheduler.allocator, (1, 2, 3, 4), reps=1, budget_s=0.0)
+    every = measure_step_times(engine.runner, engine.scheduler.allocator, (1, 2, 3, 4), reps=1, budget_s=None)
+    assert (len(few), len(every)) == (2, 4)
+    assert 0 < few(1) and few.base(4) > 0 and every(4) > 0
+    assert engine.check_invariants()["free_pages"] == free  # the scratch pages went back
 
 
 def test_seeded_sampling_identical(off, wide):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from radixrt.runtime.spec import DraftConfig, NgramDrafter, SuffixDrafter, make_drafter
+from radixrt.runtime.spec import DraftConfig, NgramDrafter, SuffixDrafter, make_drafter, resolve_algorithm
 from radixrt.runtime.spec.base import LOW_ACCEPT, PROBE_EVERY
 from radixrt.runtime.spec.ngram import lookup
 from radixrt.runtime.spec.token_index import TokenIndex, draft_limit, vote_draft
@@ -97,3 +97,10 @@ def test_make_drafter_names():
     assert isinstance(make_drafter("suffix", DraftConfig()), SuffixDrafter)
     with pytest.raises(ValueError, match="speculative_algorithm"):
         make_drafter("eagle", DraftConfig())
+
+
+def test_auto_is_suffix_on_the_cpu_only_without_tp():
+    assert resolve_algorithm("auto", 1, "cpu") == "suffix"
+    assert resolve_algorithm("auto", 1, "cuda:0") == "none"   # never run on a GPU
+    assert resolve_algorithm("auto", 2, "cpu") == "none"      # the TP lockstep carries no drafts
+    assert [resolve_algorithm(a, 2, "cuda") for a in ("none", "suffix", "ngram")] == ["none", "suffix", "ngram"]

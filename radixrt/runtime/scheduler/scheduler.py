@@ -52,7 +52,7 @@ class Scheduler:
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
                                        jump_forward=not args.disable_jump_forward,
                                        grammar_overlap=args.grammar_overlap)
-        self.spec = Speculator(args, self.outputs, runner.context_length)
+        self.spec = Speculator(args, self.outputs, runner.context_length, str(getattr(runner, "device", "cpu")))
         self.spec.calibrate(runner, self.allocator)  # the cost model's step times (speculation on only)
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []

@@ -30,7 +30,7 @@ from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.scheduler.spec_verify import verify_rows
-from radixrt.runtime.spec import DraftConfig, make_drafter
+from radixrt.runtime.spec import DraftConfig, make_drafter, resolve_algorithm
 from radixrt.runtime.spec.cost import Acceptance, StepTimes, choose_drafts
 
 REFRESH_EVERY = 32  # one drafting step in this many runs without drafts, to keep t(T0) measured
@@ -44,16 +44,18 @@ class Speculator:
             ``speculative_max_batch_size``, ``grammar_overlap``, ``tp``).
         outputs: the scheduler's OutputProcessor, whose ``sample`` verifies each position.
         context_length: the longest prompt + output, in tokens.
+        device: the model's device (``--speculative-algorithm auto`` is decided by it, spec.resolve_algorithm).
     """
 
-    def __init__(self, args, outputs, context_length: int):
+    def __init__(self, args, outputs, context_length: int, device: str = "cpu"):
         cfg = DraftConfig(num_draft_tokens=args.speculative_num_draft_tokens)
+        algorithm = resolve_algorithm(args.speculative_algorithm, args.tp, device)
         # under --tp every rank must draft alike; the ranks' lockstep carries no drafts yet
-        self.drafter = make_drafter(args.speculative_algorithm, cfg) if args.tp == 1 else None
-        self.algorithm = args.speculative_algorithm if self.drafter is not None else "none"
-        if args.tp > 1 and args.speculative_algorithm != "none":
+        self.drafter = make_drafter(algorithm, cfg) if args.tp == 1 else None
+        self.algorithm = algorithm if self.drafter is not None else "none"
+        if args.tp > 1 and algorithm != "none":
             logging.getLogger(__name__).warning("--speculative-algorithm %s is not run under --tp %d: decoding "
-                                                "without drafts", args.speculative_algorithm, args.tp)
+                                                "without drafts", algorithm, args.tp)
         self.max_batch = args.speculative_max_batch_size or None
         self.adaptive = args.speculative_adaptive
         self.chunk = args.chunked_prefill_size

@@ -18,6 +18,15 @@ from radixrt.runtime.spec.suffix import SuffixDrafter
 ALGORITHMS = ("none", "suffix", "ngram")
 
 
+def resolve_algorithm(name: str, tp: int, device: str) -> str:
+    """``--speculative-algorithm auto``: ``suffix`` on the CPU without tensor parallelism (it won or tied
+    every workload of benchmarks/bench_spec.py there), ``none`` on CUDA (never run on a GPU) and under
+    ``--tp`` (the ranks' lockstep carries no drafts). Any other name is returned as given."""
+    if name != "auto":
+        return name
+    return "suffix" if tp == 1 and str(device).startswith("cpu") else "none"
+
+
 def make_drafter(algorithm: str, cfg: DraftConfig) -> Drafter | None:
     """The drafter named by ``--speculative-algorithm`` (None for ``none``).
 
@@ -33,4 +42,5 @@ def make_drafter(algorithm: str, cfg: DraftConfig) -> Drafter | None:
     raise ValueError(f"speculative_algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-__all__ = ["ALGORITHMS", "Drafter", "DraftConfig", "NgramDrafter", "SuffixDrafter", "make_drafter"]
+__all__ = ["ALGORITHMS", "Drafter", "DraftConfig", "NgramDrafter", "SuffixDrafter", "make_drafter",
+           "resolve_algorithm"]
