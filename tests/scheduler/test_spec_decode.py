@@ -189,6 +189,44 @@ def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
     assert chi_square_p([g[1]] * n, ref) < 1e-3
 
 
+def test_drafts_after_the_prompt_are_verified_by_the_prefill(off, suffix):
+    """A chunk that ends its prompt carries drafts (the prompt's own earlier words): the first output tokens
+    come with the prefill's forward, the same tokens as without speculation, in fewer passes."""
+    prompt = "one two three four five six seven eight. one two three four five six seven eight. one two three"
+    sp = {"temperature": 0, "max_new_tokens": 12}
+    got = []
+    for e in (off, suffix):
+        e.flush_cache()  # the drafter's store of outputs too: the drafts depend on this prompt alone
+        c0 = e.get_server_info()["cache"]
+        out = e.generate(prompt, sp)
+        c1 = e.get_server_info()["cache"]
+        d = {k: c1["speculative"][k] - c0["speculative"][k] for k in ("verify_steps", "draft_tokens", "accepted_tokens")}
+        got.append((out["text"], c1["req_forward_passes"] - c0["req_forward_passes"], d))
+    assert got[1][0] == got[0][0] == " four five six seven eight.\n\nThe answer is "
+    assert got[0][1:] == (12, {"verify_steps": 0, "draft_tokens": 0, "accepted_tokens": 0})
+    assert got[1][1] == 6 and got[1][2]["accepted_tokens"] >= 6
+
+    def first_step(s):  # on the engine's thread: the prefill step alone, by hand
+        s.add_request(GenerateReq(rid="spec-prefill", input_ids=ids, sampling_params=SamplingParams(**sp)))
+        batch = s.schedule()
+        req = s.by_rid["spec-prefill"]
+        row = (list(batch.num_new_tokens), list(req.draft_ids))
+        fb = s.runner.prepare(batch)
+        s.conclude(batch, fb, s.runner.forward(fb))
+        s.collect_outputs()
+        out = list(req.output_ids)
+        s.abort("spec-prefill")
+        s.collect_outputs()
+        return row, out
+    ids = suffix.tokenizer.encode(prompt)
+    suffix.flush_cache()
+    (n, draft), out = suffix._call(lambda: first_step(suffix.scheduler))
+    # the prefill row carried the prompt's own continuation: " four five six seven eight. one two three"
+    assert suffix.tokenizer.decode(draft) == " four five six seven eight. one two three"
+    assert n == [len(ids) + len(draft)]
+    assert suffix.tokenizer.decode(out) == " four five six seven eight.\n"  # 6 drafts kept + 1 sampled
+
+
 def test_opt_out_per_request(suffix):
     before = spec(suffix)["verify_steps"]
     suffix.generate(AGENT[0], {**GREEDY, "speculative": False})

@@ -30,7 +30,10 @@ def qwen3_dir(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def srv(qwen3_dir):
-    s = start_server("--model", str(qwen3_dir), "--reasoning-parser", "qwen3", "--context-length", "512")
+    # one token per step (no speculation, whose deltas group tokens as the cost model's timing decides), so
+    # the tool-call arguments stream in a known number of deltas
+    s = start_server("--model", str(qwen3_dir), "--reasoning-parser", "qwen3", "--context-length", "512",
+                     "--speculative-algorithm", "none")
     yield s
     assert s.stop() == 0, s.logs()
 

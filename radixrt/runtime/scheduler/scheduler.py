@@ -180,9 +180,15 @@ class Scheduler:
                 batch.add(req, n)
                 budget -= n
         self.mem.poll_restores()  # restores that landed: their requests are admitted below
-        if budget <= 0 or not self.waiting:
-            self.mem.prefetch(self.waiting)
-            return batch
+        if budget > 0 and self.waiting:
+            budget = self._admit(batch, budget)
+        self.spec.attach_prefill(batch, self.mem, budget)  # drafts after prompts that end this step
+        self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> int:
+        """Admit waiting requests into ``batch`` (their first chunk) while ``budget`` tokens and
+        ``--max-running-requests`` allow. Returns the budget left."""
         admitted: list[Req] = [r for r, _ in batch if r.extend_len > 1]
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.max_wait_steps):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
@@ -210,8 +216,7 @@ class Scheduler:
             budget -= n
         for req in self.waiting:
             req.wait_steps += 1
-        self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
-        return batch
+        return budget
 
     def _grow_or_preempt(self, req: Req, n: int, batch: ScheduledBatch, wait: bool = True) -> bool:
         """Make room for ``n`` more tokens of ``req``, preempting the newest running request not already
@@ -261,14 +266,17 @@ class Scheduler:
         """After the forward: advance each request by its tokens, sample and finish (output processor),
         and put every unfinished prefill chunk's KV in the tree at once, for others to hit."""
         now = time.time()
+        chunks = []  # prompt chunks (with or without drafts after them), not decode rows
         for req, n in batch:
             req.advance(n - len(req.draft_ids), now)  # a draft's KV counts once it is accepted (verify)
+            if n - len(req.draft_ids) > 1:
+                chunks.append(req)
         finished = self.outputs.process(fb, logits) + self.spec.verify(logits, fb.spec_at)
         self.spec.settle(batch, self.mem)
         for req, reason in finished:
             self._finish_running(req, reason)
-        for req, n in batch:
-            if req.finished_reason is None and n > 1 and not fb.is_spec(req):
+        for req in chunks:
+            if req.finished_reason is None:
                 self.mem.cache(req)
 
     def collect_outputs(self) -> list[TokenOut]:

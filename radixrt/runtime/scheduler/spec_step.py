@@ -87,52 +87,76 @@ class Speculator:
         """Give each decode row of ``batch`` its drafts (``req.draft_ids``) and the pages for them, from
         free pages only (drafts never evict cached prefixes nor preempt). ``pending``: prompt tokens the
         step will add after the decodes (the cost model's base). Returns the extra tokens."""
+        self._forced_rows = set()
         if self.drafter is None:  # speculation off: nothing on the per-step path
             return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
         if not decodes or (self.max_batch is not None and len(decodes) > self.max_batch):
             return 0
-        drafts = self._adaptive(batch, decodes, mem, budget, pending) if self.adaptive else \
+        base = sum(batch.num_new_tokens) + min(pending, budget)
+        drafts = self._adaptive(batch, decodes, mem, budget, base, len(decodes)) if self.adaptive else \
             self._proposed(batch, decodes, mem, budget)
+        return self._give(batch, drafts, mem)
+
+    def attach_prefill(self, batch: ScheduledBatch, mem, budget: int) -> int:
+        """Drafts after a prompt: a chunk that ends its prompt samples the first output token at its last
+        position, so drafts appended to it are verified by the same forward, and the first decode step's
+        tokens come with the prefill. Called once the step's chunks are scheduled (the cost model's base is
+        the whole step; every row that samples counts once in its output). Not for requests that want
+        prompt logprobs. Returns the extra tokens."""
+        if self.drafter is None or budget <= 0:
+            return 0
+        ends = [i for i, (r, n) in enumerate(batch) if 1 < n == r.extend_len and not r.draft_ids
+                and not r.wants_input_logprobs]
+        if not ends:
+            return 0
+        n0 = sum(1 for r, n in batch if n >= r.extend_len)
+        drafts = self._adaptive(batch, ends, mem, budget, sum(batch.num_new_tokens), n0) if self.adaptive else \
+            self._proposed(batch, ends, mem, budget)
+        return self._give(batch, drafts, mem)
+
+    def _give(self, batch: ScheduledBatch, drafts: list[tuple[int, list[int]]], mem) -> int:
+        """Attach each row's draft and grow its pages for it (free pages only: ``_room`` counted them)."""
         used = 0
         for i, draft in drafts:
-            req = batch.reqs[i]
-            if draft and mem.grow(req, 1 + len(draft)):
+            req, n = batch.reqs[i], batch.num_new_tokens[i]
+            if draft and mem.grow(req, n + len(draft)):
                 req.draft_ids = draft
-                batch.num_new_tokens[i] = 1 + len(draft)
+                batch.num_new_tokens[i] = n + len(draft)
                 used += len(draft)
+            else:
+                self._forced_rows.discard(id(req))
         return used
 
-    def _proposed(self, batch: ScheduledBatch, decodes: list[int], mem, budget: int) -> list[tuple[int, list[int]]]:
+    def _proposed(self, batch: ScheduledBatch, rows: list[int], mem, budget: int) -> list[tuple[int, list[int]]]:
         """Not adaptive: each row the tokens its grammar forces, or else the drafter's adapted proposal,
         until the budget is spent."""
         out, used = [], 0
-        self._forced_rows = set()
-        for i in decodes:
+        for i in rows:
             if budget - used <= 0:
                 break
-            req = batch.reqs[i]
-            draft = self._forced(req, self._room(req, mem, budget - used))
+            req, n = batch.reqs[i], batch.num_new_tokens[i]
+            draft = self._forced(req, self._room(req, mem, budget - used, n))
             if draft:
                 self._forced_rows.add(id(req))
             else:
-                draft = self._draft(req, mem, budget - used)
+                draft = self._draft(req, mem, budget - used, n)
             out.append((i, draft))
             used += len(draft)
         return out
 
-    def _adaptive(self, batch: ScheduledBatch, decodes: list[int], mem, budget: int,
-                  pending: int) -> list[tuple[int, list[int]]]:
-        """The cost model's draft lengths (spec/cost.py): first with every row's most (a constrained row:
-        the tokens its grammar forces, if any), to skip drafting where even full drafts cannot pay, then
-        with the drafts really proposed."""
+    def _adaptive(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int,
+                  n0: int) -> list[tuple[int, list[int]]]:
+        """The cost model's draft lengths (spec/cost.py) for ``rows`` of a step of ``base`` tokens that
+        emits ``n0`` without drafts: first with every row's most (a constrained row: the tokens its grammar
+        forces, if any), to skip drafting where even full drafts cannot pay, then with the drafts really
+        proposed."""
         if not len(self.times) or budget <= 0:
             return []
-        reqs = [batch.reqs[i] for i in decodes]
-        base, n0 = sum(batch.num_new_tokens) + min(pending, budget), len(decodes)
-        rooms = [self._room(r, mem, budget) for r in reqs]
+        reqs, ns = [batch.reqs[i] for i in rows], [batch.num_new_tokens[i] for i in rows]
+        rooms = [self._room(r, mem, budget, n) for r, n in zip(reqs, ns)]
         forced = [self._forced(r, k) for r, k in zip(reqs, rooms)]
-        self._forced_rows = {id(r) for r, f in zip(reqs, forced) if f}
+        self._forced_rows |= {id(r) for r, f in zip(reqs, forced) if f}
         ps = [self.acceptance.p(forced_key(r.rid) if f else r.rid) for r, f in zip(reqs, forced)]
         want = choose_drafts(self.times, base, n0, [(p, len(f) if f else k) for p, f, k in
                                                     zip(ps, forced, rooms)], budget)
@@ -141,12 +165,12 @@ class Speculator:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [f or (self._draft(r, mem, budget) if k else []) for r, f, k in zip(reqs, forced, want)]
+        drafts = [f or (self._draft(r, mem, budget, n) if k else []) for r, n, f, k in zip(reqs, ns, forced, want)]
         ks = choose_drafts(self.times, base, n0, [(p, len(d)) for p, d in zip(ps, drafts)], budget)
         for r, k in zip(reqs, ks):
             if not k:
                 self.acceptance.pass_over(r.rid)
-        return [(i, d[:k]) for i, d, k in zip(decodes, drafts, ks) if k]
+        return [(i, d[:k]) for i, d, k in zip(rows, drafts, ks) if k]
 
     def _forced(self, req: Req, room: int) -> list[int]:
         """The tokens ``req``'s grammar forces next, cut to ``room`` and to what the matcher accepts
@@ -157,17 +181,17 @@ class Speculator:
         toks = get()[:room]
         return grammar_prefix(req.grammar, toks, self.outputs.eos_ids | set(req.params.stop_token_ids)) if toks else []
 
-    def _room(self, req: Req, mem, budget: int) -> int:
-        """The most draft tokens ``req`` may carry this step (0: none: opted out, or constrained with its
-        matcher on the mask-prefetch thread)."""
+    def _room(self, req: Req, mem, budget: int, n: int = 1) -> int:
+        """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
+        out, or constrained with its matcher on the mask-prefetch thread)."""
         if not req.params.speculative or (req.grammar is not None and self.outputs.prefetch is not None):
             return 0
         room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
-        fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - 1
+        fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - n
         return max(0, min(room, fit, budget, self.drafter.cfg.num_draft_tokens))
 
-    def _draft(self, req: Req, mem, budget: int) -> list[int]:
-        k = self._room(req, mem, budget)
+    def _draft(self, req: Req, mem, budget: int, n: int = 1) -> list[int]:
+        k = self._room(req, mem, budget, n)
         if k <= 0:
             return []
         draft = (self.drafter.draft(req) if self.adaptive else self.drafter.propose(req))[:k]
