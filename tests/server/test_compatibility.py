@@ -262,6 +262,10 @@ BAD = [
     ("/generate", {"text": FRANCE, "sampling_params": {"custom_params": 3}}, "custom_params"),
     ("/generate", {"text": FRANCE, "sampling_params": {"seed": 1, "sampling_seed": 2}}, "sampling_seed"),
     ("/generate", {"text": FRANCE, "sampling_params": {"max_new_token": 2}}, "sampling_params"),
+    # sampling parameters beside sampling_params: refused even when falsy (they were ignored as unset keys)
+    ("/generate", {"text": FRANCE, "speculative": False}, "speculative"),
+    ("/generate", {"text": FRANCE, "temperature": 0}, "temperature"),
+    ("/generate", {"text": FRANCE, "sampling_params": {}, "max_new_tokens": 0}, "max_new_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": -1}, "n"),
     ("/v1/completions", {"prompt": FRANCE, "logit_bias": {"5": "abc"}}, "logit_bias.5"),
     ("/v1/completions", {"prompt": FRANCE, "logit_bias": {"x": 1}}, "logit_bias"),
@@ -280,3 +284,23 @@ def test_bad_values_are_400_naming_the_field(http):
         err = r.json()["error"]
         assert err["param"] == param and err["message"], (body, err)
     assert gen(http, text=FRANCE, sampling_params={"max_new_tokens": 2, "temperature": 0})["text"] == " Paris."
+
+
+def test_responses_and_messages_opt_out_of_speculation(http):
+    """``speculative`` on /v1/responses and /v1/messages is chat's field: false reaches the request (no draft
+    verified for it), a value that is not a boolean is a 400 naming it."""
+    for proto, route, base in ((resp_protocol, "/v1/responses", BASE["resp"]),
+                               (msg_protocol, "/v1/messages", BASE["msg"])):
+        model = proto.ResponsesRequest if proto is resp_protocol else proto.MessagesRequest
+        assert proto.chat_body(model(**base, model="m", speculative=False))["speculative"] is False
+        assert proto.chat_body(model(**base, model="m"))["speculative"] is True
+        before = http.get("/get_server_info").json()["cache"]["speculative"]["verify_steps"]
+        r = http.post(route, json={**base, "max_output_tokens" if proto is resp_protocol else "max_tokens": 16,
+                                   "speculative": False})
+        assert r.status_code == 200, r.text
+        assert http.get("/get_server_info").json()["cache"]["speculative"]["verify_steps"] == before
+        for bad in ("yes", None, 1, [False]):
+            r = http.post(route, json={**base, "speculative": bad})
+            assert r.status_code == 400, (route, bad, r.text)
+            err = r.json()["error"]
+            assert err.get("param") == "speculative" or err["message"].startswith("speculative"), (route, bad, err)

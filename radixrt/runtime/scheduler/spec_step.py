@@ -25,6 +25,7 @@ ever inserts ``fill_ids[:num_computed]``, which holds accepted tokens only.
 from __future__ import annotations
 
 import logging
+import time
 
 from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
@@ -76,7 +77,11 @@ class Speculator:
         """Measure the step-time curve the cost model starts from (scheduler/spec_calibrate.py)."""
         if self.drafter is not None and self.adaptive:
             from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
+            t0 = time.perf_counter()
             self.times = measure_step_times(runner, allocator)
+            logging.getLogger(__name__).info(
+                "speculation %s: step times of %d sizes measured in %.2f s (--speculative-algorithm none skips "
+                "this)", self.algorithm, len(self.times), time.perf_counter() - t0)
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         """A step of ``tokens`` tokens took ``seconds`` (scheduling, forward and sampling together)."""

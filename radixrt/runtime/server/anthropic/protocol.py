@@ -46,6 +46,7 @@ class MessagesRequest(BaseModel):
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     cache_salt: Optional[str] = None  # radixrt / vLLM extra
+    speculative: bool = True  # radixrt: False opts this request out of --speculative-algorithm
 
 
 def check_refused(body: dict) -> None:
@@ -203,7 +204,7 @@ def chat_body(req: MessagesRequest) -> dict:
     body = {"model": req.model, "messages": [], "max_tokens": req.max_tokens, "temperature": req.temperature,
             "top_p": req.top_p, "top_k": req.top_k, "stop": req.stop_sequences, "tools": chat_tools(req.tools),
             "tool_choice": choice if req.tools else None, "parallel_tool_calls": parallel, "response_format": rf,
-            "cache_salt": req.cache_salt, "chat_template_kwargs": kwargs}
+            "cache_salt": req.cache_salt, "chat_template_kwargs": kwargs, "speculative": req.speculative}
     return {k: v for k, v in body.items() if v is not None}
 
 

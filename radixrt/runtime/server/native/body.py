@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Union
 
 from radixrt.runtime.errors import ValidationError
+from radixrt.runtime.io_struct import SamplingParams
 
 GENERATE_KEYS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
                  "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "cache_salt", "session_params",
@@ -53,8 +54,9 @@ def parse_generate_body(body: Any) -> GenerateBody:
     """Check a /generate body's keys, flags and ``rid``.
 
     Raises:
-        ValidationError: not an object (param None), an unknown key with a value (param: that key; the
-            message lists the known keys), a flag that is not a boolean, a bad ``rid``.
+        ValidationError: not an object (param None), a sampling parameter at the top level (any value but
+            null), an unknown key with a value (param: that key; the message lists the known keys), a flag
+            that is not a boolean, a bad ``rid``.
     """
     if not isinstance(body, dict):
         raise ValidationError("the request body must be a JSON object", None)
@@ -62,6 +64,12 @@ def parse_generate_body(body: Any) -> GenerateBody:
     for k, why in REFUSED_KEYS.items():
         if body.get(k) not in unset:
             raise ValidationError(f"{k} is not supported: {why}", k)
+    # a sampling parameter beside sampling_params is refused whatever its value: "temperature": 0 or
+    # "speculative": false would otherwise pass as an unset unknown key and be silently ignored
+    for k, v in body.items():
+        if k in SamplingParams.__struct_fields__ and k not in GENERATE_KEYS and v is not None:
+            raise ValidationError(f"{k} is a sampling parameter: send it inside sampling_params, not at the top "
+                                  "level of the body", k)
     unknown = [k for k, v in body.items() if k not in GENERATE_KEYS and k not in IGNORED_KEYS and k not in REFUSED_KEYS
                and v not in unset]
     if unknown:

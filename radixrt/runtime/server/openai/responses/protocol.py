@@ -63,6 +63,7 @@ class ResponsesRequest(BaseModel):
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    speculative: bool = True  # radixrt: False opts this request out of --speculative-algorithm
 
 
 def check_refused(body: dict) -> None:
@@ -236,7 +237,8 @@ def chat_body(req: ResponsesRequest) -> dict:
             "temperature": req.temperature, "top_p": req.top_p, "tools": chat_tools(req.tools),
             "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": response_format(req.text), "cache_salt": req.cache_salt, "top_k": req.top_k,
-            "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs}
+            "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs,
+            "speculative": req.speculative}
     if wants_logprobs(req):
         body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return {k: v for k, v in body.items() if v is not None}
