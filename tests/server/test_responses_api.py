@@ -111,8 +111,9 @@ def test_stream_events(oai):
                           "response.completed"]
     assert args == final.output[0].arguments == full.output[0].arguments == '{"city":"Rome"}'
     text, last = [], None
+    # one token per step (speculation off for this request), so the text comes in several deltas
     with oai.responses.stream(model=MODEL, input="Say hi", instructions="You are terse.", store=False,
-                              temperature=0, max_output_tokens=8) as st:
+                              temperature=0, max_output_tokens=8, extra_body={"speculative": False}) as st:
         for ev in st:
             if ev.type == "response.output_text.delta":
                 text.append(ev.delta)
