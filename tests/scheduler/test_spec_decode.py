@@ -20,6 +20,7 @@ AGENT = [f"<|im_start|>system\n{TOOLS}<|im_end|>\n<|im_start|>user\nFix the bug 
          f"<|im_start|>assistant\n{CALL}<|im_end|>\n<|im_start|>user\nObservation {i}: def main(): return 1/0"
          f"<|im_end|>\n<|im_start|>assistant\n" + '{"tool": "' for i in range(4)]
 GREEDY = {"temperature": 0, "max_new_tokens": 32}
+COUNT = "one two three four five six seven eight. one two three four five six seven eight. one two three"
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +70,13 @@ def test_greedy_identical_without_radix_cache_and_on_gguf_blocks(off):
     # the default server configuration: the GGUF's own Q4_1 blocks, fp16 KV pool
     q_off = make_engine(quantization="auto", speculative_algorithm="none")
     q_on = make_engine(quantization="auto", speculative_algorithm="suffix")
+    # the cost model (default), first on the fresh engine (start-up acceptance 0.8): an answer that copies its
+    # prompt verifies drafts (the AGENT prompts' first drafts are refused, which lowers the rate it starts from)
+    assert q_on.generate(COUNT, GREEDY)["output_ids"] == q_off.generate(COUNT, GREEDY)["output_ids"]
+    assert spec(q_on)["accepted_tokens"] > 0
     want = ids_of(q_off.generate(AGENT, GREEDY))
     assert ids_of(q_on.generate(AGENT, GREEDY)) == want
-    # the cost model (default): alone, a row with a likely draft verifies it (start-up acceptance 0.8)
-    assert [q_on.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want[:2]
-    assert spec(q_on)["accepted_tokens"] > 0
+    assert [q_on.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want[:2]  # alone
 
 
 def test_stop_length_logprobs_n_and_stream_unchanged(off, suffix):
@@ -192,7 +195,7 @@ def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
 def test_drafts_after_the_prompt_are_verified_by_the_prefill(off, suffix):
     """A chunk that ends its prompt carries drafts (the prompt's own earlier words): the first output tokens
     come with the prefill's forward, the same tokens as without speculation, in fewer passes."""
-    prompt = "one two three four five six seven eight. one two three four five six seven eight. one two three"
+    prompt = COUNT
     sp = {"temperature": 0, "max_new_tokens": 12}
     got = []
     for e in (off, suffix):
