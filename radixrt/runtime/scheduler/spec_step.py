@@ -96,12 +96,8 @@ class Speculator:
         if self.drafter is None:  # speculation off: nothing on the per-step path
             return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
-        if not decodes or (self.max_batch is not None and len(decodes) > self.max_batch):
-            return 0
-        base = sum(batch.num_new_tokens) + min(pending, budget)
-        drafts = self._adaptive(batch, decodes, mem, budget, base, len(decodes)) if self.adaptive else \
-            self._proposed(batch, decodes, mem, budget)
-        return self._give(batch, drafts, mem)
+        return self._attach(batch, decodes, mem, budget, sum(batch.num_new_tokens) + min(pending, budget),
+                            len(decodes))
 
     def attach_prefill(self, batch: ScheduledBatch, mem, budget: int) -> int:
         """Drafts after a prompt: a chunk that ends its prompt samples the first output token at its last
@@ -115,13 +111,17 @@ class Speculator:
                 and not r.wants_input_logprobs]
         if not ends:
             return 0
-        n0 = sum(1 for r, n in batch if n >= r.extend_len)
-        drafts = self._adaptive(batch, ends, mem, budget, sum(batch.num_new_tokens), n0) if self.adaptive else \
-            self._proposed(batch, ends, mem, budget)
-        return self._give(batch, drafts, mem)
+        return self._attach(batch, ends, mem, budget, sum(batch.num_new_tokens),
+                            sum(1 for r, n in batch if n >= r.extend_len))
 
-    def _give(self, batch: ScheduledBatch, drafts: list[tuple[int, list[int]]], mem) -> int:
-        """Attach each row's draft and grow its pages for it (free pages only: ``_room`` counted them)."""
+    def _attach(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int, n0: int) -> int:
+        """Drafts for ``rows`` of a step of ``base`` tokens whose ``n0`` sampling rows emit one token each
+        without drafts (none above ``--speculative-max-batch-size`` of them); each row's pages grow for its
+        draft (free pages only: ``_room`` counted them). Returns the extra tokens."""
+        if not rows or (self.max_batch is not None and n0 > self.max_batch):
+            return 0
+        drafts = self._adaptive(batch, rows, mem, budget, base, n0) if self.adaptive else \
+            self._proposed(batch, rows, mem, budget)
         used = 0
         for i, draft in drafts:
             req, n = batch.reqs[i], batch.num_new_tokens[i]
