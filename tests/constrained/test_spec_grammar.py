@@ -108,3 +108,34 @@ def test_constrained_outputs_identical_and_valid(tokenizer, jump_forward):
             finished += 1
     if not jump_forward:  # 9 of 18 finish within 64 tokens; with jump-forward (forced tokens count) none of 8
         assert finished >= len(sps) // 3
+
+
+TOOL = {"type": "object", "properties": {"tool": {"type": "string", "enum": ["read_file", "run_tests"]},
+                                         "path": {"type": "string", "maxLength": 32}},
+        "required": ["tool", "path"], "additionalProperties": False}
+CALL_PROMPT = ("<|im_start|>system\nCall one tool as JSON: read_file(path) or run_tests(path).<|im_end|>\n"
+               "<|im_start|>user\nRead src/app/main.py.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_forced_tokens_continued_by_the_drafter():
+    """The grammar forces a tool call's opening up to the tool's name ({"tool":"); the drafter's store holds the
+    same call answered before, so the forced tokens continue with it: the repeated call takes 2 passes
+    (prefill + 1 step), not 3 (forced drafts alone end at the name), and the tokens do not change."""
+    sp = {"temperature": 0, "max_new_tokens": 24, "json_schema": json.dumps(TOOL)}
+    want = make_engine(speculative_algorithm="none").generate(CALL_PROMPT, sp)
+    assert want["text"] == '{"tool":"run_tests","path":"src/app/main.py"}'
+    on = make_engine(speculative_algorithm="suffix", speculative_adaptive=False)
+    on.flush_cache()
+    keys = ("verify_steps", "draft_tokens", "accepted_tokens", "forced_draft_tokens")
+    got = []
+    for _ in range(2):
+        c0 = on.get_server_info()["cache"]
+        out = on.generate(CALL_PROMPT, sp)
+        c1 = on.get_server_info()["cache"]
+        assert out["output_ids"] == want["output_ids"]
+        got.append((c1["req_forward_passes"] - c0["req_forward_passes"],
+                    {k: c1["speculative"][k] - c0["speculative"][k] for k in keys}))
+    # first: the forced drafts (7 tokens) and the request's own prompt ("src/app/main.py")
+    assert got[0] == (8, {"verify_steps": 4, "draft_tokens": 12, "accepted_tokens": 10, "forced_draft_tokens": 7})
+    # again: the prefill row drafts the forced opening and the earlier answer after it (17 tokens, all kept)
+    assert got[1] == (2, {"verify_steps": 2, "draft_tokens": 17, "accepted_tokens": 17, "forced_draft_tokens": 0})

@@ -92,14 +92,17 @@ void mid(const Ctx& c, int64_t M) {
 // The most activation rows that run midrows512.h rather than gemm512.h (Q4_1 / Q5_1: rather than the AVX2
 // tiles), where the two cross. Measured, one row of T tokens through the whole model (benchmarks/
 // step_curve.py, 2 threads): Llama-3.2-1B Q4_K_M t16 134 -> 92 ms, t20 157 -> 147 (three passes), t24 172
-// vs 175, t32 208 vs 217; SmolLM2-135M Q4_1 still 0.8x the AVX2 tiles' time at 16. Q8_0 (standalone
-// harness, 8192 x 2048 from memory): 0.9x gemm512.h's time at 16.
+// vs 175, t32 208 vs 217. Q8_0 (standalone harness, 8192 x 2048 from memory): 0.9x gemm512.h's time at 16.
+// Q4_1 / Q5_1 at every row count: since their minimums share one register per weight-row pair (gemv512.h
+// ltile) the mid-row tiles beat the AVX2 ones from 2 rows to 128 (Xeon with AVX-512 VNNI, 2026-12-05,
+// 3072 x 1024: Q4_1 85 vs 57 GMAC/s, Q5_1 72 vs 40-49; SmolLM2-135M t48 131 -> 110 ms).
 int64_t mid_rows(int64_t type) {
   static const int64_t forced = [] {
     const char* v = std::getenv("RADIXRT_GGML_MID_ROWS");
     return v != nullptr && *v ? std::atoll(v) : -1;
   }();
   if (forced >= 0) return forced;
+  if (type == 3 || type == 7) return INT64_MAX;
   return type == 12 || type == 13 || type == 14 ? 20 : 16;
 }
 

@@ -168,11 +168,20 @@ RADIXRT_X512 inline __m512i lq2(const uint8_t* a, const uint8_t* b) {
 // (-2^shift * each 4 activations' sum, int32 x 8 per block, [MB][K / 32]).
 template <class T, int NZ, int MB>
 RADIXRT_X512 void ltile(const Ctx& c, const int64_t* rows, int64_t m0, const int32_t* offs, int64_t pf) {
+  static_assert(MB <= 8, "the minimums' lanes hold at most 8 activation rows");
   const int64_t nb = c.K / 32;
   __m512 acc[NZ][MB];
-  __m512 mins[NZ][MB];  // Q4_1/Q5_1: lane 0 of each half is the row's scalar chain
-  for (int z = 0; z < NZ; ++z)
-    for (int m = 0; m < MB; ++m) acc[z][m] = mins[z][m] = _mm512_setzero_ps();
+  // Q4_1/Q5_1: the scalar chains mins += m * s of weight-row pair z, lane i for row a against activation row
+  // m0 + i, lane 8 + i for row b: one multiply and one add per block serve every activation row (the same
+  // rounding per lane as the AVX2 tile's scalar multiply, then add)
+  __m512 mins[NZ];
+  for (int z = 0; z < NZ; ++z) {
+    mins[z] = _mm512_setzero_ps();
+    for (int m = 0; m < MB; ++m) acc[z][m] = _mm512_setzero_ps();
+  }
+  const __m512i sidx = _mm512_mullo_epi32(_mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)nb));
+  const __mmask16 live = (__mmask16)(((1u << MB) - 1) | (((1u << MB) - 1) << 8));
   const uint8_t* base[2 * NZ];
   for (int r = 0; r < 2 * NZ; ++r) base[r] = c.W + rows[r] * c.row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
@@ -181,12 +190,14 @@ RADIXRT_X512 void ltile(const Ctx& c, const int64_t* rows, int64_t m0, const int
       y[m] = bcast(c.q + ((m0 + m) * nb + b) * 32);
       if (T::OFFSET_SHIFT) yo[m] = bcast(offs + ((int64_t)m * nb + b) * 8);
     }
+    __m512 s;  // the activation rows' block sums s[m0 + i][b], i < MB, in both halves
+    if (T::MIN) s = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, sidx, c.s + m0 * nb + b, 4);
     for (int z = 0; z < NZ; ++z) {
       const uint8_t *pa = base[2 * z] + b * T::BYTES, *pb = base[2 * z + 1] + b * T::BYTES;
       _mm_prefetch(reinterpret_cast<const char*>(pa + pf), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(pb + pf), _MM_HINT_T0);
       const __m512i q = lq2<T>(pa, pb);
-      const float da = fp16(pa), db = fp16(pb);
+      const __m512 dw = joinf(fp16(pa), fp16(pb));
       __m512i aq = q;
       __mmask64 neg = 0;
       if (T::BYTES == 34) {  // Q8_0: |q| times y with q's sign (lblocks.h dot's sign trick, in one vpdpbusd)
@@ -200,25 +211,26 @@ RADIXRT_X512 void ltile(const Ctx& c, const int64_t* rows, int64_t m0, const int
         else if (T::BYTES == 34) isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq,
                                                             _mm512_mask_sub_epi8(y[m], neg, _mm512_setzero_si512(), y[m]));
         else isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, y[m]);
-        acc[z][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), joinf(da * c.d[a], db * c.d[a]), acc[z][m]);
-        if (T::MIN) {
-          const __m512 mn = joinf(fp16(pa + 2), fp16(pb + 2));
-          mins[z][m] = _mm512_add_ps(mins[z][m], _mm512_mul_ps(mn, _mm512_set1_ps(c.s[a])));
-        }
+        // d_w * d_x rounded to float per half, as the AVX2 tile's scalar product
+        acc[z][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(c.d[a])), acc[z][m]);
       }
+      if (T::MIN) mins[z] = _mm512_add_ps(mins[z], _mm512_mul_ps(joinf(fp16(pa + 2), fp16(pb + 2)), s));
     }
   }
-  for (int z = 0; z < NZ; ++z)
+  for (int z = 0; z < NZ; ++z) {
+    alignas(64) float mn[16];
+    if (T::MIN) _mm512_store_ps(mn, mins[z]);
     for (int m = 0; m < MB; ++m) {
       float* o = c.out + (m0 + m) * c.N;
       float lo = hsum(_mm512_castps512_ps256(acc[z][m])), hi = hsum(_mm512_extractf32x8_ps(acc[z][m], 1));
       if (T::MIN) {
-        lo += _mm512_cvtss_f32(mins[z][m]);
-        hi += _mm512_cvtss_f32(_mm512_castps256_ps512(_mm512_extractf32x8_ps(mins[z][m], 1)));
+        lo += mn[m];
+        hi += mn[8 + m];
       }
       o[rows[2 * z]] = lo;
       o[rows[2 * z + 1]] = hi;
     }
+  }
 }
 
 // Q4_0 / Q5_0 activation offsets of row x (nb blocks): -2^shift * each 4 activations' sum, int32 x 8 per

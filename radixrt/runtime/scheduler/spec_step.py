@@ -141,11 +141,11 @@ class Speculator:
             if budget - used <= 0:
                 break
             req, n = batch.reqs[i], batch.num_new_tokens[i]
-            draft = self._forced(req, self._room(req, mem, budget - used, n))
-            if draft:
+            forced = self._forced(req, self._room(req, mem, budget - used, n))
+            draft = self._continued(req, mem, budget - used, n, forced) if forced else \
+                self._draft(req, mem, budget - used, n)
+            if forced and len(draft) == len(forced):
                 self._forced_rows.add(id(req))
-            else:
-                draft = self._draft(req, mem, budget - used, n)
             out.append((i, draft))
             used += len(draft)
         return out
@@ -170,7 +170,12 @@ class Speculator:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [f or (self._draft(r, mem, budget, n) if k else []) for r, n, f, k in zip(reqs, ns, forced, want)]
+        drafts = [self._continued(r, mem, budget, n, f) if f else self._draft(r, mem, budget, n) if k else []
+                  for r, n, f, k in zip(reqs, ns, forced, want)]
+        for j, (r, f, d) in enumerate(zip(reqs, forced, drafts)):
+            if f and len(d) > len(f):  # continued by the drafter: its acceptance track prices the row
+                self._forced_rows.discard(id(r))
+                ps[j] = self.acceptance.p(r.rid)
         ks = choose_drafts(self.times, base, n0, [(p, len(d)) for p, d in zip(ps, drafts)], budget)
         for r, k in zip(reqs, ks):
             if not k:
@@ -185,6 +190,13 @@ class Speculator:
             return []
         toks = get()[:room]
         return grammar_prefix(req.grammar, toks, self.outputs.eos_ids | set(req.params.stop_token_ids)) if toks else []
+
+    def _continued(self, req: Req, mem, budget: int, n: int, forced: list[int]) -> list[int]:
+        """``forced`` continued by the drafter where its proposal starts with them: an agent's tool call is
+        forced up to the tool's name (`{"tool": "`), which the drafter's store already holds with its
+        arguments, so one step can verify the whole call. Otherwise ``forced`` alone."""
+        draft = self._draft(req, mem, budget, n)
+        return draft if len(draft) > len(forced) and draft[:len(forced)] == forced else forced
 
     def _room(self, req: Req, mem, budget: int, n: int = 1) -> int:
         """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
