@@ -170,7 +170,7 @@ class Speculator:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [self._continued(r, mem, budget, n, f) if f else self._draft(r, mem, budget, n) if k else []
+        drafts = [(self._continued(r, mem, budget, n, f) if f else self._draft(r, mem, budget, n)) if k else f
                   for r, n, f, k in zip(reqs, ns, forced, want)]
         for j, (r, f, d) in enumerate(zip(reqs, forced, drafts)):
             if f and len(d) > len(f):  # continued by the drafter: its acceptance track prices the row
