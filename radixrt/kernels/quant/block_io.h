@@ -18,6 +18,10 @@ struct Ctx {
   const float* s;        // [M, K / 32]: d * sum(q) per 32 (legacy types with a minimum)
   const int16_t* bsums;  // [M, K / 16] (K-quants)
   float* out;            // [M, N]
+  // AVX-512 tiles of the types with a minimum (gemv512.h ltile): s transposed, st[b * st_ld + m] = s[m, b],
+  // padded by 8 zeros so 8 rows load from any m (gemm512.cpp with_sums fills it)
+  const float* st = nullptr;
+  int64_t st_ld = 0;
 };
 
 inline float fp16(const uint8_t* p) {

@@ -34,12 +34,28 @@ void run512(const Ctx& c, int64_t M, bool xor80, int shift) {
   });
 }
 
+// c with its activation sums transposed (Ctx::st) for the types with a minimum; else c as it is. st holds them.
+template <class T>
+Ctx with_sums(const Ctx& c, int64_t M, std::vector<float>& st) {
+  if (!T::MIN) return c;
+  const int64_t nb = c.K / 32;
+  st.assign(nb * M + 8, 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) st[b * M + m] = c.s[m * nb + b];
+  Ctx t = c;
+  t.st = st.data();
+  t.st_ld = M;
+  return t;
+}
+
 // 1-2 rows (decode): tiles of 2 NZ weight rows, two per register (gemv512.h), split over threads as run()
 // does; the tile after next is prefetched. More rows in flight keep more memory reads outstanding: 8 rows
 // (NZ = 4) for the 32-element types, 4 for the K-quants (whose decoded heads would not fit the registers).
 template <class T, bool K256, int MB>
-void gemv(const Ctx& c) {
+void gemv(const Ctx& c0) {
   constexpr int NZ = K256 ? 2 : 4;
+  std::vector<float> st;
+  const Ctx c = K256 ? c0 : with_sums<T>(c0, MB, st);
   const int64_t nb = c.K / 32;
   std::vector<int32_t> offs;
   if constexpr (!K256) {
@@ -74,7 +90,9 @@ void gemv_m(const Ctx& c, int64_t M) {
 
 // 3 .. mid_rows rows: every row's pass over a tile of weight rows (midrows512.h), split over threads as run().
 template <class T, bool K256>
-void mid(const Ctx& c, int64_t M) {
+void mid(const Ctx& c0, int64_t M) {
+  std::vector<float> st;
+  const Ctx c = K256 ? c0 : with_sums<T>(c0, M, st);
   const int64_t nb = c.K / 32;
   std::vector<int32_t> offs;
   if constexpr (!K256) {

@@ -179,9 +179,6 @@ RADIXRT_X512 void ltile(const Ctx& c, const int64_t* rows, int64_t m0, const int
     mins[z] = _mm512_setzero_ps();
     for (int m = 0; m < MB; ++m) acc[z][m] = _mm512_setzero_ps();
   }
-  const __m512i sidx = _mm512_mullo_epi32(_mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32((int)nb));
-  const __mmask16 live = (__mmask16)(((1u << MB) - 1) | (((1u << MB) - 1) << 8));
   const uint8_t* base[2 * NZ];
   for (int r = 0; r < 2 * NZ; ++r) base[r] = c.W + rows[r] * c.row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
@@ -190,14 +187,18 @@ RADIXRT_X512 void ltile(const Ctx& c, const int64_t* rows, int64_t m0, const int
       y[m] = bcast(c.q + ((m0 + m) * nb + b) * 32);
       if (T::OFFSET_SHIFT) yo[m] = bcast(offs + ((int64_t)m * nb + b) * 8);
     }
-    __m512 s;  // the activation rows' block sums s[m0 + i][b], i < MB, in both halves
-    if (T::MIN) s = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, sidx, c.s + m0 * nb + b, 4);
+    __m512 s;  // the activation rows' block sums s[m0 + i][b] in lane i of both halves (lanes >= MB unused)
+    if (T::MIN) s = _mm512_broadcast_f32x8(_mm256_loadu_ps(c.st + b * c.st_ld + m0));
     for (int z = 0; z < NZ; ++z) {
       const uint8_t *pa = base[2 * z] + b * T::BYTES, *pb = base[2 * z + 1] + b * T::BYTES;
       _mm_prefetch(reinterpret_cast<const char*>(pa + pf), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(pb + pf), _MM_HINT_T0);
       const __m512i q = lq2<T>(pa, pb);
-      const __m512 dw = joinf(fp16(pa), fp16(pb));
+      // both blocks' first two fp16 (d, and m where the type has one) widened at once (exact, as fp16()):
+      // d_a in the low half, d_b in the high half; m the same way
+      const __m512 hd = _mm512_castps128_ps512(
+          _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)load_u32(pa)), (int)load_u32(pb), 1)));
+      const __m512 dw = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), hd);
       __m512i aq = q;
       __mmask64 neg = 0;
       if (T::BYTES == 34) {  // Q8_0: |q| times y with q's sign (lblocks.h dot's sign trick, in one vpdpbusd)
@@ -214,7 +215,10 @@ RADIXRT_X512 void ltile(const Ctx& c, const int64_t* rows, int64_t m0, const int
         // d_w * d_x rounded to float per half, as the AVX2 tile's scalar product
         acc[z][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(c.d[a])), acc[z][m]);
       }
-      if (T::MIN) mins[z] = _mm512_add_ps(mins[z], _mm512_mul_ps(joinf(fp16(pa + 2), fp16(pb + 2)), s));
+      if (T::MIN) {
+        const __m512 mn = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), hd);
+        mins[z] = _mm512_add_ps(mins[z], _mm512_mul_ps(mn, s));
+      }
     }
   }
   for (int z = 0; z < NZ; ++z) {
