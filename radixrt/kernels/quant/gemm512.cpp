@@ -113,7 +113,7 @@ void mid(const Ctx& c0, int64_t M) {
 // vs 175, t32 208 vs 217. Q8_0 (standalone harness, 8192 x 2048 from memory): 0.9x gemm512.h's time at 16.
 // Q4_1 / Q5_1 at every row count: since their minimums share one register per weight-row pair (gemv512.h
 // ltile) the mid-row tiles beat the AVX2 ones from 2 rows to 128 (Xeon with AVX-512 VNNI, 2026-12-05,
-// 3072 x 1024: Q4_1 85 vs 57 GMAC/s, Q5_1 72 vs 40-49; SmolLM2-135M t48 131 -> 110 ms).
+// 3072 x 1024: Q4_1 113 vs 57 GMAC/s, Q5_1 98 vs 40-49; SmolLM2-135M t48 126 -> 88 ms).
 int64_t mid_rows(int64_t type) {
   static const int64_t forced = [] {
     const char* v = std::getenv("RADIXRT_GGML_MID_ROWS");
