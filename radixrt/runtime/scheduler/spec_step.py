@@ -142,8 +142,7 @@ class Speculator:
                 break
             req, n = batch.reqs[i], batch.num_new_tokens[i]
             forced = self._forced(req, self._room(req, mem, budget - used, n))
-            draft = self._continued(req, mem, budget - used, n, forced) if forced else \
-                self._draft(req, mem, budget - used, n)
+            draft = self._continued(req, mem, budget - used, n, forced)
             if forced and len(draft) == len(forced):
                 self._forced_rows.add(id(req))
             out.append((i, draft))
@@ -170,8 +169,7 @@ class Speculator:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [(self._continued(r, mem, budget, n, f) if f else self._draft(r, mem, budget, n)) if k else f
-                  for r, n, f, k in zip(reqs, ns, forced, want)]
+        drafts = [self._continued(r, mem, budget, n, f) if k else f for r, n, f, k in zip(reqs, ns, forced, want)]
         for j, (r, f, d) in enumerate(zip(reqs, forced, drafts)):
             if f and len(d) > len(f):  # continued by the drafter: its acceptance track prices the row
                 self._forced_rows.discard(id(r))
@@ -194,7 +192,8 @@ class Speculator:
     def _continued(self, req: Req, mem, budget: int, n: int, forced: list[int]) -> list[int]:
         """``forced`` continued by the drafter where its proposal starts with them: an agent's tool call is
         forced up to the tool's name (`{"tool": "`), which the drafter's store already holds with its
-        arguments, so one step can verify the whole call. Otherwise ``forced`` alone."""
+        arguments, so one step can verify the whole call. Otherwise ``forced`` alone (with none forced: the
+        drafter's proposal)."""
         draft = self._draft(req, mem, budget, n)
         return draft if len(draft) > len(forced) and draft[:len(forced)] == forced else forced
 
