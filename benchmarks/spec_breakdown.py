@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 from collections import defaultdict
@@ -129,12 +128,11 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=0)
     ap.add_argument("--no-adaptive", action="store_true")
     ap.add_argument("--workloads", default="")
-    ap.add_argument("--warm-system", action="store_true")
+    ap.add_argument("--warm-system", action="store_true", help="prefill each workload's shared system message first (bench_spec.py)")
     a = ap.parse_args()
-    wl = B.workloads(load_tokenizer(), a)
+    wl, systems = B.workloads(load_tokenizer(), a)
     if a.workloads:
         wl = {k: wl[k] for k in a.workloads.split(",")}
-    warm = B.system_prefix(B.tool_list(random.Random(0))) if a.warm_system else None
     engines = {n: Engine(speculative_algorithm=n, max_total_tokens=32768) for n in a.algos.split(",")}
     probes = {n: Probe(e) for n, e in engines.items()}
     for e in engines.values():
@@ -144,6 +142,7 @@ def main() -> None:
         print(w)
         for n, e in engines.items():
             e.flush_cache()
+            warm = systems.get(w) if a.warm_system else None
             if warm:
                 e.generate(warm, {"temperature": 0, "max_new_tokens": 1, "speculative": False})
             probes[n].reset()
