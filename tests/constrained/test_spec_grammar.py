@@ -4,6 +4,7 @@ without speculation, greedy and seeded, with jump-forward on too, on schemas of 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -11,7 +12,8 @@ import torch
 
 from radixrt.runtime.constrained import create_backend
 from radixrt.runtime.constrained.base import allocate_token_bitmask
-from radixrt.runtime.scheduler.spec_step import grammar_prefix
+from radixrt.runtime.scheduler.spec_drafts import DraftMaker, grammar_prefix
+from radixrt.runtime.spec import DraftConfig
 
 from conftest import make_engine, shared_cases
 
@@ -61,6 +63,63 @@ def test_grammar_prefix_cuts_and_rolls_back(tokenizer):
     assert grammar_prefix(m, good + [eos] + good, {eos}) == good + [eos]
     m.fill_next_token_bitmask(after, 0)
     assert torch.equal(before, after)
+
+
+def maker(tokenizer, drafter=None) -> DraftMaker:
+    outputs = SimpleNamespace(tokenizer=tokenizer, eos_ids={tokenizer.eos_token_id}, prefetch=None)
+    return DraftMaker(drafter or SimpleNamespace(cfg=DraftConfig()), outputs, 2048, adaptive=True)
+
+
+def row(m, out=()) -> SimpleNamespace:
+    """A decode row under matcher ``m``, with room for 8 drafts (DraftMaker.room)."""
+    return SimpleNamespace(rid="r", grammar=m, input_ids=[1, 2], output_ids=list(out), max_new_tokens=64, seq_len=8,
+                           page_table=[0], num_computed=8, params=SimpleNamespace(speculative=True, stop_token_ids=[]))
+
+
+def test_forced_text_drafted_where_no_token_is_certain(tokenizer):
+    """llguidance forces no token where the free text after it could join it (the `"` before a string value,
+    the `":` after a key); the forced text's own tokens are drafted there, and the matcher stays put."""
+    be = create_backend("llguidance", tokenizer, len(tokenizer))
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    m = be.compile("json_schema", json.dumps(schema)).matcher()
+    dm = maker(tokenizer)
+    for t in enc(tokenizer, '{"name":'):
+        assert m.accept_token(t)
+    assert m.forced_tokens() == [] and m.find_jump_forward_string() == '"'
+    assert dm.forced(row(m), 8) == enc(tokenizer, '"')
+    assert dm.forced(row(m), 0) == []
+    for t in enc(tokenizer, '"Ann",'):
+        assert m.accept_token(t)
+    # where llguidance forces tokens, those alone (the held-back '":' comes as the step's own token)
+    assert dm.forced(row(m), 8) == m.forced_tokens() == enc(tokenizer, '"age')
+    assert m.find_jump_forward_string() == '"age":'
+
+
+def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
+    """Where the drafter's own proposal does not begin with the forced tokens, it is asked again for the
+    context followed by them; the forced tokens count as certain, the grammar cuts the rest."""
+    be = create_backend("llguidance", tokenizer, len(tokenizer))
+    m = be.compile("json_schema", json.dumps(TOOL)).matcher()
+    call = enc(tokenizer, '{"tool":"run_tests","path":"src"}')
+    forced = m.forced_tokens()
+    assert forced == call[:3]  # {"tool":" (the enum's values follow)
+    asked = []
+
+    def draft(req, after=()):
+        asked.append(list(after))
+        return call[len(after):] + enc(tokenizer, "]]") if after else enc(tokenizer, "Sure")
+
+    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=draft))
+    mem = SimpleNamespace(allocator=SimpleNamespace(num_free=8), P=16)
+    d = dm.continued(row(m), mem, 64, 1, forced)
+    assert asked == [[], forced]
+    # room 8: the forced tokens and 6 of the call after them ("]]" would fail the grammar, but is not reached)
+    assert d.certain == len(forced) and d.tokens == call[:8]
+    # a proposal that begins with the forced tokens is taken as it is
+    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(): call[len(after):]))
+    assert dm.continued(row(m), mem, 64, 1, forced).tokens == call[:8]
+    assert dm.continued(row(m), mem, 64, 1, []).certain == 0
 
 
 def corpus(engine) -> list[str]:
@@ -137,5 +196,6 @@ def test_forced_tokens_continued_by_the_drafter():
                     {k: c1["speculative"][k] - c0["speculative"][k] for k in keys}))
     # first: the forced drafts (7 tokens) and the request's own prompt ("src/app/main.py")
     assert got[0] == (8, {"verify_steps": 4, "draft_tokens": 12, "accepted_tokens": 10, "forced_draft_tokens": 7})
-    # again: the prefill row drafts the forced opening and the earlier answer after it (17 tokens, all kept)
-    assert got[1] == (2, {"verify_steps": 2, "draft_tokens": 17, "accepted_tokens": 17, "forced_draft_tokens": 0})
+    # again: the prefill row drafts the forced opening and the earlier answer after it (17 tokens, all kept;
+    # the first 3 forced: {"tool":")
+    assert got[1] == (2, {"verify_steps": 2, "draft_tokens": 17, "accepted_tokens": 17, "forced_draft_tokens": 3})

@@ -174,7 +174,7 @@ def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
     g = off.generate(prompt, {"temperature": 0, "max_new_tokens": 2})["output_ids"]
     drafter = wide.scheduler.spec.drafter
     orig = drafter.propose
-    drafter.propose = lambda req: [g[1]] if len(req.output_ids) == 1 else []
+    drafter.propose = lambda req, after=(): [g[1]] if len(req.output_ids) == 1 else []
     try:
         n = 300
         sp = lambda s: {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True, "seed": s}

@@ -93,3 +93,13 @@ def test_measured_steps_scale_the_whole_curve():
     # a row alone at the same scale: 1 token in t(1) = 20 ms; 16 drafts of p = 0.99 emit 1 + 14.7 tokens in
     # t(17) = 114 ms (0.138 a ms against 0.05): drafts still pay where they are sure
     assert choose_drafts(t, 1, 1, [(0.99, 16)], budget=64) == [16]
+
+
+def test_forced_tokens_priced_apart_from_the_drafters_continuation():
+    # 4 grammar-forced tokens (p 0.99) then 4 of the drafter's (q 0.3): chances 0.99, 0.980, 0.970, 0.961,
+    # then 0.288, 0.086, ...; rates: none 0.1 (x 1.05); D=3 3.940/20; 4 4.901/22 = 0.223 (best); 5 5.189/26.5
+    assert choose_drafts(T, 1, 1, [(0.99, 8, 4, 0.3)], budget=64) == [4]
+    # the same draft priced on the drafter's track alone: 1.3/16 = 0.081 < 0.105, none pays
+    assert choose_drafts(T, 1, 1, [(0.3, 8)], budget=64) == [0]
+    # (p, n) is (p, n, n, p)
+    assert choose_drafts(T, 1, 1, [(0.9, 4, 4, 0.0)], budget=64) == choose_drafts(T, 1, 1, [(0.9, 4)], budget=64)

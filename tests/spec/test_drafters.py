@@ -1,5 +1,6 @@
 """The drafters of runtime/spec (issue 27): prompt lookup, the occurrence index's suffix match and frequency
-vote, the suffix drafter's per-request and global stores, and the acceptance-rate adaptation."""
+vote, the suffix drafter's per-request and global stores, the rest of a prompt word copied in other tokens,
+and the acceptance-rate adaptation."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ from radixrt.runtime.spec import DraftConfig, NgramDrafter, SuffixDrafter, make_
 from radixrt.runtime.spec.base import LOW_ACCEPT, PROBE_EVERY
 from radixrt.runtime.spec.ngram import lookup
 from radixrt.runtime.spec.token_index import TokenIndex, draft_limit, vote_draft
+from radixrt.runtime.spec.word_copy import WordCopy
 
 
 def req(rid, prompt, out=()):
@@ -104,3 +106,28 @@ def test_auto_is_suffix_on_the_cpu_only_without_tp():
     assert resolve_algorithm("auto", 1, "cuda:0") == "none"   # never run on a GPU
     assert resolve_algorithm("auto", 2, "cpu") == "none"      # the TP lockstep carries no drafts
     assert [resolve_algorithm(a, 2, "cuda") for a in ("none", "suffix", "ngram")] == ["none", "suffix", "ngram"]
+
+
+def test_word_copy_drafts_the_rest_of_a_prompt_word(tokenizer):
+    """A value copied from prose into JSON changes its tokens (` Minsk` in the prompt, `"`, `M`, `ins`, `k`
+    in the output): once the output has begun the word, the rest of the prompt's word is the draft."""
+    enc = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    prompt = enc("Mei Okafor is a 43-year-old chemist who lives in Minsk.")
+    w = WordCopy(tokenizer)
+    draft = lambda out: w.draft(req("a", prompt, enc(out)))  # noqa: E731
+    # "M" begins Mei and Minsk (one each): the latest; the rest is tokenized on its own
+    assert draft('{"city":"M') == enc("insk") == [927, 91]
+    # a word followed by a space and a word: both ("Mei" -> "i Okafor")
+    assert draft('{"name":"Me') == enc("i Okafor")
+    # no word begins with "Chem": ignoring case, "chemist"
+    assert draft('{"job":"Chem') == enc("ist who")
+    assert draft('{"age":4') == enc("3")
+    # a whole word followed by "." has no rest; a word begun before the last 4 tokens may be a longer one
+    assert draft('{"city":"Minsk') == []
+    assert draft("Supercalifragilisticexpialidocious") == []
+    # fewer than min_prob of the candidates agree: none (Mei and Minsk, 1/2 each)
+    assert WordCopy(tokenizer, 0.6).draft(req("b", prompt, enc('{"city":"M'))) == []
+    # the suffix drafter asks for it only where no suffix matches
+    s = SuffixDrafter(DraftConfig(), tokenizer)
+    assert s.draft(req("c", prompt, enc('{"city":"M'))) == enc("insk")
+    assert s.draft(req("d", prompt, enc("Mei Okafor is a"))) == enc(" 43-year-old")  # the suffix's own draft

@@ -27,9 +27,9 @@ from __future__ import annotations
 import logging
 import time
 
-from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.scheduler.request import Req
+from radixrt.runtime.scheduler.spec_drafts import Draft, DraftMaker, forced_key
 from radixrt.runtime.scheduler.spec_verify import verify_rows
 from radixrt.runtime.spec import DraftConfig, make_drafter, resolve_algorithm
 from radixrt.runtime.spec.cost import Acceptance, StepTimes, choose_drafts
@@ -52,7 +52,7 @@ class Speculator:
         cfg = DraftConfig(num_draft_tokens=args.speculative_num_draft_tokens)
         algorithm = resolve_algorithm(args.speculative_algorithm, args.tp, device)
         # under --tp every rank must draft alike; the ranks' lockstep carries no drafts yet
-        self.drafter = make_drafter(algorithm, cfg) if args.tp == 1 else None
+        self.drafter = make_drafter(algorithm, cfg, outputs.tokenizer) if args.tp == 1 else None
         self.algorithm = algorithm if self.drafter is not None else "none"
         if args.tp > 1 and algorithm != "none":
             logging.getLogger(__name__).warning("--speculative-algorithm %s is not run under --tp %d: decoding "
@@ -63,8 +63,9 @@ class Speculator:
         self.times = StepTimes()          # t(T), set by calibrate() and every step (observe_step)
         self.acceptance = Acceptance()
         self._drafting_steps = 0
-        self._forced_rows: set[int] = set()  # this step's rows whose draft is their grammar's forced tokens
+        self._certain: dict[int, int] = {}  # this step's rows whose draft begins with forced tokens: how many
         self.outputs, self.context_length = outputs, context_length
+        self.drafts = DraftMaker(self.drafter, outputs, context_length, self.adaptive) if self.drafter else None
         self.verify_steps = 0      # request-steps that verified drafts
         self.draft_tokens = 0      # draft tokens proposed and verified
         self.accepted_tokens = 0   # of those, kept
@@ -92,7 +93,7 @@ class Speculator:
         """Give each decode row of ``batch`` its drafts (``req.draft_ids``) and the pages for them, from
         free pages only (drafts never evict cached prefixes nor preempt). ``pending``: prompt tokens the
         step will add after the decodes (the cost model's base). Returns the extra tokens."""
-        self._forced_rows = set()
+        self._certain = {}
         if self.drafter is None:  # speculation off: nothing on the per-step path
             return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
@@ -117,103 +118,64 @@ class Speculator:
     def _attach(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int, n0: int) -> int:
         """Drafts for ``rows`` of a step of ``base`` tokens whose ``n0`` sampling rows emit one token each
         without drafts (none above ``--speculative-max-batch-size`` of them); each row's pages grow for its
-        draft (free pages only: ``_room`` counted them). Returns the extra tokens."""
+        draft (free pages only: ``DraftMaker.room`` counted them). Returns the extra tokens."""
         if not rows or (self.max_batch is not None and n0 > self.max_batch):
             return 0
         drafts = self._adaptive(batch, rows, mem, budget, base, n0) if self.adaptive else \
             self._proposed(batch, rows, mem, budget)
         used = 0
-        for i, draft in drafts:
+        for i, d in drafts:
             req, n = batch.reqs[i], batch.num_new_tokens[i]
-            if draft and mem.grow(req, n + len(draft)):
-                req.draft_ids = draft
-                batch.num_new_tokens[i] = n + len(draft)
-                used += len(draft)
-            else:
-                self._forced_rows.discard(id(req))
+            if d.tokens and mem.grow(req, n + len(d.tokens)):
+                req.draft_ids = d.tokens
+                batch.num_new_tokens[i] = n + len(d.tokens)
+                used += len(d.tokens)
+                if d.certain:
+                    self._certain[id(req)] = d.certain
         return used
 
-    def _proposed(self, batch: ScheduledBatch, rows: list[int], mem, budget: int) -> list[tuple[int, list[int]]]:
-        """Not adaptive: each row the tokens its grammar forces, or else the drafter's adapted proposal,
-        until the budget is spent."""
+    def _proposed(self, batch: ScheduledBatch, rows: list[int], mem, budget: int) -> list[tuple[int, Draft]]:
+        """Not adaptive: each row the tokens its grammar forces and the drafter's adapted proposal
+        (spec_drafts.py), until the budget is spent."""
         out, used = [], 0
         for i in rows:
             if budget - used <= 0:
                 break
             req, n = batch.reqs[i], batch.num_new_tokens[i]
-            forced = self._forced(req, self._room(req, mem, budget - used, n))
-            draft = self._continued(req, mem, budget - used, n, forced)
-            if forced and len(draft) == len(forced):
-                self._forced_rows.add(id(req))
-            out.append((i, draft))
-            used += len(draft)
+            forced = self.drafts.forced(req, self.drafts.room(req, mem, budget - used, n))
+            d = self.drafts.continued(req, mem, budget - used, n, forced)
+            out.append((i, d))
+            used += len(d.tokens)
         return out
 
     def _adaptive(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int,
-                  n0: int) -> list[tuple[int, list[int]]]:
+                  n0: int) -> list[tuple[int, Draft]]:
         """The cost model's draft lengths (spec/cost.py) for ``rows`` of a step of ``base`` tokens that
         emits ``n0`` without drafts: first with every row's most (a constrained row: the tokens its grammar
         forces, if any), to skip drafting where even full drafts cannot pay, then with the drafts really
-        proposed."""
+        proposed, their forced tokens priced on the request's forced track and the rest on its drafter's."""
         if not len(self.times) or budget <= 0:
             return []
         reqs, ns = [batch.reqs[i] for i in rows], [batch.num_new_tokens[i] for i in rows]
-        rooms = [self._room(r, mem, budget, n) for r, n in zip(reqs, ns)]
-        forced = [self._forced(r, k) for r, k in zip(reqs, rooms)]
-        self._forced_rows |= {id(r) for r, f in zip(reqs, forced) if f}
-        ps = [self.acceptance.p(forced_key(r.rid) if f else r.rid) for r, f in zip(reqs, forced)]
-        want = choose_drafts(self.times, base, n0, [(p, len(f) if f else k) for p, f, k in
-                                                    zip(ps, forced, rooms)], budget)
+        rooms = [self.drafts.room(r, mem, budget, n) for r, n in zip(reqs, ns)]
+        forced = [self.drafts.forced(r, k) for r, k in zip(reqs, rooms)]
+        pf = [self.acceptance.p(forced_key(r.rid)) for r in reqs]
+        pd = [self.acceptance.p(r.rid) for r in reqs]
+        want = choose_drafts(self.times, base, n0, [(pf[j], len(f), len(f), pd[j]) if f else (pd[j], k) for j, (f, k)
+                                                    in enumerate(zip(forced, rooms))], budget)
         self._drafting_steps += any(want)
         if not any(want) or self._drafting_steps % REFRESH_EVERY == 0:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [self._continued(r, mem, budget, n, f) if k else f for r, n, f, k in zip(reqs, ns, forced, want)]
-        for j, (r, f, d) in enumerate(zip(reqs, forced, drafts)):
-            if f and len(d) > len(f):  # continued by the drafter: its acceptance track prices the row
-                self._forced_rows.discard(id(r))
-                ps[j] = self.acceptance.p(r.rid)
-        ks = choose_drafts(self.times, base, n0, [(p, len(d)) for p, d in zip(ps, drafts)], budget)
+        drafts = [self.drafts.continued(r, mem, budget, n, f) if k else Draft(f, len(f))
+                  for r, n, f, k in zip(reqs, ns, forced, want)]
+        ks = choose_drafts(self.times, base, n0, [(pf[j], len(d.tokens), d.certain, pd[j])
+                                                  for j, d in enumerate(drafts)], budget)
         for r, k in zip(reqs, ks):
             if not k:
                 self.acceptance.pass_over(r.rid)
-        return [(i, d[:k]) for i, d, k in zip(rows, drafts, ks) if k]
-
-    def _forced(self, req: Req, room: int) -> list[int]:
-        """The tokens ``req``'s grammar forces next, cut to ``room`` and to what the matcher accepts
-        (jump-forward as a draft: verified in the multi-token row, no extend step)."""
-        get = getattr(req.grammar, "forced_tokens", None) if room > 0 else None
-        if get is None:
-            return []
-        toks = get()[:room]
-        return grammar_prefix(req.grammar, toks, self.outputs.eos_ids | set(req.params.stop_token_ids)) if toks else []
-
-    def _continued(self, req: Req, mem, budget: int, n: int, forced: list[int]) -> list[int]:
-        """``forced`` continued by the drafter where its proposal starts with them: an agent's tool call is
-        forced up to the tool's name (`{"tool": "`), which the drafter's store already holds with its
-        arguments, so one step can verify the whole call. Otherwise ``forced`` alone (with none forced: the
-        drafter's proposal)."""
-        draft = self._draft(req, mem, budget, n)
-        return draft if len(draft) > len(forced) and draft[:len(forced)] == forced else forced
-
-    def _room(self, req: Req, mem, budget: int, n: int = 1) -> int:
-        """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
-        out, or constrained with its matcher on the mask-prefetch thread)."""
-        if not req.params.speculative or (req.grammar is not None and self.outputs.prefetch is not None):
-            return 0
-        room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
-        fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - n
-        return max(0, min(room, fit, budget, self.drafter.cfg.num_draft_tokens))
-
-    def _draft(self, req: Req, mem, budget: int, n: int = 1) -> list[int]:
-        k = self._room(req, mem, budget, n)
-        if k <= 0:
-            return []
-        draft = (self.drafter.draft(req) if self.adaptive else self.drafter.propose(req))[:k]
-        if draft and req.grammar is not None:
-            return grammar_prefix(req.grammar, draft, self.outputs.eos_ids | set(req.params.stop_token_ids))
-        return draft
+        return [(i, Draft(d.tokens[:k], min(k, d.certain))) for i, d, k in zip(rows, drafts, ks) if k]
 
     # ---- verification ------------------------------------------------------------------------------
     def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
@@ -232,12 +194,14 @@ class Speculator:
             self.accepted_tokens += a
             self.emitted_tokens += sampled[id(req)]
             self.drafter.observe(req, k, a)
-            key = req.rid
-            if id(req) in self._forced_rows:
-                key = forced_key(req.rid)
-                self.forced_draft_tokens += k
-                self.forced_accepted_tokens += a
-            self.acceptance.observe(key, k, a, a < k and id(req) not in ended)
+            # the forced tokens' outcome on the forced track, the drafter's tokens after them on its own
+            c, stopped = self._certain.get(id(req), 0), id(req) in ended
+            if c:
+                self.forced_draft_tokens += c
+                self.forced_accepted_tokens += min(a, c)
+                self.acceptance.observe(forced_key(req.rid), c, min(a, c), a < c and not stopped)
+            if k > c and a >= c:
+                self.acceptance.observe(req.rid, k - c, a - c, a < k and not stopped)
         return finished
 
     def settle(self, batch: ScheduledBatch, mem) -> None:
@@ -276,31 +240,3 @@ class Speculator:
                 "accept_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
                 "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0}
 
-
-def forced_key(rid: str) -> str:
-    """The acceptance track of a request's grammar-forced drafts (apart from its drafter's)."""
-    return rid + "\x00forced"
-
-
-def grammar_prefix(matcher, draft: list[int], end_ids: set[int] = frozenset()) -> list[int]:
-    """The longest prefix of ``draft`` the grammar accepts from its current state (the matcher is rolled
-    back to where it was). An end token (``end_ids``: EOS, stop ids) ends the prefix unchecked: it finishes
-    the request, the verification's mask decides whether it is legal, and it is never fed to the matcher here,
-    because llguidance does not count an EOS that follows a completed grammar in its rollback history.
-    Matchers without ``rollback`` (the reasoning gate) keep the whole draft: the verification samples under
-    the grammar mask, so an illegal draft token is rejected there anyway."""
-    if getattr(type(matcher), "rollback", GrammarMatcher.rollback) is GrammarMatcher.rollback:
-        return draft
-    if matcher.is_terminated():
-        return []
-    n = keep = 0
-    for t in draft:
-        if t in end_ids:
-            keep = n + 1
-            break
-        if not matcher.accept_token(t):
-            break
-        n += 1
-    if n:
-        matcher.rollback(n)
-    return draft[: max(n, keep)]

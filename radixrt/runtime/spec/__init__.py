@@ -7,7 +7,8 @@ of radixrt (pyproject.toml's layer contracts).
 
     ngram   prompt lookup: the latest earlier occurrence of the context's last n tokens (ngram.py)
     suffix  frequency-weighted continuations of the longest matched suffix, over the request's own
-            tokens and a bounded global store of recent outputs (suffix.py, token_index.py)
+            tokens and a bounded global store of recent outputs (suffix.py, token_index.py); where none
+            matches, the rest of a prompt word the output has begun in other tokens (word_copy.py)
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def resolve_algorithm(name: str, tp: int, device: str) -> str:
     return "suffix" if tp == 1 and str(device).startswith("cpu") else "none"
 
 
-def make_drafter(algorithm: str, cfg: DraftConfig) -> Drafter | None:
-    """The drafter named by ``--speculative-algorithm`` (None for ``none``).
+def make_drafter(algorithm: str, cfg: DraftConfig, tokenizer=None) -> Drafter | None:
+    """The drafter named by ``--speculative-algorithm`` (None for ``none``); ``tokenizer`` (the model's)
+    lets ``suffix`` also draft the rest of prompt words copied in other tokens (word_copy.py).
 
     Raises:
         ValueError: an unknown algorithm name.
@@ -38,7 +40,7 @@ def make_drafter(algorithm: str, cfg: DraftConfig) -> Drafter | None:
     if algorithm == "ngram":
         return NgramDrafter(cfg)
     if algorithm == "suffix":
-        return SuffixDrafter(cfg)
+        return SuffixDrafter(cfg, tokenizer)
     raise ValueError(f"speculative_algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 

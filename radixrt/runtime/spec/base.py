@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 
 @dataclass
@@ -57,25 +57,28 @@ class Drafter:
         self.cfg = cfg
         self._track: dict[str, _Track] = {}
 
-    def propose(self, req: Any) -> list[int]:
+    def propose(self, req: Any, after: Sequence[int] = ()) -> list[int]:
+        """The adapted proposal for ``req``'s next tokens, or for those after ``after`` (tokens a grammar
+        forces next, verified before the proposal)."""
         t = self._track.setdefault(req.rid, _Track())
         if t.steps >= 3 and t.rate < LOW_ACCEPT:
             t.skipped += 1
             if t.skipped % PROBE_EVERY:
                 return []
-        draft = self._draft(req)
+        draft = self._draft(req, after)
         if not draft:
             return []
         k = max(1, math.floor(len(draft) * min(1.0, 2.0 * t.rate)))
         return draft[: min(k, self.cfg.num_draft_tokens)]
 
-    def draft(self, req: Any) -> list[int]:
+    def draft(self, req: Any, after: Sequence[int] = ()) -> list[int]:
         """The drafter's own proposal, without the adaptation of :meth:`propose` (the cost model of
-        spec/cost.py chooses how much of it a step verifies)."""
-        return self._draft(req)[: self.cfg.num_draft_tokens]
+        spec/cost.py chooses how much of it a step verifies); ``after`` as in :meth:`propose`."""
+        return self._draft(req, after)[: self.cfg.num_draft_tokens]
 
-    def _draft(self, req: Any) -> list[int]:
-        """The drafter's own proposal before adaptation (subclasses)."""
+    def _draft(self, req: Any, after: Sequence[int] = ()) -> list[int]:
+        """The drafter's own proposal before adaptation, for the context of ``req``'s tokens followed by
+        ``after`` (subclasses)."""
         raise NotImplementedError
 
     def observe(self, req: Any, proposed: int, accepted: int) -> None:

@@ -7,7 +7,8 @@ could carry drafts, the probability ``p`` that a draft token is accepted given t
 (the request's recent acceptance, :class:`Acceptance`), and the measured step time ``t(T)`` at ``T`` tokens
 (:class:`StepTimes`). Draft token ``j`` of a row is kept with probability ``p^j`` (every earlier one kept),
 so ``D`` extra tokens spread over the rows emit ``N0 + G(D)`` tokens in ``t(T0 + D)`` seconds, ``G(D)`` the
-sum of the ``D`` largest ``p_i^j``. :func:`choose_drafts` takes the ``D`` (possibly 0) of the best rate:
+sum of the ``D`` largest ``p_i^j`` (a row whose draft begins with grammar-forced tokens multiplies their
+track's ``p`` for those, its drafter's after them). :func:`choose_drafts` takes the ``D`` (possibly 0) of the best rate:
 speculation shrinks as the batch grows and stops where no draft pays, with no batch-size cutoff to guess.
 (The expected-accepted-length model is Leviathan et al., ICML 2023, section 3.5; choosing the length per step
 from a measured cost is the idea of vLLM's adaptive / dynamic speculation, Liu et al. 2024.)
@@ -140,23 +141,26 @@ def choose_drafts(t: Callable[[int], float], base_tokens: int, base_out: int,
         t: seconds of a step at ``T`` tokens (:class:`StepTimes`).
         base_tokens: ``T0``, the tokens the step computes without drafts (>= ``base_out``).
         base_out: ``N0`` (>= 1), the tokens it emits without drafts (its decode rows).
-        rows: per candidate row ``(p, n)``: acceptance probability in [0, 1] and drafts available.
+        rows: per candidate row ``(p, n)``: acceptance probability in [0, 1] and drafts available; or
+            ``(p, n, c, q)``: its first ``c`` drafts accepted with probability ``p`` each (tokens a grammar
+            forces), the rest with ``q`` (the drafter's continuation after them).
         budget: most draft tokens in all.
         margin: a rate must beat the rate without drafts by this fraction (the times are estimates).
 
     Returns one count per row (0 where nothing pays).
     """
-    heap = [(-p, i, 1) for i, (p, n) in enumerate(rows) if n > 0 and p > 0]
+    rows = [r if len(r) == 4 else (r[0], r[1], r[1], r[0]) for r in rows]
+    heap = [(-(p if c else q), i, 1) for i, (p, n, c, q) in enumerate(rows) if n > 0 and (p if c else q) > 0]
     heapq.heapify(heap)
     t_out, t0 = t(base_out), t(base_tokens)
     best, best_d, picks, gain = base_out / t_out * (1 + margin), 0, [], 0.0
     while heap and len(picks) < budget:
-        v, i, j = heapq.heappop(heap)  # the largest p_i^j left: row i's j-th draft token
+        v, i, j = heapq.heappop(heap)  # the largest chance left: row i's j-th draft token (all before it kept)
         picks.append(i)
         gain -= v
-        p, n = rows[i]
+        p, n, c, q = rows[i]
         if j < n:
-            heapq.heappush(heap, (-(p ** (j + 1)), i, j + 1))
+            heapq.heappush(heap, (v * (p if j < c else q), i, j + 1))
         rate = (base_out + gain) / (t_out + t(base_tokens + len(picks)) - t0)
         if rate > best:
             best, best_d = rate, len(picks)

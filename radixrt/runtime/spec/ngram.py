@@ -5,7 +5,7 @@ request's own prompt and output; the tokens that followed the latest earlier occ
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -29,6 +29,6 @@ def lookup(ctx: np.ndarray, n_max: int, n_min: int, k: int) -> list[int]:
 class NgramDrafter(Drafter):
     """Prompt lookup over the request's prompt + output (no state between steps but the adaptation)."""
 
-    def _draft(self, req: Any) -> list[int]:
-        ctx = np.asarray(req.input_ids + req.output_ids, dtype=np.int64)
+    def _draft(self, req: Any, after: Sequence[int] = ()) -> list[int]:
+        ctx = np.asarray(req.input_ids + req.output_ids + list(after), dtype=np.int64)
         return lookup(ctx, self.cfg.ngram_max, self.cfg.ngram_min, self.cfg.num_draft_tokens)

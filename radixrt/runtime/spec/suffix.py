@@ -9,19 +9,23 @@ frequent continuation is drafted first, for at most ``spec_factor x match length
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
 
 from radixrt.runtime.spec.base import DraftConfig, Drafter
 from radixrt.runtime.spec.token_index import TokenIndex, draft_limit, vote_draft
+from radixrt.runtime.spec.word_copy import WordCopy
 
 CONTEXT_TAIL = 8  # prompt tokens kept before a global output, so its first tokens can be matched too
 
 
 class SuffixDrafter(Drafter):
-    """Per-request and global suffix indices (module doc). ``num_global_tokens`` tokens are held now."""
+    """Per-request and global suffix indices (module doc). ``num_global_tokens`` tokens are held now.
+    With a ``tokenizer``, where no suffix matches, the rest of a prompt word the output has begun in other
+    tokens (word_copy.py)."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, tokenizer: Any = None):
         super().__init__(cfg)
+        self.words = WordCopy(tokenizer, cfg.min_token_prob) if tokenizer is not None else None
         self.local: dict[str, TokenIndex] = {}
         self.glob = TokenIndex()
         self._order: deque[int] = deque()
@@ -31,7 +35,7 @@ class SuffixDrafter(Drafter):
     def num_global_tokens(self) -> int:
         return self.glob.num_tokens
 
-    def _draft(self, req: Any) -> list[int]:
+    def _draft(self, req: Any, after: Sequence[int] = ()) -> list[int]:
         idx = self.local.get(req.rid)
         if idx is None:
             idx = self.local[req.rid] = TokenIndex()
@@ -42,10 +46,10 @@ class SuffixDrafter(Drafter):
             have = 0
         new = (req.input_ids[have:] + req.output_ids) if have < n_in else req.output_ids[have - n_in:]
         idx.extend(0, new)
-        ctx = idx.seqs[0]
+        ctx = idx.seqs[0] + list(after) if after else idx.seqs[0]
         occ = idx.matches(ctx, self.cfg.max_depth) + self.glob.matches(ctx, self.cfg.max_depth)
         if not occ:
-            return []
+            return self.words.draft(req, after) if self.words is not None else []
         best = max(m for _, _, m in occ)
         limit = draft_limit(best, self.cfg.spec_factor, self.cfg.num_draft_tokens)
         return vote_draft(occ, limit, self.cfg.min_token_prob)
@@ -58,6 +62,8 @@ class SuffixDrafter(Drafter):
         """Drop the request's own index; its output (after a few prompt tokens) joins the global store."""
         super().finish(req)
         self.local.pop(req.rid, None)
+        if self.words is not None:
+            self.words.finish(req.rid)
         if not req.output_ids or self.cfg.global_tokens <= 0:
             return
         sid, self._next_sid = self._next_sid, self._next_sid + 1
