@@ -57,15 +57,17 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
         dtype: Any = None, choices: Optional[list[str]] = None, choices_method: Any = None,
         regex: Optional[str] = None, json_schema: Any = None, seed: Optional[int] = None,
-        repetition_penalty: Optional[float] = None) -> SglExpr:
+        repetition_penalty: Optional[float] = None, speculative: Optional[bool] = None) -> SglExpr:
     """Generate into variable ``name``. ``max_tokens`` etc. override ``run(...)``'s defaults.
 
     ``json_schema``: a dict, a JSON string or a pydantic model class; ``regex``: a regex the output must
     fullmatch; ``dtype``: int, float, bool or str (becomes a regex; the value stays a string);
-    ``choices``: the same as :func:`select`.
+    ``choices``: the same as :func:`select`; ``speculative=False``: this call decodes without the server's
+    speculative decoding (``--speculative-algorithm``; the same tokens, greedy or seeded, either way).
 
     Raises:
-        ValueError: two grammars, a bad dtype, a json_schema of the wrong kind (naming the variable).
+        ValueError: two grammars, a bad dtype, a json_schema of the wrong kind, a speculative that is not a
+            bool (naming the variable).
             A regex or schema the server cannot compile fails when the gen runs, on ``state.error()``,
             with the variable's name.
     """
@@ -84,13 +86,15 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         raise ValueError(f"{what}: give at most one of regex, json_schema and dtype")
     if regex is not None and not isinstance(regex, str):
         raise ValueError(f"{what}: regex must be a string, got {regex!r}")
+    if speculative is not None and not isinstance(speculative, bool):
+        raise ValueError(f"{what}: speculative must be a bool, got {speculative!r}")
     sp = SglSamplingParams(max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
                            stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
                            min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                            repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed,
                            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                           regex=regex, json_schema=schema)
+                           regex=regex, json_schema=schema, speculative=speculative)
     return SglGen(name, sp, dtype)
 
 

@@ -75,6 +75,7 @@ class SglSamplingParams:
     return_text_in_logprobs: Optional[bool] = None
     regex: Optional[str] = None
     json_schema: Optional[str] = None
+    speculative: Optional[bool] = None   # False: this call without speculative decoding
 
     def merged(self, override: "SglSamplingParams") -> "SglSamplingParams":
         """A copy of ``self`` with every non-None field of ``override`` taken over."""
@@ -89,7 +90,7 @@ class SglSamplingParams:
         """The ``sampling_params`` dict of ``POST /generate`` (only the fields that are set)."""
         keys = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
                 "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed",
-                "regex", "json_schema")
+                "regex", "json_schema", "speculative")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 

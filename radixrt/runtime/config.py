@@ -13,6 +13,7 @@ SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "outlines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_DRAFT_TOKENS = 64  # the largest step size the speculation cost model measures (scheduler/spec_calibrate.py)
 QUANTIZATIONS = ("auto", "none", "fp16", "bf16", "int8", "q4", "q4_k")
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "int8")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash")
@@ -53,7 +54,7 @@ class ServerArgs:
     grammar_overlap: bool = field(default=False, metadata={"help": "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, benchmarks/results/grammar_backends.md)"})
     disable_jump_forward: bool = field(default=True, metadata={"help": "on by default (jump-forward off): it loses wall time at 16 concurrent requests; --no-disable-jump-forward appends grammar-forced text in one extend step"})
     speculative_algorithm: str = field(default="auto", metadata={"help": "auto|none|suffix|ngram: draftless speculative decoding; drafts from the request's own tokens and recent outputs (suffix, SuffixDecoding) or prompt lookup (ngram), verified in the batched decode step; auto: suffix on the CPU without --tp (faster or equal on every workload of benchmarks/bench_spec.py), none on CUDA (never run on a GPU) and under --tp (docs/DESIGN.md: speculative decoding)"})
-    speculative_num_draft_tokens: int = field(default=24, metadata={"help": "most draft tokens one request verifies per step (SuffixDecoding's depth: 24)"})
+    speculative_num_draft_tokens: int = field(default=24, metadata={"help": "most draft tokens one request verifies per step, 1..64 (SuffixDecoding's depth: 24)"})
     speculative_max_batch_size: int = field(default=0, metadata={"help": "no drafts in a step with more running decodes than this; 0: no fixed cutoff, the cost model (--speculative-adaptive) stops drafting where it no longer pays"})
     speculative_adaptive: bool = field(default=True, metadata={"help": "choose each step's draft lengths from the measured step time and each request's acceptance (spec/cost.py); --no-speculative-adaptive: every row verifies what the drafter proposes, scaled by its acceptance rate"})
     max_pinned_tokens: Optional[int] = field(default=None, metadata={"help": "cap on KV tokens that open sessions may pin, summed over sessions; default: no cap"})
@@ -111,6 +112,9 @@ class ServerArgs:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.speculative_num_draft_tokens > MAX_DRAFT_TOKENS:
+            raise ValueError(f"speculative_num_draft_tokens must be <= {MAX_DRAFT_TOKENS} (the step-time curve's "
+                             f"last measured size), got {self.speculative_num_draft_tokens!r}")
         v = self.speculative_max_batch_size
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"speculative_max_batch_size must be an integer >= 0, got {v!r}")

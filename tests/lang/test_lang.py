@@ -291,6 +291,27 @@ def test_api_errors_and_down_backend():
     assert rt.Engine.__module__ == "radixrt.runtime.engine" and rt.function is rt.lang.api.function
 
 
+def test_gen_speculative_opt_out(engine):
+    """``gen(speculative=False)``: that call verifies no drafts (its sampling_params carry the opt-out);
+    the same tokens as with the server's speculation."""
+    @rt.function
+    def repeat(s, spec):
+        s += "Repeat: one two three four five six seven eight. Repeat: one two three four five six seven eight. Repeat:"
+        s += rt.gen("out", max_tokens=12, temperature=0, speculative=spec)
+
+    steps = lambda: engine.get_server_info()["cache"]["speculative"]["verify_steps"]  # noqa: E731
+    b = as_backend(engine)
+    v0 = steps()
+    on = repeat.run(spec=None, backend=b)
+    v1 = steps()
+    off = repeat.run(spec=False, backend=b)
+    assert steps() == v1 > v0  # the copied words are drafted with speculation, none without
+    assert off["out"] == on["out"] == " one two three four five six seven eight.\n\nThis"
+    assert rt.gen("x", speculative=False).sampling_params.to_srt() == {"speculative": False}
+    with pytest.raises(ValueError, match=r"gen\('x'\): speculative must be a bool, got 'no'"):
+        rt.gen("x", speculative="no")
+
+
 def test_openai_backend(server):
     oa = rt.OpenAI(base_url=server.url + "/v1", model="SmolLM2-135M-Instruct")
     st = story.run(temperature=0, backend=oa)

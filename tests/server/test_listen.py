@@ -35,6 +35,8 @@ def test_port_in_use_is_one_line_and_exit_2(flag):
     (["--dtype", "bfloat16", "--quantization", "q4"],
      "--quantization 'q4' runs on fp32 activations; with dtype 'bfloat16' the weights stay bfloat16 ('auto' or 'none')"),
     (["--speculative-num-draft-tokens", "0"], "--speculative-num-draft-tokens must be a positive integer, got 0"),
+    (["--speculative-num-draft-tokens", "65"],
+     "--speculative-num-draft-tokens must be <= 64 (the step-time curve's last measured size), got 65"),
 ])
 def test_bad_arguments_are_one_line_naming_the_flag(argv, line):
     """Refused before anything starts, under ``radixrt serve``'s usage, with the flag as typed (the same

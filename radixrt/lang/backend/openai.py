@@ -61,6 +61,8 @@ class OpenAI(BaseBackend):
                     "stop": sp.stop if sp.stop else None}
         extra = {k: v for k, v in (("top_k", sp.top_k), ("min_p", sp.min_p), ("ignore_eos", sp.ignore_eos),
                                    ("min_tokens", sp.min_new_tokens)) if v not in (None, -1, 0.0, False, 0)}
+        if sp.speculative is not None:  # radixrt's own field (an OpenAI-compatible radixrt server)
+            extra["speculative"] = sp.speculative
         if extra:
             kw["extra_body"] = extra
         if sp.json_schema is not None:
