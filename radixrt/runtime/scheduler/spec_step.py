@@ -65,7 +65,8 @@ class Speculator:
         self._drafting_steps = 0
         self._certain: dict[int, int] = {}  # this step's rows whose draft begins with forced tokens: how many
         self.outputs, self.context_length = outputs, context_length
-        self.drafts = DraftMaker(self.drafter, outputs, context_length, self.adaptive) if self.drafter else None
+        self.drafts = DraftMaker(self.drafter, outputs, context_length, self.adaptive) \
+            if self.drafter is not None else None
         self.verify_steps = 0      # request-steps that verified drafts
         self.draft_tokens = 0      # draft tokens proposed and verified
         self.accepted_tokens = 0   # of those, kept
