@@ -59,12 +59,11 @@ class Speculator:
                                                 "without drafts", algorithm, args.tp)
         self.max_batch = args.speculative_max_batch_size or None
         self.adaptive = args.speculative_adaptive
-        self.chunk = args.chunked_prefill_size
         self.times = StepTimes()          # t(T), set by calibrate() and every step (observe_step)
         self.acceptance = Acceptance()
         self._drafting_steps = 0
         self._certain: dict[int, int] = {}  # this step's rows whose draft begins with forced tokens: how many
-        self.outputs, self.context_length = outputs, context_length
+        self.outputs = outputs
         self.drafts = DraftMaker(self.drafter, outputs, context_length, self.adaptive) \
             if self.drafter is not None else None
         self.verify_steps = 0      # request-steps that verified drafts

@@ -46,7 +46,9 @@ class SuffixDrafter(Drafter):
             have = 0
         new = (req.input_ids[have:] + req.output_ids) if have < n_in else req.output_ids[have - n_in:]
         idx.extend(0, new)
-        ctx = idx.seqs[0] + list(after) if after else idx.seqs[0]
+        ctx = idx.seqs[0]
+        if after:  # a match reads at most max_depth tokens back: copy only those
+            ctx = ctx[-self.cfg.max_depth:] + list(after)
         occ = idx.matches(ctx, self.cfg.max_depth) + self.glob.matches(ctx, self.cfg.max_depth)
         if not occ:
             return self.words.draft(req, after) if self.words is not None else []
