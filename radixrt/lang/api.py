@@ -74,6 +74,8 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
     what = f"gen({name!r})"
     _check_name(name, what)
     if choices is not None:
+        if regex is not None or json_schema is not None or dtype is not None:
+            raise ValueError(f"{what}: give choices or one of regex, json_schema and dtype, not both")
         return select(name, choices, temperature=0.0 if temperature is None else temperature,
                       choices_method=choices_method or token_length_normalized)
     try:

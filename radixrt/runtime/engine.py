@@ -93,9 +93,16 @@ class Engine:
         if q is not None:
             q.put((time.perf_counter(), s))
 
-    def _call(self, fn):
+    def _check_alive(self) -> None:
+        """Raises RuntimeError once the scheduler has stopped (an error, or :meth:`shutdown`): nothing
+        would answer a request sent to it."""
         if self._error is not None:
             raise RuntimeError(f"the scheduler has stopped: {self._error!r}")
+        if self._stop.is_set():
+            raise RuntimeError("the engine is shut down")
+
+    def _call(self, fn):
+        self._check_alive()
         reply: queue.Queue = queue.Queue()
         self._inbox.put((fn, reply))
         r = reply.get()
@@ -152,8 +159,7 @@ class Engine:
         return outs[0] if single else outs
 
     def _submit(self, r: GenerateReq) -> queue.Queue:
-        if self._error is not None:
-            raise RuntimeError(f"the scheduler has stopped: {self._error!r}")
+        self._check_alive()
         q: queue.Queue = queue.Queue()
         with self._lock:
             if r.rid in self._outs:

@@ -279,6 +279,8 @@ def test_errors(backend):
 def test_api_errors_and_down_backend():
     with pytest.raises(ValueError, match=r"gen\('x'\): give at most one"):
         rt.gen("x", regex="a", json_schema={"type": "string"})
+    with pytest.raises(ValueError, match=r"gen\('x'\): give choices or one of regex"):
+        rt.gen("x", regex="[0-9]+", choices=["a"])  # the regex was silently dropped
     with pytest.raises(ValueError, match=r"gen\('x'\): json_schema must be"):
         rt.gen("x", json_schema=3)
     with pytest.raises(ValueError, match=r"select\('y'\): choices"):

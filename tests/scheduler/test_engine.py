@@ -207,6 +207,7 @@ def test_min_new_tokens_blocks_eos(engine):
     ({"prompt": "hi", "top_logprobs_num": -1, "return_logprob": True}, "top_logprobs_num"),
     ({"prompt": "hi", "return_logprob": True, "logprob_start_len": 5}, "logprob_start_len"),
     ({"prompt": "hi", "input_ids": [1]}, "input_ids"),
+    ({"prompt": "hi", "sampling_params": {"choices": ["a", "b"], "regex": "c"}}, "choices"),  # regex was dropped
 ])
 def test_bad_input_raises_value_error(engine, kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -233,6 +234,17 @@ def test_context_boundary(passage_ids):
         wait_idle(e)
     finally:
         close_engine(e)
+
+
+def test_requests_after_shutdown_raise():
+    """A request to a shut-down engine raises at once (it waited forever: nothing reads the inbox)."""
+    from radixrt import Engine
+    e = Engine(speculative_algorithm="none")
+    e.shutdown()
+    with pytest.raises(RuntimeError, match="the engine is shut down"):
+        e.generate("a", {"max_new_tokens": 2})
+    with pytest.raises(RuntimeError, match="the engine is shut down"):
+        e.flush_cache()
 
 
 def test_unknown_model_and_engine_args():

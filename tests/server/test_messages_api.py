@@ -96,7 +96,10 @@ BAD = [({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
          "thinking": {"type": "enabled", "budget_tokens": 1024}}, "temperature"),
        ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok"},
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "1"}]}]},
-        "messages[2].content[0].tool_use_id")]
+        "messages[2].content[0].tool_use_id"),
+       # a chat or /generate constraint would be ignored here, the output silently unconstrained
+       ({"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "object"}}, "json_schema"),
+       ({"messages": [{"role": "user", "content": "x"}], "regex": "a+"}, "regex")]
 
 
 def test_bad_input_is_400_in_anthropic_shape(srv, cl):

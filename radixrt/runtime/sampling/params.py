@@ -69,6 +69,8 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         from radixrt.runtime.constrained import choices_to_regex
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
             raise ValidationError("choices must be a non-empty list of strings", "choices")
+        if p.get("regex") is not None:  # choices become the regex: the given one would be dropped
+            raise ValidationError("only one of choices and regex may be set", "choices")
         try:
             p["regex"] = choices_to_regex(choices)
         except ValueError as e:  # "choices[i]: must not be empty"

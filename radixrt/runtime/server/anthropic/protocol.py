@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
-from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
+from radixrt.runtime.server.http.fields import foreign_constraints, refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
@@ -25,7 +25,8 @@ IGNORED_FIELDS = {
     "user_profile_id": "no per-user accounting", "workspace_id": "no workspaces",
 }
 # ... and refused with a 400 naming them when set
-REFUSED_FIELDS = {"container": "no code-execution containers"}
+REFUSED_FIELDS = {"container": "no code-execution containers",
+                  **foreign_constraints("here use output_config.format (json_schema), tools, and max_tokens")}
 
 
 class MessagesRequest(BaseModel):

@@ -6,6 +6,15 @@ from typing import Any, Callable
 from radixrt.runtime.server.http.errors import ApiError
 
 
+def foreign_constraints(here: str) -> dict[str, str]:
+    """Field -> why for the constraint and /generate names of SGLang / vLLM / chat completions, refused on an
+    agent route (Responses, Messages): unknown there, they would be ignored and the output silently
+    unconstrained. ``here``: how this route says it (e.g. "here use text.format")."""
+    names = ("json_schema", "regex", "ebnf", "choices", "structural_tag", "guided_json", "guided_regex",
+             "guided_choice", "guided_grammar", "response_format", "sampling_params", "max_new_tokens")
+    return {k: f"it is a /generate or chat completions field; {here}" for k in names}
+
+
 def refuse_set_fields(body: dict, refused: dict[str, str]) -> None:
     """Raises ApiError 400 naming the first key of ``refused`` (field -> why) that ``body`` sets to a value
     other than None, False, [] or {}."""

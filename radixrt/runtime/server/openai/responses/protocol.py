@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
-from radixrt.runtime.server.http.fields import refuse_set_fields, text_of_parts
+from radixrt.runtime.server.http.fields import foreign_constraints, refuse_set_fields, text_of_parts
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
@@ -31,6 +31,7 @@ REFUSED_FIELDS = {
     "prompt": "no stored prompt templates", "image": "the model is text-only",
     "context_management": "no server-side compaction", "access_programs": "no programmatic tool calling",
     "background_options": "responses run in the foreground only",
+    **foreign_constraints("here use text.format (json_schema), tools, and max_output_tokens"),
 }
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
