@@ -8,7 +8,7 @@ Runs ``run_all.py --systems radixrt`` once with ``--request-log``, then splits t
 ``flush_cache`` markers (the suite flushes the cache before each workload, so the first segment is the
 warm-up and each later one a workload, in order), replays each segment through the tree at the server's pool
 size and page size with its eviction policy, and prints the live and replayed hit rates side by side. Writes
-``benchmarks/results/profile_vs_live.json`` and, for the README, the ``radixrt profile`` table of one log.
+``benchmarks/results/profile_vs_live.json`` and, for docs/cache.md, the ``radixrt profile`` table of one log.
 """
 from __future__ import annotations
 

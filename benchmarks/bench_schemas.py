@@ -1,6 +1,6 @@
 """Grammar backends on real-world JSON schemas: compiled, invalid finished outputs, compile ms, mask us (issue 29).
 
-Corpora: shared/cases/jsonschema/dev (120) and benchmarks/data/jsonschemabench_sample.jsonl (300, see
+Corpora: tests/data/jsonschema/dev (120) and benchmarks/data/jsonschemabench_sample.jsonl (300, see
 make_schema_set.py). Per backend and schema: compile (timed; a compile error is a refusal), then ``--walks``
 seeded random walks through the mask (``radixrt.runtime.constrained.sample_walk``: no model), each
 finished output validated with ``jsonschema``. Each backend runs in a worker process so that a schema
@@ -23,9 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parent
-DEV = ROOT.parents[1] / "shared" / "cases" / "jsonschema" / "dev"
-if not DEV.is_dir():
-    DEV = Path("/work/shared/cases/jsonschema/dev")
+DEV = ROOT.parent / "tests" / "data" / "jsonschema" / "dev"  # the 120 schemas the tests use
 
 
 def corpora() -> dict[str, list[tuple[str, str]]]:

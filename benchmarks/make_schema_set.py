@@ -1,10 +1,10 @@
 """Assemble benchmarks/data/jsonschemabench_sample.jsonl from a JSONSchemaBench snapshot (issue 29).
 
 Source: GitHub guidance-ai/jsonschemabench (Geng et al. 2025, arXiv:2501.10868), ``data/<subset>/<name>.json``;
-the license situation is the one shared/cases/jsonschema/README.md describes (MIT on the dataset card).
+the license situation is the one tests/data/jsonschema/README.md describes (MIT on the dataset card).
 Per subset (Github_easy/medium/hard, Kubernetes, Snowplow, Glaiveai2K) 50 schemas are drawn at random
 (seed 29) among the files under 10,000 bytes that parse as strict JSON objects, excluding the dev corpus
-(shared/cases/jsonschema/dev). Each line: ``{"subset", "name", "schema"}`` (the schema re-serialized compact).
+(tests/data/jsonschema/dev). Each line: ``{"subset", "name", "schema"}`` (the schema re-serialized compact).
 
     git clone https://github.com/guidance-ai/jsonschemabench /tmp/jsb    # or any snapshot of it
     python benchmarks/make_schema_set.py /tmp/jsb [--per-subset 50]

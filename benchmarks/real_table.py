@@ -1,4 +1,4 @@
-"""The README's model shape x format table, from ``results/real_models.json`` and ``results/real_serve.jsonl``.
+"""The model shape x format table of docs/models.md, from ``results/real_models.json`` and ``results/real_serve.jsonl``.
 
 Per file: size, radixrt's peak RSS in process (``Engine``) and as ``radixrt serve`` (every process, sum of
 ``VmHWM``), each against issue 26's bound (file x 1.15 + KV pool + 500 MB; serve: + 600 MB more; MB = 10^6

@@ -20,12 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _ENGINES: list = []
 
 
-def shared_cases() -> Path:
-    """The read-only ``shared/cases`` folder beside the checkout (CI lays it next to the clone)."""
-    for p in (ROOT.parent / "shared" / "cases", Path("/work/shared/cases")):
-        if p.is_dir():
-            return p
-    raise FileNotFoundError("shared/cases not found beside the repository")
+# The test corpora, inside the repository (tests/data/README.md names each source and licence).
+DATA = ROOT / "tests" / "data"
 
 
 def make_engine(**kw):
@@ -57,6 +53,29 @@ def wait_idle(e, timeout: float = 30.0) -> dict:
             raise AssertionError(f"engine not idle after {timeout}s: {info}")
         time.sleep(0.05)
     return e.check_invariants()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_left_running():
+    """At the end of the session, after every other fixture's teardown (it is set up first, so torn down
+    last): fail if an Engine was never shut down (its scheduler thread still runs) or a process that a
+    test started is still alive. Leftover processes are killed so they do not outlive the run."""
+    import threading
+
+    import psutil
+    yield
+    engines = [t for t in threading.enumerate() if t.name == "radixrt-scheduler" and t.is_alive()]
+    children = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(children, timeout=15)  # a server just stopped may still be exiting
+    described = []
+    for p in alive:
+        try:
+            described.append(f"pid {p.pid}: {' '.join(p.cmdline())[:200]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not engines, f"{len(engines)} Engine(s) never shut down"
+    assert not described, "processes still alive at the end of the session:\n" + "\n".join(described)
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,14 @@
 """Shared by test_lang.py and test_examples.py: ONE ``radixrt serve`` process for the whole session
 (context 1024, KV pool 8192 tokens, one torch thread), started while the in-process engine loads and
-stopped at session end."""
+stopped at session end by the teardown of the session fixtures that use it (:func:`stop_server`), before
+conftest's check that nothing a test started is still running."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
 from server_util import ROOT, ServerProc
 
-__all__ = ["ROOT", "start_server", "endpoint", "page_floor", "common_prefix"]
+__all__ = ["ROOT", "start_server", "stop_server", "endpoint", "page_floor", "common_prefix"]
 
 PAGE = 16
 _server: Optional[ServerProc] = None
@@ -15,27 +16,30 @@ _endpoints: dict[str, Any] = {}
 
 
 def start_server(config: Any) -> ServerProc:
-    """Launch the server (does not wait). ``config.add_cleanup`` stops it when the session ends."""
+    """Launch the server (does not wait); a session fixture that calls this calls :func:`stop_server` in its
+    teardown (``config.add_cleanup`` stops it too, as a last resort: that runs after conftest's check)."""
     global _server
     if _server is None:
         # One torch thread: the test process (in-process engine, HF model) shares the cores, and
         # oversubscribed OpenMP threads make every step many times slower.
         _server = ServerProc("--context-length", "1024", "--num-threads", "1")
-        config.add_cleanup(_stop)
+        config.add_cleanup(stop_server)
     return _server
 
 
-def _stop() -> None:
+def stop_server() -> None:
+    """Close the endpoints and stop the server (its exit status must be 0); nothing when none runs."""
     global _server
     for b in _endpoints.values():
         b.close()
     _endpoints.clear()
     if _server is not None:
+        s, _server = _server, None
         try:
-            _server.wait_idle()
+            s.wait_idle()
         finally:
-            _server.stop()
-            _server = None
+            rc = s.stop()  # raises if anything of its process group survives
+        assert rc == 0, s.logs()
 
 
 def endpoint(kind: str) -> Any:

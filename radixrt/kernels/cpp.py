@@ -83,6 +83,12 @@ def ops(namespace: str):
     return _state[namespace]
 
 
+def build_error() -> str | None:
+    """Why the library is not loaded (the build's first error line), or ``None`` if it loaded or was never
+    asked for. The tests report it, so that a failed build on a capable CPU is a failure and not a skip."""
+    return _state.get("error")
+
+
 def _build() -> bool:
     if os.environ.get("RADIXRT_DISABLE_CPP_KERNELS"):
         return False
@@ -117,5 +123,6 @@ def _build() -> bool:
         open(built, "w").close()
         return True
     except Exception as e:  # noqa: BLE001 - any build failure means: use the torch paths
-        logger.warning("radixrt_cpu: C++ build failed (%s); using the torch paths", str(e).splitlines()[0][:300])
+        _state["error"] = (str(e).splitlines() or [type(e).__name__])[0][:300]
+        logger.warning("radixrt_cpu: C++ build failed (%s); using the torch paths", _state["error"])
         return False

@@ -48,7 +48,7 @@ class ServerArgs:
     hicache_storage_size: float = field(default=0.0, metadata={"help": "bound on tier 3's page files in GB (0: none); past it the least recently used files are deleted"})
     hicache_prefetch_threshold: int = field(default=256, metadata={"help": "tokens found in tier 3 beyond the tree and host store for a queued request's pages to be read ahead of its admission"})
     hicache_write_policy: str = field(default="write_through", metadata={"help": "write_through|write_back: tier 3 is written when a page enters the tree, or when it leaves the host store"})
-    request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (README: request log)"})
+    request_log: Optional[str] = field(default=None, metadata={"help": "append one JSON line per finished request to this file (docs/cache.md: request log)"})
     request_log_hash: bool = field(default=False, metadata={"help": "request log: one hash per page instead of token ids"})
     grammar_backend: str = field(default="llguidance", metadata={"help": "llguidance|xgrammar|outlines|none (llguidance: the only one with no invalid output on the schema benchmark, benchmarks/results/grammar_backends.md)"})
     grammar_overlap: bool = field(default=False, metadata={"help": "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, benchmarks/results/grammar_backends.md)"})

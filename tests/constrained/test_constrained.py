@@ -19,16 +19,7 @@ from radixrt.runtime.constrained import (GRAMMAR_KINDS, GrammarCache, allocate_t
                                          apply_token_bitmask_, choices_to_regex, create_backend, validate_spec)
 
 
-def _cases_dir() -> Path | None:
-    for base in (Path(__file__).resolve().parents[2].parent / "shared" / "cases", Path("/work/shared/cases")):
-        if base.is_dir():
-            return base
-    return None
-
-
-CASES = _cases_dir()
-# CI lays shared/ beside the clone; a missing folder is a set-up error, not a reason to skip.
-assert CASES is not None, "shared/cases not found beside the repository"
+CASES = Path(__file__).resolve().parents[1] / "data"  # tests/data: the JSON-schema corpora
 EOS = 2
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "grammar_keywords.md"
@@ -110,7 +101,7 @@ def test_keywords_match_documented_failures(env, backend):
     assert sorted(known - failures) == [], "fixed: remove them from docs/grammar_keywords.md"
 
 
-# ---- edge cases 8, 9, 10 (shared/cases/edge_cases.md) ----
+# ---- edge cases 8, 9, 10 (tests/data/edge_cases.md) ----
 ROOTS = {
     '{"type":"object"}': (['{}', '{"a":[1,{"b":null}]}'], ['[]', '"x"', '1']),
     '{"type":"string"}': (['""', '"a\\"b"'], ['1', '{}', '"a']),

@@ -1,4 +1,4 @@
-"""Soundness on the dev corpus (shared/cases/jsonschema/dev, 120 schemas) with every backend, no model.
+"""Soundness on the dev corpus (tests/data/jsonschema/dev, 120 schemas) with every backend, no model.
 
 Each compiled schema gets seeded random walks through its token mask (``constrained/sample_walk.py``);
 every walk that finishes (EOS accepted) must validate with ``jsonschema``. A refused schema must be a clear
@@ -16,11 +16,7 @@ import pytest
 from radixrt.runtime.constrained import create_backend
 from radixrt.runtime.constrained.sample_walk import closer_ids, random_walk, schema_violation
 
-DEV = Path("/work/shared/cases/jsonschema/dev")
-for base in (Path(__file__).resolve().parents[3] / "shared" / "cases" / "jsonschema" / "dev", DEV):
-    if base.is_dir():
-        DEV = base
-        break
+DEV = Path(__file__).resolve().parents[1] / "data" / "jsonschema" / "dev"
 # compiled / refused on the dev corpus (benchmarks/results/grammar_backends.md has the full table)
 PINNED = {"llguidance": 108, "xgrammar": 98}
 OUTLINES_FAST = ("Github_trivial__o17681", "Glaiveai2K__book_flight_f6de227e", "Glaiveai2K__calculate_area_033607ff",

@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import close_engine, make_engine, shared_cases
+from conftest import close_engine, make_engine, DATA
 from server_util import start_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -55,7 +55,7 @@ def validator(schema):
 
 
 # ---- the real-world corpus ------------------------------------------------------------------------------------
-# Schemas of shared/cases/jsonschema/dev/ that the default backend (llguidance) rejects with a ValueError
+# Schemas of tests/data/jsonschema/dev/ that the default backend (llguidance) rejects with a ValueError
 # (overlapping oneOf, unimplemented keywords such as uniqueItems, a length beside a format...).
 # Pinned exactly, so that a change in either direction shows up.
 REJECTED_DEFAULT: list[str] = [
@@ -75,7 +75,7 @@ MAX_CUT_SHARE = 0.5          # llguidance default: 25 of 54 cut (another subset 
 
 
 def corpus_files() -> list[Path]:
-    return sorted((shared_cases() / "jsonschema" / "dev").glob("*.json"))
+    return sorted((DATA / "jsonschema" / "dev").glob("*.json"))
 
 
 def test_dev_corpus_outputs_validate(engine):
@@ -94,7 +94,7 @@ def test_dev_corpus_outputs_validate(engine):
     stay under 40%.
     """
     files = corpus_files()
-    assert len(files) == 120, "shared/cases/jsonschema/dev changed"
+    assert len(files) == 120, "tests/data/jsonschema/dev changed"
     t0 = time.time()
     compiled, rejected = [], []
     for f in files:

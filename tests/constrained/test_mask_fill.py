@@ -77,10 +77,10 @@ def test_overlap_engine_outputs_match(engine):
     on_engine = make_engine(grammar_overlap=True)
     try:
         on = on_engine.generate(prompts, [dict(sp) for _ in prompts])
-        prefetch = on_engine.scheduler.outputs.prefetch if hasattr(on_engine, "scheduler") else None
+        prefetch = on_engine.scheduler.outputs.prefetch
     finally:
         close_engine(on_engine)
     assert [o["text"] for o in on] == [o["text"] for o in off]
     assert all(json.loads(o["text"])["age"] is not None for o in off if o["meta_info"]["finish_reason"]["type"] == "stop")
-    if prefetch is not None:
-        assert prefetch.used > 0
+    assert prefetch is not None, "grammar_overlap=True built no mask prefetcher"
+    assert prefetch.used > 0

@@ -15,10 +15,12 @@ from radixrt.runtime.constrained.base import allocate_token_bitmask
 from radixrt.runtime.scheduler.spec_drafts import DraftMaker, grammar_prefix
 from radixrt.runtime.spec import DraftConfig
 
-from conftest import make_engine, shared_cases
+from conftest import close_engine, make_engine, DATA
 
 PROMPT = "Generate a JSON object that matches the schema:\n{schema}\nJSON:"
 EVERY = 12  # every 12th dev schema the default backend compiles (8 or 9 of 108)
+# drafts that do not depend on the wall clock: no cost model (it times the steps), the draft length pinned
+FIXED = {"speculative_adaptive": False, "speculative_num_draft_tokens": 24}
 
 
 def enc(tok, s: str) -> list[int]:
@@ -124,7 +126,7 @@ def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
 
 def corpus(engine) -> list[str]:
     texts = []
-    for f in sorted((shared_cases() / "jsonschema" / "dev").glob("*.json")):
+    for f in sorted((DATA / "jsonschema" / "dev").glob("*.json")):
         try:
             engine.grammar_check("json_schema", f.read_text())
             texts.append(f.read_text())
@@ -145,15 +147,22 @@ def requests(tok, schemas: list[str]) -> tuple[list[str], list[dict]]:
 
 @pytest.mark.parametrize("jump_forward", [False, True])
 def test_constrained_outputs_identical_and_valid(tokenizer, jump_forward):
-    kw = dict(disable_jump_forward=not jump_forward, speculative_max_batch_size=64, speculative_adaptive=False)
+    kw = dict(disable_jump_forward=not jump_forward, speculative_max_batch_size=64, **FIXED)
     off = make_engine(speculative_algorithm="none", **kw)
+    try:
+        schemas = corpus(off)
+        assert len(schemas) >= 8
+        prompts, sps = requests(tokenizer, schemas if not jump_forward else schemas[:4])
+        want = off.generate(prompts, sps)
+    finally:
+        close_engine(off)
     on = make_engine(speculative_algorithm="suffix", **kw)
-    schemas = corpus(off)
-    assert len(schemas) >= 8
-    prompts, sps = requests(tokenizer, schemas if not jump_forward else schemas[:4])
-    want, got = off.generate(prompts, sps), on.generate(prompts, sps)
+    try:
+        got = on.generate(prompts, sps)
+        st = on.get_server_info()["cache"]["speculative"]
+    finally:
+        close_engine(on)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
-    st = on.get_server_info()["cache"]["speculative"]
     assert st["accepted_tokens"] > 0
     # the tokens the grammar forces (keys, punctuation) were drafted and mostly kept (with jump-forward on,
     # it appends most of them first)
@@ -181,19 +190,26 @@ def test_forced_tokens_continued_by_the_drafter():
     same call answered before, so the forced tokens continue with it: the repeated call takes 2 passes
     (prefill + 1 step), not 3 (forced drafts alone end at the name), and the tokens do not change."""
     sp = {"temperature": 0, "max_new_tokens": 24, "json_schema": json.dumps(TOOL)}
-    want = make_engine(speculative_algorithm="none").generate(CALL_PROMPT, sp)
+    off = make_engine(speculative_algorithm="none")
+    try:
+        want = off.generate(CALL_PROMPT, sp)
+    finally:
+        close_engine(off)
     assert want["text"] == '{"tool":"run_tests","path":"src/app/main.py"}'
-    on = make_engine(speculative_algorithm="suffix", speculative_adaptive=False)
-    on.flush_cache()
-    keys = ("verify_steps", "draft_tokens", "accepted_tokens", "forced_draft_tokens")
-    got = []
-    for _ in range(2):
-        c0 = on.get_server_info()["cache"]
-        out = on.generate(CALL_PROMPT, sp)
-        c1 = on.get_server_info()["cache"]
-        assert out["output_ids"] == want["output_ids"]
-        got.append((c1["req_forward_passes"] - c0["req_forward_passes"],
-                    {k: c1["speculative"][k] - c0["speculative"][k] for k in keys}))
+    on = make_engine(speculative_algorithm="suffix", **FIXED)
+    try:
+        on.flush_cache()
+        keys = ("verify_steps", "draft_tokens", "accepted_tokens", "forced_draft_tokens")
+        got = []
+        for _ in range(2):
+            c0 = on.get_server_info()["cache"]
+            out = on.generate(CALL_PROMPT, sp)
+            c1 = on.get_server_info()["cache"]
+            assert out["output_ids"] == want["output_ids"]
+            got.append((c1["req_forward_passes"] - c0["req_forward_passes"],
+                        {k: c1["speculative"][k] - c0["speculative"][k] for k in keys}))
+    finally:
+        close_engine(on)
     # first: the forced drafts (7 tokens) and the request's own prompt ("src/app/main.py")
     assert got[0] == (8, {"verify_steps": 4, "draft_tokens": 12, "accepted_tokens": 10, "forced_draft_tokens": 7})
     # again: the prefill row drafts the forced opening and the earlier answer after it (17 tokens, all kept;

@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 
+from kernel_util import _kernels_built, needs_cpp  # noqa: F401 - the autouse build check
 from radixrt.kernels import cpp
 from radixrt.kernels.gemv import DenseWeight, pack_panels, unpack_panels
 
 G = torch.Generator().manual_seed(0)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}  # unit roundoff
-needs_cpp = pytest.mark.skipif(cpp.ops("radixrt_gemv") is None, reason="C++ kernels unavailable")
 
 
 def gemv(x, w_p):

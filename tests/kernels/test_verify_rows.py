@@ -12,11 +12,12 @@ import torch
 
 from radixrt.kernels.attention.base import write_kv
 from radixrt.kernels.attention.metadata import AttentionMetadata
+from kernel_util import _kernels_built, needs_cpp  # noqa: F401 - the autouse build check
 from radixrt.kernels.attention.paged_cpu import paged_ops
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 
-pytestmark = pytest.mark.skipif(paged_ops() is None, reason="the C++ kernels do not build on this CPU")
+pytestmark = needs_cpp  # a failed build on a capable CPU fails (_kernels_built), never skips
 HQ, HKV, D, P = 9, 3, 64, 16
 SCALE = D ** -0.5
 PAGES = 420

@@ -24,8 +24,11 @@ def _load(name: str):
 @pytest.fixture(scope="session")
 def zmq_backend(request):
     srv = dsl_util.start_server(request.config)
-    srv.wait_ready()
-    return dsl_util.endpoint("zmq")
+    try:
+        srv.wait_ready()
+        yield dsl_util.endpoint("zmq")
+    finally:
+        dsl_util.stop_server()
 
 
 def test_tool_agent(zmq_backend, capsys):

@@ -13,16 +13,23 @@ from pydantic import BaseModel, Field
 import dsl_util
 import radixrt as rt
 from dsl_util import common_prefix, page_floor
+from conftest import close_engine, hf_greedy, make_engine
 from radixrt.lang.program import as_backend
 from server_util import free_port
+
+# drafts that do not depend on the wall clock: no cost model (it times the steps), the draft length pinned
+FIXED_SPEC = {"speculative_algorithm": "suffix", "speculative_adaptive": False, "speculative_num_draft_tokens": 24}
 
 
 @pytest.fixture(scope="session")
 def server(request):
     srv = dsl_util.start_server(request.config)  # loads in its own process while this one loads the engine
-    request.getfixturevalue("engine")
-    srv.wait_ready()
-    return srv
+    try:
+        request.getfixturevalue("engine")
+        srv.wait_ready()
+        yield srv
+    finally:
+        dsl_util.stop_server()
 
 
 @pytest.fixture(params=["zmq", "http", "engine"])
@@ -56,10 +63,34 @@ def primitives(s):
     s += rt.assistant(rt.gen("num", dtype=int, max_tokens=4))
 
 
-_RESULTS: dict = {}
+def _stop_trimmed(text: str, stops: list[str]) -> str:
+    cut = min([text.index(x) for x in stops if x in text], default=len(text))
+    return text[:cut]
 
 
-def test_primitives_every_backend(backend, tokenizer):
+@pytest.fixture(scope="module")
+def primitives_oracle(tokenizer, hf_model):
+    """What every backend must answer for ``primitives`` at temperature 0, from sources independent of the three
+    backends under test and of the order they run in: a fresh in-process Engine with neither radix cache nor
+    speculation (every call prefills its whole prompt), and for the free-text call HF's own greedy tokens."""
+    e = make_engine(speculative_algorithm="none", disable_radix_cache=True)
+    try:
+        st = primitives.run(temperature=0, backend=as_backend(e))
+    finally:
+        close_engine(e)
+    assert st.error() is None
+    got = (st["fruit"], st["digit"], st["yn"], Item.model_validate_json(st["item"]), st["num"], st.text())
+    # gen("fruit", max_tokens=6, stop=["\n", "."]) after the system and user turns: HF's 6 greedy tokens up
+    # to the end of turn, the text cut before the first stop string
+    first = tokenizer.apply_chat_template(st.messages()[:2], tokenize=False, add_generation_prompt=True)
+    ids = hf_greedy(hf_model, tokenizer.encode(first, add_special_tokens=False), 6)
+    if tokenizer.eos_token_id in ids:
+        ids = ids[:ids.index(tokenizer.eos_token_id)]
+    fruit = _stop_trimmed(tokenizer.decode(ids, skip_special_tokens=True), ["\n", "."])
+    return got, st.get_meta_info("yn")["scores"], fruit
+
+
+def test_primitives_every_backend(backend, tokenizer, primitives_oracle):
     st = primitives.run(temperature=0, backend=backend)
     assert st.error() is None
     msgs = st.messages()
@@ -77,28 +108,30 @@ def test_primitives_every_backend(backend, tokenizer):
     item = Item.model_validate_json(st["item"])
     assert re.fullmatch(r"[-+]?[0-9]+", st["num"])
     got = (st["fruit"], st["digit"], st["yn"], item, st["num"], st.text())
-    ref = _RESULTS.setdefault("primitives", (got, scores))
-    assert got == ref[0]  # greedy: the same text over ZMQ, HTTP and in-process
-    assert scores == pytest.approx(ref[1], abs=1e-4)
+    want, want_scores, hf_fruit = primitives_oracle
+    assert st["fruit"] == hf_fruit  # HF's greedy text
+    assert got == want  # greedy: the same text over ZMQ, HTTP and in-process as the uncached engine's
+    assert scores == pytest.approx(want_scores, abs=1e-4)
 
 
 @rt.function
-def story(s):
+def story(s, spec=None):
     s += rt.user("Tell me a story about a cat.")
-    s += rt.assistant(rt.gen("story", max_tokens=8, ignore_eos=True))
+    s += rt.assistant(rt.gen("story", max_tokens=8, ignore_eos=True, speculative=spec))
 
 
 def test_streaming(backend):
-    # an empty store of past outputs: the story another backend of this server wrote would be drafted and
-    # verified by the prefill itself (speculation, on by default), and all of it would arrive in one chunk
     assert rt.flush_cache(backend)
-    st = story.run(temperature=0, stream=True, backend=backend)
+    # streamed without speculation: one token a step. With it, a step emits as many tokens as its drafts
+    # kept (the server's cost model decides from measured step times; the story another backend of this
+    # server wrote would be drafted and verified by the prefill itself), so all 8 may come in one chunk.
+    st = story.run(spec=False, temperature=0, stream=True, backend=backend)
     chunks = list(st.text_iter("story"))
     assert st.error() is None and len(chunks) >= 2
     assert "".join(chunks) == st["story"] and st.get_meta_info("story")["completion_tokens"] == 8
-    st2 = story.run(temperature=0, stream=True, backend=backend)
+    st2 = story.run(spec=False, temperature=0, stream=True, backend=backend)
     assert "".join(st2.text_iter()) == st2.text() == st.text()
-    assert story.run(temperature=0, backend=backend)["story"] == st["story"]
+    assert story.run(temperature=0, backend=backend)["story"] == st["story"]  # speculation on (the default)
 
 
 @rt.function
@@ -293,21 +326,26 @@ def test_api_errors_and_down_backend():
     assert rt.Engine.__module__ == "radixrt.runtime.engine" and rt.function is rt.lang.api.function
 
 
-def test_gen_speculative_opt_out(engine):
+def test_gen_speculative_opt_out():
     """``gen(speculative=False)``: that call verifies no drafts (its sampling_params carry the opt-out);
-    the same tokens as with the server's speculation."""
+    the same tokens as with the engine's speculation (without the cost model, which decides from measured
+    step times whether a draft is verified at all)."""
     @rt.function
     def repeat(s, spec):
         s += "Repeat: one two three four five six seven eight. Repeat: one two three four five six seven eight. Repeat:"
         s += rt.gen("out", max_tokens=12, temperature=0, speculative=spec)
 
-    steps = lambda: engine.get_server_info()["cache"]["speculative"]["verify_steps"]  # noqa: E731
-    b = as_backend(engine)
-    v0 = steps()
-    on = repeat.run(spec=None, backend=b)
-    v1 = steps()
-    off = repeat.run(spec=False, backend=b)
-    assert steps() == v1 > v0  # the copied words are drafted with speculation, none without
+    engine = make_engine(**FIXED_SPEC)
+    try:
+        steps = lambda: engine.get_server_info()["cache"]["speculative"]["verify_steps"]  # noqa: E731
+        b = as_backend(engine)
+        v0 = steps()
+        on = repeat.run(spec=None, backend=b)
+        v1 = steps()
+        off = repeat.run(spec=False, backend=b)
+        assert steps() == v1 > v0  # the copied words are drafted with speculation, none without
+    finally:
+        close_engine(engine)
     assert off["out"] == on["out"] == " one two three four five six seven eight.\n\nThis"
     assert rt.gen("x", speculative=False).sampling_params.to_srt() == {"speculative": False}
     with pytest.raises(ValueError, match=r"gen\('x'\): speculative must be a bool, got 'no'"):

@@ -77,16 +77,18 @@ def run(pool_pages: int, policy: str, host_pages: int = 0) -> tuple[int, ReqPage
     return hits, mem
 
 
-@pytest.mark.parametrize("policy,x4_hits,tier_hits,host_hits", [("gdsf", 448, 476, 468), ("lru", 352, 428, 396)])
-def test_pool_and_tier2_hit_like_a_pool_of_their_size(policy, x4_hits, tier_hits, host_hits):
+@pytest.mark.parametrize("policy", ["gdsf", "lru"])
+def test_pool_and_tier2_hit_like_a_pool_of_their_size(policy):
     """Query tokens 24 x 36 = 864; at most 16 revisits x 32 = 512 can hit. A tier of 3x the pool behind it
     hits at least as much as a pool 4x larger (the tier moves only the pages asked for; a pool evicts whole
     leaves), and far more than the pool alone."""
     alone, _ = run(POOL, policy)
     x4, _ = run(4 * POOL, policy)
     tiered, mem = run(POOL, policy, 3 * POOL)
-    assert (alone, x4, tiered) == (0, x4_hits, tier_hits)
-    assert mem.hicache.host_hit_tokens == host_hits  # the rest hit in the pool itself
+    assert alone == 0  # the working set is 4.4x the pool: every prefix is gone before its revisit
+    assert 0 < x4 <= tiered <= 16 * 32, (x4, tiered)
+    # the tier's own hits are what the pool alone could not keep, and a hit is never counted twice
+    assert 0 < mem.hicache.host_hit_tokens <= tiered
 
 
 def test_restore_spills_after_its_slots_are_free():

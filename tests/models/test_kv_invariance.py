@@ -10,11 +10,12 @@ import torch
 
 from conftest import close_engine, make_engine
 from radixrt.kernels.attention.metadata import AttentionMetadata
+from kernel_util import _kernels_built, needs_cpp  # noqa: F401 - the autouse build check
 from radixrt.kernels.attention.paged_cpu import paged_ops
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 
-pytestmark = pytest.mark.skipif(paged_ops() is None, reason="the C++ kernels do not build on this CPU")
+pytestmark = needs_cpp  # a failed build on a capable CPU fails (_kernels_built), never skips
 P, N = 16, 70  # page size; the prompt's tokens (two 64-token chunks: a chunk boundary inside)
 
 

@@ -90,14 +90,14 @@ def _run(e, tokenizer):
 
 def test_fewer_forward_passes_than_output_tokens(tokenizer):
     # speculation off in both: its drafts would also cut the passes (tests/constrained/test_spec_grammar.py)
-    on = make_engine(max_total_tokens=2048, disable_jump_forward=False, speculative_algorithm="none")
-    off = make_engine(max_total_tokens=2048, disable_jump_forward=True, speculative_algorithm="none")
-    try:
-        out_on, passes_on, jumped_on = _run(on, tokenizer)
-        out_off, passes_off, jumped_off = _run(off, tokenizer)
-    finally:
-        close_engine(on)
-        close_engine(off)
+    results = {}
+    for jump in (True, False):
+        e = make_engine(max_total_tokens=2048, disable_jump_forward=not jump, speculative_algorithm="none")
+        try:
+            results[jump] = _run(e, tokenizer)
+        finally:
+            close_engine(e)
+    (out_on, passes_on, jumped_on), (out_off, passes_off, jumped_off) = results[True], results[False]
     for out in (out_on, out_off):
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
         jsonschema.validate(json.loads(out["text"]), SCHEMA)

@@ -191,35 +191,53 @@ def test_lpm_ages_cold_requests():
     assert [r.rid for r in order_waiting(reqs + [cold], "fcfs", tree, 4)][:2] == ["cold", "h0"]
 
 
-def _cold_finish_rank(passage_ids, max_wait_steps: int) -> int:
-    """Submit 6 hot requests and then a cold one; while they wait, a stream of 10 more hot ones arrives.
-    Returns the cold request's place in the finish order (0-based)."""
-    import threading
-    import time
-    e = make_engine(max_running_requests=1, max_wait_steps=max_wait_steps)
+def _cold_finish_order(passage_ids, max_wait_steps: int) -> tuple[int, dict[str, int]]:
+    """6 hot requests and then a cold one arrive together; after the first step (one request runs at a time)
+    a stream of 10 more hot ones arrives while they wait. The steps run by hand on the engine's thread, so
+    when the later requests come is a step, not a moment. Returns the cold request's place in the finish
+    order (0-based) and the step each request finished at."""
+    # no speculation: its drafts (chosen from measured step times) would change how many steps a request takes
+    e = make_engine(max_running_requests=1, max_wait_steps=max_wait_steps, speculative_algorithm="none")
     try:
         hot = passage_ids[:64]
         e.generate(input_ids=hot + [11], sampling_params=G4)  # the hot prefix is cached
         first = [hot + [20 + i] for i in range(6)] + [passage_ids[500:560]]
         later = [hot + [40 + i] for i in range(10)]
-        res = {}
-        t = threading.Thread(target=lambda: res.update(a=e.generate(input_ids=first, sampling_params=G4)))
-        t.start()
-        time.sleep(0.3)
-        b = e.generate(input_ids=later, sampling_params=G4)
-        t.join()
-        done = [(o["meta_info"]["e2e_latency"] + (0.3 if i >= 7 else 0.0), i) for i, o in enumerate(res["a"] + b)]
-        assert res["a"][6]["meta_info"]["cached_tokens"] == 0
-        return [i for _, i in sorted(done)].index(6)
+
+        def run(s):
+            def add(rids, prompts):
+                for rid, ids in zip(rids, prompts):
+                    s.add_request(GenerateReq(rid=rid, input_ids=ids, sampling_params=SamplingParams(**G4)))
+            add([f"hot-{i}" for i in range(6)] + ["cold"], first)
+            done, cached, step = {}, {}, 0
+            while s.has_work:
+                if step == 1:
+                    add([f"later-{i}" for i in range(10)], later)
+                for o in s.step():
+                    cached.setdefault(o.rid, o.cached_tokens)
+                    if o.finished_reason is not None:
+                        done[o.rid] = step
+                step += 1
+            return done, cached
+        done, cached = e._call(lambda: run(e.scheduler))
+        assert cached["cold"] == 0 and all(cached[f"hot-{i}"] == 64 for i in range(6))
+        order = sorted(done, key=done.get)
+        return order.index("cold"), done
     finally:
         close_engine(e)
 
 
 def test_no_starvation_under_lpm(passage_ids):
     """A cold request among a stream of hot ones finishes within the aging bound: right after the
-    requests that arrived before it. Without aging, LPM serves every later hot request first."""
-    assert _cold_finish_rank(passage_ids, max_wait_steps=6) == 6
-    assert _cold_finish_rank(passage_ids, max_wait_steps=10**6) == 16
+    requests that arrived before it (once they have all waited past the bound, they go in arrival order).
+    Without aging, LPM serves every later hot request first. One request runs at a time and takes 4 steps
+    (the 1-token extend after its 64 cached tokens samples the first token, then 3 decodes)."""
+    rank, done = _cold_finish_order(passage_ids, max_wait_steps=6)
+    assert [done[f"hot-{i}"] for i in range(6)] == [4 * i + 3 for i in range(6)]
+    assert rank == 6 and done["cold"] == 27
+    rank, done = _cold_finish_order(passage_ids, max_wait_steps=10**6)
+    assert sorted(done.values()) == [4 * i + 3 for i in range(17)]
+    assert rank == 16 and done["cold"] == 67  # last: behind the 10 hot requests that came after it
 
 
 def test_dfs_weight_and_fcfs_policies(passage_ids, engine):

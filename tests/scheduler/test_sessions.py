@@ -6,6 +6,7 @@ the agent's history unless a session pins it.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 
@@ -27,6 +28,47 @@ def small():
     e = make_engine(max_total_tokens=32 * P, page_size=P, chunked_prefill_size=256)
     yield e
     close_engine(e)
+
+
+class FakeClock:
+    """The sessions' clock (``SessionManager.clock``, time.monotonic by default), moved by the test: a TTL
+    runs out when the test says so, not after real seconds."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextlib.contextmanager
+def fake_clock(e):
+    """Give ``e``'s sessions a FakeClock (set on the engine's thread) for the block; the real one after."""
+    sessions, clock = e.scheduler.sessions, FakeClock()
+    real = sessions.clock
+    e._call(lambda: setattr(sessions, "clock", clock))
+    try:
+        yield clock
+    finally:
+        e._call(lambda: setattr(sessions, "clock", real))
+
+
+def expired_now(e) -> int:
+    """Run the expiry on the engine's thread at once: how many sessions it closed."""
+    return e._call(e.scheduler.sessions.expire)
+
+
+def sessions_left(e, n: int, timeout: float = 10.0) -> dict:
+    """Wait until ``n`` sessions are open: the engine's loop expires sessions on every turn, idle ones too
+    (bounded; the clock is a FakeClock already past the TTL). Returns the pool stats."""
+    deadline = time.monotonic() + timeout
+    while (st := wait_idle(e))["num_sessions"] != n:
+        assert time.monotonic() < deadline, f"{st['num_sessions']} sessions still open, not {n}: {st}"
+        time.sleep(0.01)
+    return st
 
 
 def other_traffic(e, seed: int) -> None:
@@ -123,20 +165,26 @@ def test_memory_pressure_unpins_oldest_first(small):
 def test_max_pinned_tokens_and_ttl():
     e = make_engine(max_total_tokens=32 * P, page_size=P, max_pinned_tokens=100)
     try:
-        s1 = e.open_session()
-        s2 = e.open_session(timeout=0.5)  # idle time counts from the end of its last request
-        e.generate(input_ids=ids(21, 104), sampling_params=G, session_id=s1)
-        assert wait_idle(e)["pinned_tokens"] == 96
-        time.sleep(0.8)  # s2 has had no request yet: it expires
-        assert wait_idle(e)["num_sessions"] == 1
-        s2 = e.open_session(timeout=0.5)
-        e.generate(input_ids=ids(22, 104), sampling_params=G, session_id=s2)
-        st = wait_idle(e)
-        assert st["pinned_tokens"] == 96 and st["pinned_sessions"] == 1   # the cap made s1 give way
-        time.sleep(0.8)
-        st = wait_idle(e)
-        assert st["num_sessions"] == 1 and st["pinned_tokens"] == 0       # s2 expired
-        e.close_session(s1)
+        with fake_clock(e) as clock:
+            s1 = e.open_session()
+            s2 = e.open_session(timeout=0.5)  # idle time counts from the end of its last request
+            e.generate(input_ids=ids(21, 104), sampling_params=G, session_id=s1)
+            assert wait_idle(e)["pinned_tokens"] == 96
+            clock.advance(0.4)
+            assert expired_now(e) == 0
+            clock.advance(0.2)  # s2 has had no request yet: idle 0.6 s, it expires
+            assert sessions_left(e, 1)["num_sessions"] == 1
+            s2 = e.open_session(timeout=0.5)
+            clock.advance(0.4)
+            e.generate(input_ids=ids(22, 104), sampling_params=G, session_id=s2)
+            st = wait_idle(e)
+            assert st["pinned_tokens"] == 96 and st["pinned_sessions"] == 1   # the cap made s1 give way
+            clock.advance(0.4)
+            assert expired_now(e) == 0  # 0.8 s since it opened, 0.4 s since its request ended
+            clock.advance(0.2)
+            st = sessions_left(e, 1)
+            assert st["num_sessions"] == 1 and st["pinned_tokens"] == 0       # s2 expired
+            e.close_session(s1)
     finally:
         close_engine(e)
 
@@ -146,16 +194,17 @@ def test_reopened_id_never_sees_a_closed_sessions_request(small):
     id: not its history (another user's prompt), not its pin, not its in-flight count (the TTL must run)."""
     e = small
     e.flush_cache()
-    e.open_session(session_id="zz")
-    stream = e.generate(input_ids=ids(31, 40), sampling_params={**G, "max_new_tokens": 16}, stream=True,
-                        session_params={"id": "zz"})
-    next(stream)                         # running
-    assert e.close_session("zz") is True
-    e.open_session(session_id="zz", timeout=3)
-    assert len(list(stream)[-1]["output_ids"]) == 16
-    new = e.generate(input_ids=ids(32, 5), sampling_params=G, session_params={"id": "zz"})
-    assert new["meta_info"]["prompt_tokens"] == 5        # not 40 + 16 + 5
-    st = wait_idle(e)
-    assert (st["num_sessions"], st["pinned_tokens"], st["pinned_sessions"]) == (1, 0, 0)  # 12 tokens: no page
-    time.sleep(3.5)
-    assert wait_idle(e)["num_sessions"] == 0                       # the TTL ran: its in-flight count is 0
+    with fake_clock(e) as clock:
+        e.open_session(session_id="zz")
+        stream = e.generate(input_ids=ids(31, 40), sampling_params={**G, "max_new_tokens": 16}, stream=True,
+                            session_params={"id": "zz"})
+        next(stream)                         # running
+        assert e.close_session("zz") is True
+        e.open_session(session_id="zz", timeout=3)
+        assert len(list(stream)[-1]["output_ids"]) == 16
+        new = e.generate(input_ids=ids(32, 5), sampling_params=G, session_params={"id": "zz"})
+        assert new["meta_info"]["prompt_tokens"] == 5        # not 40 + 16 + 5
+        st = wait_idle(e)
+        assert (st["num_sessions"], st["pinned_tokens"], st["pinned_sessions"]) == (1, 0, 0)  # 12 tokens: no page
+        clock.advance(3.5)
+        assert sessions_left(e, 0)["num_sessions"] == 0           # the TTL ran: its in-flight count is 0

@@ -8,7 +8,9 @@ import torch
 
 from radixrt.runtime.io_struct import GenerateReq, SamplingParams
 
-from conftest import make_engine, wait_idle
+from radixrt.runtime.spec.cost import StepTimes
+
+from conftest import close_engine, make_engine, wait_idle
 
 P = 16
 PARITY = ["The capital of France is", "def fib(n):", "List three colors:", "Once upon a time",
@@ -21,24 +23,36 @@ AGENT = [f"<|im_start|>system\n{TOOLS}<|im_end|>\n<|im_start|>user\nFix the bug 
          f"<|im_end|>\n<|im_start|>assistant\n" + '{"tool": "' for i in range(4)]
 GREEDY = {"temperature": 0, "max_new_tokens": 32}
 COUNT = "one two three four five six seven eight. one two three four five six seven eight. one two three"
+# Speculation whose drafts do not depend on the wall clock: the cost model off (its draft lengths come from the
+# step times measured on this machine) and the draft length pinned (SuffixDecoding's depth, the default), so
+# every row verifies what the drafter proposes, scaled by the request's acceptance (tokens, not seconds).
+# The cost model has its own tests on synthetic step times (test_cost_model_on_synthetic_step_times here,
+# tests/spec/test_cost.py).
+FIXED = {"speculative_adaptive": False, "speculative_num_draft_tokens": 24}
 
 
 @pytest.fixture(scope="module")
 def off():
-    return make_engine(speculative_algorithm="none")
+    e = make_engine(speculative_algorithm="none")
+    yield e
+    close_engine(e)
 
 
 @pytest.fixture(scope="module")
 def suffix():
     """Every decode row drafts what the drafter proposes (not the cost model's choice, which depends on
     the step times measured here): the verification path runs on every step that has a draft."""
-    return make_engine(speculative_algorithm="suffix", speculative_adaptive=False)
+    e = make_engine(speculative_algorithm="suffix", **FIXED)
+    yield e
+    close_engine(e)
 
 
 @pytest.fixture(scope="module")
 def wide():
     """Speculation at every batch size (the statistical tests send hundreds of requests at once)."""
-    return make_engine(speculative_algorithm="suffix", speculative_max_batch_size=64, speculative_adaptive=False)
+    e = make_engine(speculative_algorithm="suffix", speculative_max_batch_size=64, **FIXED)
+    yield e
+    close_engine(e)
 
 
 def spec(e) -> dict:
@@ -51,32 +65,86 @@ def ids_of(outs):
 
 @pytest.mark.parametrize("algo", ["suffix", "ngram"])
 def test_greedy_tokens_identical_with_speculation(off, suffix, algo):
-    e = suffix if algo == "suffix" else make_engine(speculative_algorithm=algo, speculative_adaptive=False)
-    want_p, want_a = ids_of(off.generate(PARITY, GREEDY)), ids_of(off.generate(AGENT, GREEDY))
-    before = spec(e)["accepted_tokens"]
-    assert ids_of(e.generate(PARITY, GREEDY)) == want_p                          # batched (8 rows)
-    assert ids_of(e.generate(AGENT, GREEDY)) == want_a
-    assert [e.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want_a[:2]  # alone
-    st = spec(e)
-    assert st["algorithm"] == algo and st["accepted_tokens"] - before > 20  # drafts were really kept
-    assert 0 < st["accept_rate"] <= 1 and st["accept_length"] > 1
+    e = suffix if algo == "suffix" else make_engine(speculative_algorithm=algo, **FIXED)
+    try:
+        want_p, want_a = ids_of(off.generate(PARITY, GREEDY)), ids_of(off.generate(AGENT, GREEDY))
+        before = spec(e)["accepted_tokens"]
+        assert ids_of(e.generate(PARITY, GREEDY)) == want_p                          # batched (8 rows)
+        assert ids_of(e.generate(AGENT, GREEDY)) == want_a
+        assert [e.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want_a[:2]  # alone
+        st = spec(e)
+        assert st["algorithm"] == algo and st["accepted_tokens"] - before > 20  # drafts were really kept
+        assert 0 < st["accept_rate"] <= 1 and st["accept_length"] > 1
+    finally:
+        if e is not suffix:
+            close_engine(e)
 
 
-def test_greedy_identical_without_radix_cache_and_on_gguf_blocks(off):
-    nocache = make_engine(speculative_algorithm="suffix", disable_radix_cache=True, speculative_adaptive=False)
-    want = [off.generate(p, GREEDY)["output_ids"] for p in AGENT]
-    assert [nocache.generate(p, GREEDY)["output_ids"] for p in AGENT] == want
-    assert spec(nocache)["accepted_tokens"] > 0
-    # the default server configuration: the GGUF's own Q4_1 blocks, fp16 KV pool
+def test_greedy_identical_without_radix_cache(off):
+    nocache = make_engine(speculative_algorithm="suffix", disable_radix_cache=True, **FIXED)
+    try:
+        want = [off.generate(p, GREEDY)["output_ids"] for p in AGENT]
+        assert [nocache.generate(p, GREEDY)["output_ids"] for p in AGENT] == want
+        assert spec(nocache)["accepted_tokens"] > 0
+    finally:
+        close_engine(nocache)
+
+
+def test_greedy_identical_on_gguf_blocks():
+    # the default server's weights: the GGUF's own Q4_1 blocks, fp16 KV pool
     q_off = make_engine(quantization="auto", speculative_algorithm="none")
-    q_on = make_engine(quantization="auto", speculative_algorithm="suffix")
-    # the cost model (default), first on the fresh engine (start-up acceptance 0.8): an answer that copies its
-    # prompt verifies drafts (the AGENT prompts' first drafts are refused, which lowers the rate it starts from)
-    assert q_on.generate(COUNT, GREEDY)["output_ids"] == q_off.generate(COUNT, GREEDY)["output_ids"]
-    assert spec(q_on)["accepted_tokens"] > 0
-    want = ids_of(q_off.generate(AGENT, GREEDY))
-    assert ids_of(q_on.generate(AGENT, GREEDY)) == want
-    assert [q_on.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want[:2]  # alone
+    try:
+        q_on = make_engine(quantization="auto", speculative_algorithm="suffix", **FIXED)
+        try:
+            # an answer that copies its prompt verifies drafts
+            assert q_on.generate(COUNT, GREEDY)["output_ids"] == q_off.generate(COUNT, GREEDY)["output_ids"]
+            assert spec(q_on)["accepted_tokens"] > 0
+            want = ids_of(q_off.generate(AGENT, GREEDY))
+            assert ids_of(q_on.generate(AGENT, GREEDY)) == want
+            assert [q_on.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want[:2]  # alone
+        finally:
+            close_engine(q_on)
+    finally:
+        close_engine(q_off)
+
+
+def step_curve(**ms: float) -> StepTimes:
+    """A synthetic step-time curve ``t(T)``: ``t1=10, t2=20`` is 10 ms at 1 token, 20 ms at 2 tokens (and along
+    the last slope above the last point)."""
+    t = StepTimes()
+    for k, v in ms.items():
+        t.set(int(k[1:]), v * 1e-3)
+    return t
+
+
+def test_cost_model_on_synthetic_step_times(off):
+    """The cost model (``--speculative-adaptive``, the default) in the real scheduler, fed step times instead
+    of measuring them: a step's time that does not grow with its tokens makes every draft token pay (the
+    whole of each proposal is verified: the prompt-copying answer comes in few passes), one that grows by a
+    whole step per token makes none pay (no draft at all, one pass per token). The choice depends on the
+    curve's shape only: the online measurements scale the whole curve (``StepTimes.observe``), which
+    changes no comparison of rates. The same tokens either way."""
+    sp = {"temperature": 0, "max_new_tokens": 12}
+    want = off.generate(COUNT, sp)
+    e = make_engine(speculative_algorithm="suffix", speculative_num_draft_tokens=24)  # adaptive: the default
+    try:
+        got = {}
+        for name, curve in (("flat", step_curve(t1=10, t64=10)), ("steep", step_curve(t1=10, t2=20))):
+            e._call(lambda: setattr(e.scheduler.spec, "times", curve))
+            e.flush_cache()  # the drafter's store of outputs too: the drafts depend on this prompt alone
+            c0 = e.get_server_info()["cache"]
+            out = e.generate(COUNT, sp)
+            c1 = e.get_server_info()["cache"]
+            assert (out["output_ids"], out["text"]) == (want["output_ids"], want["text"]), name
+            d = {k: c1["speculative"][k] - c0["speculative"][k] for k in ("verify_steps", "draft_tokens",
+                                                                         "accepted_tokens")}
+            got[name] = (c1["req_forward_passes"] - c0["req_forward_passes"], d)
+        # flat: the prefill row verifies the drafter's whole proposal, " four five six seven eight. one two
+        # three" (9 tokens; 6 kept), as test_drafts_after_the_prompt_are_verified_by_the_prefill finds without the cost model
+        assert got["flat"] == (6, {"verify_steps": 1, "draft_tokens": 9, "accepted_tokens": 6})
+        assert got["steep"] == (12, {"verify_steps": 0, "draft_tokens": 0, "accepted_tokens": 0})
+    finally:
+        close_engine(e)
 
 
 def test_stop_length_logprobs_n_and_stream_unchanged(off, suffix):

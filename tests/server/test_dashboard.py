@@ -1,7 +1,7 @@
 """``/dashboard`` rendered by a real headless browser (Debian's chromium, driven by Selenium through
 chromedriver): after a known workload, the numbers on the page equal ``/get_server_info`` and the prefix
 tables equal ``/cache_tree``. ``--api-key`` guards both routes. Set ``RADIXRT_DASHBOARD_SCREENSHOT=PATH`` to
-also save the screenshot there (the README's picture is made that way)."""
+also save the screenshot there (docs/dashboard.png, shown in docs/cache.md, is made that way)."""
 from __future__ import annotations
 
 import os

@@ -94,12 +94,21 @@ def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
                 r = c.post("/generate", json={"text": PROMPT, "rid": "big-seed",
                                               "sampling_params": {"max_new_tokens": 1, "seed": 2 ** 64}})
                 assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+            # the abort at three points of the call: sent at once (it may reach the server first: kept as an
+            # early abort), once the server counts the call in flight, once the scheduler runs it
+            def info():
+                return c.get("/get_server_info").json()
+
+            points = (lambda: True, lambda: info()["num_in_flight"] > 0, lambda: info()["num_running"] > 0)
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                for i, delay in enumerate((0.0, 0.01, 0.05)):
+                for i, reached in enumerate(points):
                     rid = f"early-{i}"
                     fut = pool.submit(c.post, "/generate", json={"text": PROMPT, "rid": rid, "sampling_params": {
                         "max_new_tokens": 64, "json_schema": schema}})
-                    time.sleep(delay)
+                    deadline = time.monotonic() + 30
+                    while not (reached() or fut.done()):
+                        assert time.monotonic() < deadline, f"{rid}: never reached point {i}"
+                        time.sleep(0.005)
                     assert c.post("/abort_request", json={"rid": rid}).json() == {"success": True}
                     out = fut.result().json()
                     assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 64

@@ -38,9 +38,21 @@ def server():
 
 @pytest.fixture(scope="session")
 def auth_server():
-    s = start_server("--enable-metrics", "--max-restarts", "0", api_key=API_KEY)  # a dead child stays dead
+    s = start_server("--enable-metrics", api_key=API_KEY)
     yield s
     s.stop()  # raises if anything of its process group survives
+    assert not s.group_alive()
+
+
+@pytest.fixture
+def doomed_server():
+    """A server of its own for a test that kills its scheduler (--max-restarts 0: a dead child stays dead),
+    so no other test meets a dead server, whatever the order."""
+    s = start_server("--max-restarts", "0", api_key=API_KEY)
+    try:
+        yield s
+    finally:
+        s.stop()  # raises if anything of its process group survives
     assert not s.group_alive()
 
 
@@ -469,6 +481,16 @@ def test_tool_choice_none_ignores_tools(http):
     r = http.post("/v1/chat/completions", json={**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
                                                 "tool_choice": "none", **GREEDY})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    msg = r.json()["choices"][0]["message"]
+    assert not msg.get("tool_calls") and isinstance(msg["content"], str) and msg["content"]
+    # streamed: no chunk carries a tool call, and the text is the unstreamed one
+    with http.stream("POST", "/v1/chat/completions", json={
+            **CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
+            "stream": True, **GREEDY}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert not any(c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"])
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == msg["content"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] in ("stop", "length")
 
 
 # ---- edge cases 4-7 through HTTP --------------------------------------------------------------------------------
@@ -621,7 +643,11 @@ def test_disconnect_aborts_and_frees_pages(server, http, passage_ids):
             s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
             s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(payload)).encode()
                       + b"\r\n\r\n" + payload)
-            time.sleep(0.5)
+            # gone once the request runs (its prompt prefilled: info is answered between steps)
+            deadline = time.monotonic() + 60
+            while http.get("/get_server_info").json()["num_running"] == 0:
+                assert time.monotonic() < deadline, "the request never ran"
+                time.sleep(0.01)
             s.close()
         st = server.wait_idle(timeout=60)
         assert st["free_pages"] + st["evictable_pages"] == st["total_pages"]
@@ -649,7 +675,8 @@ def test_abort_request_route(http, server):
     body = {"text": FRANCE, "rid": "abort-early", "sampling_params": {"max_new_tokens": 64, "json_schema": schema}}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(http.post, "/generate", json=body)
-        time.sleep(0.05)
+        # at once: it reaches the server before the call is submitted (while it validates, or even before it
+        # arrives), and is kept until the call comes through
         assert http.post("/abort_request", json={"rid": "abort-early"}).json() == {"success": True}
         out = fut.result().json()
     # llguidance compiles in milliseconds, so a token or two may come before the abort lands: it is kept all the same
@@ -665,7 +692,13 @@ def test_abort_request_route(http, server):
                                                              "store": False, **GREEDY})
         msg = pool.submit(http.post, "/v1/messages", json={"messages": [{"role": "user", "content": story}],
                                                            "max_tokens": 150, **GREEDY})
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while True:  # all five in the scheduler's hands
+            info = http.get("/get_server_info").json()
+            if info["num_running"] + info["num_waiting"] >= 5:
+                break
+            assert time.monotonic() < deadline, info
+            time.sleep(0.01)
         assert http.post("/abort_request", json={"abort_all": True}).json() == {"success": True}
         outs = [f.result().json() for f in futs]
         chat, resp, msg = chat.result().json(), resp.result().json(), msg.result().json()
@@ -751,7 +784,7 @@ def test_metrics(auth_server, server):
                           ).status_code == 200
         text = c.get("/metrics").text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
-    # the names SGLang's and vLLM's dashboards chart (README: metrics)
+    # the names SGLang's and vLLM's dashboards chart (docs/cache.md: metrics)
     for name in ("sglang:num_running_reqs", "vllm:num_requests_running", "sglang:num_queue_reqs",
                  "vllm:num_requests_waiting", "sglang:token_usage", "vllm:kv_cache_usage_perc",
                  "sglang:cache_hit_rate", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
@@ -783,12 +816,12 @@ def test_metrics(auth_server, server):
     assert value("vllm:request_success", "vllm:request_success_total", finished_reason="length") >= 2
 
 
-def test_scheduler_death_is_503(auth_server):
-    """Last: kills the second server's scheduler (--max-restarts 0: not restarted; test_supervisor.py has
-    the restarts). Pending and new requests get errors, nothing hangs."""
+def test_scheduler_death_is_503(doomed_server):
+    """Kills its own server's scheduler (--max-restarts 0: not restarted; test_supervisor.py has the
+    restarts). Pending and new requests get errors, nothing hangs."""
     import os
     import signal
-    with auth_server.client(timeout=60) as c:
+    with doomed_server.client(timeout=60) as c:
         pid = c.get("/get_server_info").json()["process_ids"]["scheduler"]
         with c.stream("POST", "/generate", json={"text": FRANCE, "stream": True, "sampling_params": {
                 "max_new_tokens": 200, "ignore_eos": True}}) as r:
@@ -804,7 +837,7 @@ def test_scheduler_death_is_503(auth_server):
             r = c.request(method, path, json=body)
             assert r.status_code == 503, (path, r.text)
             assert "scheduler process exited" in r.json()["error"]["message"]
-    s = dsl_socket(auth_server.zmq_url)
+    s = dsl_socket(doomed_server.zmq_url)
     try:
         [r] = dsl_call(s, "d", "generate", {"text": FRANCE}, api_key=API_KEY)
         assert r.event == "error" and r.data["type"] == "service_unavailable"

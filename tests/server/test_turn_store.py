@@ -23,7 +23,7 @@ def test_store_is_a_bounded_lru():
         s.put(k, [1])
     s.get(b"a")  # a is now the most recent: b goes first
     s.put(b"c", [2])
-    assert (s.get(b"a"), s.get(b"b"), len(s)) == (s.get(b"a"), None, 2)
+    assert (s.get(b"a").ids, s.get(b"b"), s.get(b"c").ids, len(s)) == ((1,), None, (2,), 2)
     off = TurnStore(0)
     off.put(b"a", [1])
     assert len(off) == 0

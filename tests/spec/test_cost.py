@@ -103,3 +103,43 @@ def test_forced_tokens_priced_apart_from_the_drafters_continuation():
     assert choose_drafts(T, 1, 1, [(0.3, 8)], budget=64) == [0]
     # (p, n) is (p, n, n, p)
     assert choose_drafts(T, 1, 1, [(0.9, 4, 4, 0.0)], budget=64) == choose_drafts(T, 1, 1, [(0.9, 4)], budget=64)
+
+
+def linear(per_token_ms: float) -> StepTimes:
+    """A synthetic step-time curve: 10 ms at one token, ``per_token_ms`` more for each further token (the
+    verification's cost per draft token)."""
+    return table({1: 10, 2: 10 + per_token_ms})
+
+
+def test_flat_verify_time_takes_the_longest_draft():
+    flat = linear(0)
+    # a draft token that costs no time raises the rate whatever its chance: the whole draft
+    assert choose_drafts(flat, 1, 1, [(0.9, 8)], budget=64) == [8]
+    assert choose_drafts(flat, 1, 1, [(0.3, 8)], budget=64) == [8]
+    # every row at once; a row that cannot be accepted (p = 0) drafts nothing; the budget bounds the total
+    assert choose_drafts(flat, 4, 4, [(0.9, 8), (0.5, 8), (0.3, 8), (0.0, 8)], budget=64) == [8, 8, 8, 0]
+    assert choose_drafts(flat, 4, 4, [(0.9, 8)] * 4, budget=20) == [5, 5, 5, 5]
+
+
+def test_verify_cost_per_token_shortens_then_stops_drafts():
+    # p = 0.9, 5 ms a token: none 1/10 (x 1.05 = 0.105); D=1 1.9/15 = 0.127; 2 2.71/20 = 0.1355;
+    # 3 3.439/25 = 0.1376 (best); 4 4.0951/30 = 0.1365
+    assert choose_drafts(linear(5), 1, 1, [(0.9, 8)], budget=64) == [3]
+    # a whole step's time per token: (1 + G(D)) / (10 (1 + D)) < 1/10 for every D, since G(D) < D
+    assert choose_drafts(linear(10), 1, 1, [(0.9, 8)], budget=64) == [0]
+    lengths = [choose_drafts(linear(c), 1, 1, [(0.9, 8)], budget=64)[0] for c in (0, 0.5, 1, 2, 3, 5, 8, 10)]
+    assert lengths == [8, 8, 8, 7, 5, 3, 1, 0]  # never longer as the cost per token grows
+
+
+def test_the_choice_depends_on_the_curves_shape_not_its_scale():
+    """Measured steps move only the curve's scale (StepTimes.observe), which multiplies every rate alike: the
+    draft lengths stay those of the base curve (tests/scheduler/test_spec_decode.py feeds the real scheduler
+    synthetic curves on this ground)."""
+    for c in (0, 1, 3, 5, 10):
+        scaled = linear(c)
+        for _ in range(30):
+            scaled.observe(4, 3.7 * scaled.base(4))  # steps 3.7x slower than the curve says
+        assert scaled.scale == pytest.approx(3.7, rel=1e-2)
+        for rows, base in (([(0.9, 8)], 1), ([(0.95, 4), (0.6, 8), (0.3, 2)], 3)):
+            assert choose_drafts(scaled, base, base, rows, budget=64) == \
+                choose_drafts(linear(c), base, base, rows, budget=64)

@@ -12,6 +12,11 @@ a file that fails (corrupt, truncated, another model's, another tenant's) is del
 the page is recomputed, so it never reaches attention. The directory is created 0700 and files 0600.
 Files are written by one background thread (a temporary name, then ``os.replace``, so a reader never sees
 half a file); the bytes are copied out of the pool before they are queued.
+
+At start the same thread first scrubs the directory (a server killed mid-write, a disk that lost bytes):
+every file of this model is checked whole (header, its name against the header, length, digest) and a bad
+one is deleted with a warning naming it; a temporary file whose writing process is gone is deleted too.
+Files of another model (another fingerprint) are left alone: several servers may share a directory.
 """
 from __future__ import annotations
 
@@ -73,7 +78,7 @@ class DiskTier:
         self.bytes_written = self.bytes_read = 0
         self.write_seconds = self.read_seconds = 0.0
         self._queue: queue.Queue = queue.Queue()
-        self._pending = 0
+        self._pending = 1  # the scrub: flush() waits for it too
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._writer, name="hicache-disk", daemon=True)
         self._thread.start()
@@ -128,6 +133,13 @@ class DiskTier:
             self._lru.pop(name, None)
 
     def _writer(self) -> None:
+        try:
+            self._scrub()
+        except OSError as e:  # an unreadable directory: reads check each file anyway
+            logger.warning("hicache: could not scrub %s: %s", self.dir, e)
+        finally:
+            with self._lock:
+                self._pending -= 1
         while True:
             item = self._queue.get()
             if item is None:
@@ -172,8 +184,43 @@ class DiskTier:
             if name not in keep:
                 self._forget(name)
 
+    def _scrub(self) -> None:
+        """Delete what a crash or a bad disk left: this model's files that fail a check, and temporary
+        files (``<name>.kv.tmp<pid>-<thread>``) whose process is gone."""
+        for entry in os.listdir(self.dir):
+            path = os.path.join(self.dir, entry)
+            if ".kv.tmp" in entry:
+                pid = entry.rsplit(".tmp", 1)[1].split("-")[0]
+                if not (pid.isdigit() and _alive(int(pid))):
+                    logger.warning("hicache: dropping %s (a write its process never finished)", path)
+                    _unlink(path)
+                continue
+            if not entry.endswith(".kv"):
+                continue
+            with open(path, "rb") as f:
+                data = f.read(HEADER.size + self.page_bytes + 1)
+            if len(data) >= HEADER.size and HEADER.unpack_from(data)[7] != self.fingerprint:
+                continue  # another model's page, checked by that model's server
+            problem = self._check_file(entry[:-3], data)
+            if problem is not None:
+                logger.warning("hicache: dropping %s (%s)", path, problem)
+                self.dropped += 1
+                self._forget(entry[:-3])
+                _unlink(path)
+
+    def _check_file(self, name: str, data: bytes) -> str | None:
+        """What is wrong with the file ``name`` (no salt at hand: its name must be the header's key)."""
+        if len(data) < HEADER.size:
+            return f"truncated header ({len(data)} bytes)"
+        *_, sd, ph, _, _ = HEADER.unpack_from(data)
+        h = hashlib.blake2b(digest_size=16)
+        h.update(self.fingerprint + sd + struct.pack("<QBI", ph, self.dtype_code, self.shape[0]))
+        if h.hexdigest() != name:
+            return "its name is not its header's page"
+        return self._check(data, None, ph, sd)
+
     def _write_file(self, name: str, data: bytes) -> None:
-        tmp = self.path(name) + f".tmp{threading.get_ident()}"
+        tmp = self.path(name) + f".tmp{os.getpid()}-{threading.get_ident()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -208,8 +255,9 @@ class DiskTier:
             self._touch(name)
         return data[HEADER.size:]
 
-    def _check(self, data: bytes, salt: str | None, page_hash: int) -> str | None:
-        """What is wrong with a file's bytes, or None."""
+    def _check(self, data: bytes, salt: str | None, page_hash: int, digest8: bytes | None = None) -> str | None:
+        """What is wrong with a file's bytes, or None (``digest8``: the salt's digest, when the salt itself
+        is not known)."""
         if len(data) < HEADER.size:
             return f"truncated header ({len(data)} bytes)"
         magic, version, code, ps, nl, nh, hd, fp, sd, ph, n, digest = HEADER.unpack_from(data)
@@ -219,7 +267,7 @@ class DiskTier:
             return "written for another model"
         if (code, ps, nl, nh, hd) != (self.dtype_code, *self.shape):
             return "another KV dtype or layout"
-        if sd != salt_digest(salt) or ph != page_hash:
+        if sd != (salt_digest(salt) if digest8 is None else digest8) or ph != page_hash:
             return "another cache_salt or prefix"
         payload = data[HEADER.size:]
         if n != self.page_bytes or len(payload) != n:
@@ -239,3 +287,20 @@ class DiskTier:
         """Write what is queued, then stop the writer thread."""
         self._queue.put(None)
         self._thread.join(timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
