@@ -65,7 +65,9 @@ def _nothing_left_running():
     import psutil
     yield
     engines = [t for t in threading.enumerate() if t.name == "radixrt-scheduler" and t.is_alive()]
-    children = psutil.Process().children(recursive=True)
+    # multiprocessing's resource tracker is this interpreter's own helper (it ends with pytest), not a test's
+    children = [p for p in psutil.Process().children(recursive=True)
+                if "multiprocessing.resource_tracker" not in " ".join(_cmdline(p))]
     _, alive = psutil.wait_procs(children, timeout=15)  # a server just stopped may still be exiting
     described = []
     for p in alive:
@@ -76,6 +78,14 @@ def _nothing_left_running():
             pass
     assert not engines, f"{len(engines)} Engine(s) never shut down"
     assert not described, "processes still alive at the end of the session:\n" + "\n".join(described)
+
+
+def _cmdline(p) -> list[str]:
+    import psutil
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 @pytest.fixture(autouse=True)
