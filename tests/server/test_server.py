@@ -285,11 +285,14 @@ def test_native_stream(http):
 
 
 def test_native_flush_info_model(http, server):
-    gen(http, text="Once upon a time", sampling_params={"max_new_tokens": 2, **GREEDY})
+    # start from an empty tree, whatever ran before: 40 prompt tokens + 2 sampled, of which the last has
+    # no KV yet, leave 41 computed tokens = 2 full pages in the tree
+    assert http.post("/flush_cache").json()["success"] is True
+    gen(http, input_ids=FRANCE_IDS * 8, sampling_params={"max_new_tokens": 2, "ignore_eos": True, **GREEDY})
     info = http.get("/get_server_info").json()
     assert info["port"] == server.port and info["context_length"] == CONTEXT and "api_key" not in info
     assert info["max_total_tokens"] == 8192 and info["model_name"] == MODEL
-    assert info["cache"]["total_pages"] == 8192 // P and info["cache"]["evictable_pages"] > 0
+    assert info["cache"]["total_pages"] == 8192 // P and info["cache"]["evictable_pages"] == (40 + 2 - 1) // P
     assert set(info["process_ids"]) == {"main", "scheduler", "detokenizer"}
     assert http.post("/flush_cache").json() == {"success": True, "message": "Cache flushed."}
     c = http.get("/get_server_info").json()["cache"]
