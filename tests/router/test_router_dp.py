@@ -16,6 +16,9 @@ import pytest
 from server_util import ServerProc
 
 pytest.importorskip("ray.serve", reason="Ray Serve is the [cluster] extra; `make test` installs it")
+# the module's server starts inside its first test's limit: Ray and two replicas can take over the default
+# 300 s on a loaded 2-core box, and the fixture's own bounds (600 s + 240 s) stay under this one
+pytestmark = pytest.mark.timeout(900)
 
 TENANTS = [f"You are assistant number {i} of the Example company. " + " ".join(
     f"Rule {j}: answer tenant {i}'s customers politely, briefly and in English." for j in range(8))
@@ -26,8 +29,8 @@ TENANTS = [f"You are assistant number {i} of the Example company. " + " ".join(
 def dp():
     s = ServerProc("--dp", "2", "--max-running-requests", "8")
     try:
-        s.wait_ready(timeout=900)
-        deadline = time.time() + 600
+        s.wait_ready(timeout=600)
+        deadline = time.time() + 240
         while len(_stats_of(s)) < 2:  # /health is up with one replica; the tests want both
             assert time.time() < deadline, s.logs()
             time.sleep(1)

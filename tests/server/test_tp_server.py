@@ -20,6 +20,9 @@ import torch
 from conftest import close_engine, make_engine
 from server_util import ServerProc, sse_events, start_server
 
+# a module's servers start inside its first test's limit; three ranks' start can pass 300 s on a loaded box
+pytestmark = pytest.mark.timeout(900)
+
 LENGTHS = [1, 7, 16, 33, 100]
 NEW = 24
 GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
@@ -35,7 +38,7 @@ def prompts(passage_ids):
 
 
 def _start(*extra: str) -> ServerProc:
-    return start_server(*extra, timeout=900)
+    return start_server(*extra, timeout=600)
 
 
 @pytest.fixture(scope="module")
