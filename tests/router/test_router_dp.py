@@ -30,10 +30,7 @@ def dp():
     s = ServerProc("--dp", "2", "--max-running-requests", "8")
     try:
         s.wait_ready(timeout=600)
-        deadline = time.time() + 240
-        while len(_stats_of(s)) < 2:  # /health is up with one replica; the tests want both
-            assert time.time() < deadline, s.logs()
-            time.sleep(1)
+        _wait_both_replicas(s)
     except BaseException:
         s.kill()
         raise
@@ -43,6 +40,14 @@ def dp():
 
 def _gen(c, text: str, n: int = 2, **sp):
     return c.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, **sp}})
+
+
+def _wait_both_replicas(s, timeout: float = 240) -> None:
+    """/health is up with one replica, and Ray restarts a killed one later; the tests want both."""
+    deadline = time.time() + timeout
+    while len(_stats_of(s)) < 2:
+        assert time.time() < deadline, s.logs()
+        time.sleep(1)
 
 
 def _stats_of(s) -> dict:
@@ -71,6 +76,7 @@ def _run_tenants(c) -> tuple[int, int, dict]:
 
 
 def test_cache_aware_beats_round_robin_on_real_replicas(dp):
+    _wait_both_replicas(dp)  # test_replica_killed_mid_run may have run first
     with dp.client(timeout=300) as c:
         bad = c.post("/router/policy", json={"policy": "nope"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "policy"
