@@ -21,7 +21,7 @@ from radixrt.runtime.scheduler.build import build_scheduler
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.tokenizer.detokenizer import Detokenizer
 from radixrt.runtime.errors import refused
-from radixrt.runtime.io_struct import AbortReq, GenerateReq, StrOut
+from radixrt.runtime.io_struct import AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, StrOut, TokenOut
 from radixrt.runtime.tokenizer.validation import Limits, ReqOutput, build_requests, max_token_chars
 
 logger = logging.getLogger(__name__)
@@ -76,16 +76,16 @@ class Engine:
                     q.put(e)
 
     def _handle(self, msg) -> None:
-        if isinstance(msg, GenerateReq):
-            self.scheduler.add_request(msg)
-        elif isinstance(msg, AbortReq):
-            self.scheduler.abort(msg.rid)
-        elif isinstance(msg, tuple):  # (callable, reply queue): run in the scheduler thread
+        if isinstance(msg, tuple):  # (callable, reply queue): an API call run in the scheduler thread
             fn, reply = msg
             try:
                 reply.put(fn())
             except Exception as e:
                 reply.put(e)
+            return
+        out = self.scheduler.handle(msg)  # a request or an abort: a reply only for a refused request
+        if isinstance(out, TokenOut):
+            self._deliver(self.detokenizer.handle_one(out))
 
     def _deliver(self, s: StrOut) -> None:
         with self._lock:
@@ -209,21 +209,21 @@ class Engine:
         from radixrt.runtime.errors import ValidationError
         from radixrt.runtime.tokenizer.session_args import check_open_session
         r = check_open_session(capacity_of_str_len, session_id, timeout)
-        sid = self._call(lambda: self.scheduler.sessions.open_req(r))
+        sid = self._call(lambda: self.scheduler.handle(r)).session_id
         if sid is None:
             raise ValidationError(f"session {session_id!r} is already open", "session_id")
         return sid
 
     def close_session(self, session_id: str) -> bool:
         """Close a session; its pinned pages become evictable. False when it was not open."""
-        return self._call(lambda: self.scheduler.sessions.close(session_id))
+        return self._call(lambda: self.scheduler.handle(CloseSessionReq(session_id=session_id))).flushed
 
     def abort(self, rid: str) -> None:
         self._inbox.put(AbortReq(rid))
 
     def flush_cache(self) -> bool:
         """Free every cached page that no request uses. False while requests are running."""
-        return self._call(self.scheduler.flush_cache)
+        return self._call(lambda: self.scheduler.handle(FlushCacheReq())).flushed
 
     def get_server_info(self) -> dict:
         """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths."""

@@ -172,3 +172,51 @@ def _cmdline(pid: int) -> str:
             return f.read().replace("\0", " ")
     except OSError:
         return ""
+
+
+def _healthy(c, timeout_s: float = 240) -> None:
+    """Wait for 200 from /health: the rank-kill test may have run first, and its restart be under way."""
+    deadline = time.time() + timeout_s
+    while c.get("/health").status_code != 200:
+        assert time.time() < deadline, "the --tp 2 server did not come back"
+        time.sleep(0.2)
+
+
+def test_tp2_control_messages_keep_the_ranks_in_step(tp2_small, prompts):
+    """Open, generate in, flush beside, close a session; abort a running request; flush again: under --tp 2
+    each of these messages makes its collectives on both ranks (runtime/scheduler/control.py). A rank that
+    made another collective than rank 0 for any of them would hang the turn in gloo, and the next call
+    would run into the client's 60 s timeout instead of answering."""
+    with tp2_small.client(timeout=60) as c:
+        _healthy(c)
+        assert c.post("/flush_cache").status_code == 200
+        sid = c.post("/open_session", json={"capacity_of_str_len": 200}).json()
+        assert isinstance(sid, str) and len(sid) == 32, sid
+        out = c.post("/generate", json={"input_ids": prompts[3], "session_params": {"id": sid},
+                                        "sampling_params": GREEDY}).json()
+        assert len(out["output_ids"]) == NEW and out["meta_info"]["prompt_tokens"] == 33
+        assert c.post("/flush_cache").status_code == 200  # the session's pages are pinned: they stay
+        pinned = _rank_stats(c)
+        assert pinned[0] == pinned[1], pinned
+        assert pinned[0]["protected_pages"] == 3 and pinned[0]["evictable_pages"] == 0, pinned  # 56 KV tokens
+        assert c.post("/close_session", json={"session_id": sid}).json() == {"success": True}
+        assert c.post("/close_session", json={"session_id": sid}).json() == {"success": False}
+
+        body = {"input_ids": prompts[4], "stream": True, "rid": "tp2-abort-me",
+                "sampling_params": {"max_new_tokens": 100, "ignore_eos": True, "temperature": 0}}
+        with c.stream("POST", "/generate", json=body) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            assert c.post("/abort_request", json={"rid": "tp2-abort-me"}).json() == {"success": True}
+            rest = sse_events(lines)
+        assert rest[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+        deadline = time.time() + 60
+        while c.get("/get_server_info").json()["num_running"]:
+            assert time.time() < deadline
+            time.sleep(0.2)
+        assert c.post("/flush_cache").status_code == 200
+        stats = _rank_stats(c)
+        assert stats[0] == stats[1], stats
+        assert {k: stats[0][k] for k in ("protected_pages", "evictable_pages", "private_pages")} == {
+            "protected_pages": 0, "evictable_pages": 0, "private_pages": 0}
+        assert stats[0]["free_pages"] == stats[0]["total_pages"], stats

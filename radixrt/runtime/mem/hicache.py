@@ -267,9 +267,9 @@ class HiCache:
         if self.disk is None or self.write_policy != "write_back":
             return 0
         queued = 0
-        for (salt, h), e in list(self.host._index.items()):
-            queued += self.disk.write(salt, h, self.host.rows[e.slot].numpy().tobytes())
-        for node in list(self.tree._nodes()):
+        for (salt, h), slot in self.host.slots():
+            queued += self.disk.write(salt, h, self.host.rows[slot].numpy().tobytes())
+        for node in list(self.tree.nodes()):
             key, salt = self._path(node)
             hashes = page_hashes(key, self.ps)[-len(node.value):]
             todo = [(p, h) for p, h in zip(node.value, hashes) if (salt, h) not in self.disk]
@@ -301,7 +301,7 @@ class HiCache:
         flight is also held in tier 2.
         O(tree tokens); tests only. Raises AssertionError."""
         self.host.check()
-        for node in list(self.tree._nodes()):
+        for node in list(self.tree.nodes()):
             key, salt = self._path(node)
             for h in page_hashes(key, self.ps)[-len(node.value):]:
                 assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"

@@ -63,6 +63,10 @@ class HostTier:
     def __contains__(self, key: Key) -> bool:
         return key in self._index
 
+    def slots(self) -> list[tuple[Key, int]]:
+        """Every held page as ``(key, slot)``: its row is ``rows[slot]``."""
+        return [(k, e.slot) for k, e in self._index.items()]
+
     def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor, hits: int = 0,
               keep_evicted: bool = True) -> list[tuple[Key, torch.Tensor | None]]:
         """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys`` with the node's ``hits``,

@@ -240,7 +240,7 @@ class RadixCache:
             node = node.parent
 
     # ----------------------------------------------------------------------------- eviction
-    def _nodes(self) -> Iterator[TreeNode]:
+    def nodes(self) -> Iterator[TreeNode]:
         """Every non-root node, all salts."""
         stack = [c for root in self._roots.values() for c in root.children.values()]
         while stack:
@@ -255,7 +255,7 @@ class RadixCache:
         if num_pages <= 0 or self._evictable == 0:
             return 0
         key = self.policy.key
-        heap = [(key(n), n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heap = [(key(n), n.id, n) for n in self.nodes() if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < num_pages and heap:
@@ -285,7 +285,7 @@ class RadixCache:
 
     # ----------------------------------------------------------------------------- checks
     def all_locks_released(self) -> bool:
-        return all(n.lock_ref == 0 for n in self._nodes())
+        return all(n.lock_ref == 0 for n in self.nodes())
 
     def check_invariants(self) -> None:
         """Walk the whole tree and raise AssertionError naming the first broken invariant."""

@@ -18,7 +18,7 @@ def check_tree(cache: Any) -> None:
     for salt, root in cache.roots.items():
         if root.parent is not None or root.key or root.value or root.lock_ref != 0:
             fail(f"root for salt {salt!r} is not a bare root: {root!r}")
-    for node in cache._nodes():
+    for node in cache.nodes():
         parent = node.parent
         if parent is None:
             fail(f"{node!r} has no parent")

@@ -92,10 +92,7 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
         runner = _runner(args, tp, grammar_cache)
         logger.info("set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
                     time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2)
-    sched = Scheduler(args, runner, tokenizer, grammar_cache)
-    if tp is not None and tp.size > 1:
-        sched.outputs.share_tokens = tp.share_tokens
-    return sched
+    return Scheduler(args, runner, tokenizer, grammar_cache, tp)
 
 
 def start_deferred(sched: Scheduler) -> None:

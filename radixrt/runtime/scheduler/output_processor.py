@@ -38,13 +38,13 @@ class OutputProcessor:
     """
 
     def __init__(self, tokenizer, eos_ids: set[int], context_length: int, jump_forward: bool = False,
-                 grammar_overlap: bool = False):
+                 grammar_overlap: bool = False, share_tokens=None):
         self.tokenizer, self.eos_ids, self.context_length = tokenizer, eos_ids, context_length
         # next-step grammar masks filled on a worker thread while the scheduler runs the next forward
         self.prefetch = MaskPrefetcher() if grammar_overlap else None
         self.jump_forward = jump_forward
         self.jump_forward_tokens = 0
-        self.share_tokens = None  # under --tp: TPGroup.share_tokens, rank 0's samples on every rank
+        self.share_tokens = share_tokens  # under --tp: TPGroup.share_tokens, rank 0's samples on every rank
 
     def process(self, fb: ForwardBatch, logits: torch.Tensor) -> list[tuple[Req, dict]]:
         """Consume fp32 ``logits [len(fb.logit_rows), vocab]``. Returns ``(req, finished_reason)`` for the

@@ -17,14 +17,12 @@ import signal
 import sys
 import time
 import traceback
-from typing import Union
-
 import msgspec
 import zmq
 
 from radixrt.runtime.child import IDLE_POLL_MS, parent_alive, setup_child
-from radixrt.runtime.io_struct import (AbortReq, BatchTokenOut, CloseSessionReq, FlushCacheReq, GenerateReq,
-                                      GetInfoReq, InfoOut, OpenSessionReq, ReadyOut, TokenOut)
+from radixrt.runtime.io_struct import BatchTokenOut, ReadyOut, TokenOut
+from radixrt.runtime.scheduler.control import Message
 
 logger = logging.getLogger("radixrt.scheduler_process")
 
@@ -133,21 +131,10 @@ def _start_tp(args, args_json: bytes):
     return init_tp(0, args.tp, device, init), workers
 
 
-def _info(sched, flushed=None, tp=None, top: int = 0) -> InfoOut:
-    from radixrt.runtime.mem.tree_summary import summarize_tree
-    from radixrt.runtime.scheduler.server_info import queue_stats
-    stats = queue_stats(sched)
-    if tp is not None:  # every rank's tree, to check that they agree (the workers gather too)
-        stats["cache"]["tp_ranks"] = tp.gather_json(sched.cache_stats())
-    tree = summarize_tree(sched.tree, top) if top > 0 and sched.tree is not None else None
-    return InfoOut(**stats, flushed=flushed, tree=tree)
-
-
 def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
     from radixrt.runtime.scheduler.tp_lockstep import TpStep, check_workers, grammar_ready, lockstep, name_sessions, share_step
     clock = lockstep(sched) if tp is not None else None
-    dec = msgspec.msgpack.Decoder(Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq, OpenSessionReq,
-                                        CloseSessionReq])
+    dec = msgspec.msgpack.Decoder(Message)
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     deferred = True  # build_scheduler's deferred loads: started once idle (or by a request that needs them)
@@ -182,30 +169,11 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
             share_step(tp, TpStep(msgs, ready, clock.now))
             sched.grammar_gate = set(ready)
         for msg in msgs:
-            _handle(sched, msg, push, enc, tp)
+            reply = sched.handle(msg)
+            if isinstance(reply, TokenOut):
+                push.send(enc.encode(BatchTokenOut([reply])))
+            elif reply is not None:
+                push.send(enc.encode(reply))
         outs = sched.run_once()  # under --tp, session TTLs run on rank 0's clock
         if outs:
             push.send(enc.encode(BatchTokenOut(outs)))
-
-
-def _handle(sched, msg, push, enc, tp=None) -> None:
-    if isinstance(msg, GenerateReq):
-        try:
-            sched.add_request(msg)
-        except Exception as e:  # validated in the main process; never let one request kill the loop
-            logger.exception("add_request failed for %s", msg.rid)
-            push.send(enc.encode(BatchTokenOut([TokenOut(
-                rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids),
-                finished_reason={"type": "abort", "message": f"{type(e).__name__}: {e}"})])))
-    elif isinstance(msg, AbortReq):
-        sched.abort(msg.rid)
-    elif isinstance(msg, FlushCacheReq):
-        push.send(enc.encode(_info(sched, sched.flush_cache(), tp)))
-    elif isinstance(msg, GetInfoReq):
-        push.send(enc.encode(_info(sched, None, tp, top=msg.top)))
-    elif isinstance(msg, OpenSessionReq):
-        info = _info(sched, None, tp)
-        info.session_id = sched.sessions.open_req(msg)
-        push.send(enc.encode(info))
-    elif isinstance(msg, CloseSessionReq):
-        push.send(enc.encode(_info(sched, sched.sessions.close(msg.session_id), tp)))

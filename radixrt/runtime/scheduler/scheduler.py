@@ -26,6 +26,7 @@ from radixrt.runtime.io_struct import GenerateReq, TokenOut, room
 from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.mem.req_pages import ReqPages
+from radixrt.runtime.scheduler import control
 from radixrt.runtime.scheduler.hicache_build import make_hicache
 from radixrt.runtime.scheduler.request_log import RequestLog
 from radixrt.runtime.scheduler.output_processor import OutputProcessor, eos_ids, make_out
@@ -40,8 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, args, runner, tokenizer, grammar_cache=None):
-        self.args, self.runner, self.tokenizer = args, runner, tokenizer
+    def __init__(self, args, runner, tokenizer, grammar_cache=None, tp=None):
+        self.args, self.runner, self.tokenizer, self.tp = args, runner, tokenizer, tp  # tp: this rank's TPGroup
         self.P = runner.page_size
         self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
         self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
@@ -51,7 +52,8 @@ class Scheduler:
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
         self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
                                        jump_forward=not args.disable_jump_forward,
-                                       grammar_overlap=args.grammar_overlap)
+                                       grammar_overlap=args.grammar_overlap,
+                                       share_tokens=tp.share_tokens if tp is not None and tp.size > 1 else None)
         self.spec = Speculator(args, self.outputs, runner.context_length, str(getattr(runner, "device", "cpu")))
         self.spec.calibrate(runner, self.allocator)  # the cost model's step times (speculation on only)
         self.waiting: list[Req] = []
@@ -68,7 +70,12 @@ class Scheduler:
         self._last_batch_size = self._last_tokens = 0
         self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 
-    # ---- requests in -------------------------------------------------------------------------------
+    # ---- messages in -------------------------------------------------------------------------------
+    def handle(self, msg):
+        """Apply one wire message; returns the reply to send, or None (see :mod:`.control`, which also fixes
+        each message's collectives under ``--tp``)."""
+        return control.handle(self, msg, self.tp)
+
     def add_request(self, r: GenerateReq) -> None:
         """Queue a validated request (see ``build_requests``); a session request gets its history first."""
         ctx, error = self.runner.context_length, None

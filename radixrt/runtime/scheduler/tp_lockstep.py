@@ -7,7 +7,8 @@ the same inputs in the same order. Rank 0 makes that so: at each loop turn it br
 msgpack bytes over the gloo CPU group (never pickle); every rank then applies the messages and runs one
 ``step()``. Sampled token ids are broadcast from rank 0 (``TPGroup.share_tokens``, called by the
 OutputProcessor), so even a sampler that is not bit-exact across ranks cannot split them. Info and flush
-requests travel too: every rank's cache stats are gathered for rank 0's reply (``TPGroup.gather_json``).
+requests travel too: every rank's cache stats are gathered for rank 0's reply (``TPGroup.gather_json``), in
+the order ``control.py`` fixes for each message, since every rank applies them with ``Scheduler.handle``.
 
 Processes: ``radixrt serve --tp N`` on one machine makes the scheduler process rank 0, which spawns ranks
 1..N-1 itself (``spawn_workers``, TCP rendezvous on 127.0.0.1). Under ``torchrun`` (``RANK``/``WORLD_SIZE``
@@ -25,14 +26,14 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional, Union
+from typing import Optional
 
 import msgspec
 import torch
 import torch.distributed as dist
 
-from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq,
-                                      OpenSessionReq)
+from radixrt.runtime.io_struct import OpenSessionReq
+from radixrt.runtime.scheduler.control import Message
 from radixrt.runtime.layers.parallel import TPGroup, init_tp
 
 logger = logging.getLogger("radixrt.tp")
@@ -42,7 +43,7 @@ ARGS_ENV = "RADIXRT_TP_ARGS"  # the ServerArgs (msgspec JSON) handed to a spawne
 class TpStep(msgspec.Struct):
     """What every rank applies before one loop turn, in order."""
 
-    msgs: list[Union[GenerateReq, AbortReq, FlushCacheReq, GetInfoReq, OpenSessionReq, CloseSessionReq]] = []
+    msgs: list[Message] = []
     grammar_ready: list[str] = []   # rids whose grammar rank 0 promotes this turn
     now: float = 0.0                # rank 0's clock for this turn (session timestamps and TTLs)
     stop: bool = False
@@ -91,28 +92,11 @@ def share_step(tp: TPGroup, step: Optional[TpStep]) -> TpStep:
     return _dec.decode(buf.numpy().tobytes())
 
 
-def apply_step(sched, tp: TPGroup, step: TpStep) -> None:
-    """Apply rank 0's messages on a worker rank (no outputs: rank 0 alone answers; info and flush only
-    take part in gathering the ranks' cache stats, as rank 0 does in its reply)."""
+def apply_step(sched, step: TpStep) -> None:
+    """Apply rank 0's messages on a worker rank, through the same :meth:`Scheduler.handle` as rank 0 (so the
+    same collectives in the same order: see ``control.py``); rank 0 alone sends the replies."""
     for msg in step.msgs:
-        if isinstance(msg, GenerateReq):
-            try:
-                sched.add_request(msg)
-            except Exception:  # rank 0 reports it; the same failure happens on every rank
-                logger.exception("add_request failed for %s", msg.rid)
-        elif isinstance(msg, AbortReq):
-            sched.abort(msg.rid)
-        elif isinstance(msg, FlushCacheReq):
-            sched.flush_cache()
-            tp.gather_json(sched.cache_stats())
-        elif isinstance(msg, OpenSessionReq):  # rank 0 gathers its reply's stats first, then opens
-            tp.gather_json(sched.cache_stats())
-            sched.sessions.open_req(msg)
-        elif isinstance(msg, CloseSessionReq):
-            sched.sessions.close(msg.session_id)
-            tp.gather_json(sched.cache_stats())
-        else:
-            tp.gather_json(sched.cache_stats())
+        sched.handle(msg)
     sched.grammar_gate = set(step.grammar_ready)
 
 
@@ -187,7 +171,7 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
             if step.stop:
                 return
             clock.now = step.now
-            apply_step(sched, tp, step)
+            apply_step(sched, step)
             sched.run_once()
     except Exception as e:  # a dead peer: say so and leave (the server reports rank 0's exit)
         logger.error("tp rank %d stops: %s: %s", rank, type(e).__name__, e)

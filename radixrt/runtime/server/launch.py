@@ -125,8 +125,8 @@ def serve(args: ServerArgs) -> int:
     if args.enable_metrics:
         from radixrt.runtime.server.observe.metrics import Metrics
         metrics = Metrics(args.served_model_name or src.name)
-    tm = TokenizerManager(args, src.name, metrics, children)
     holder: dict = {}
+    tm = TokenizerManager(args, src.name, metrics, children, on_fatal=lambda: _stop(holder))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -153,7 +153,6 @@ def serve(args: ServerArgs) -> int:
                             timeout_keep_alive=30)
     server = _server_class()(config, tm, args.drain_timeout)
     holder["server"] = server
-    tm.on_fatal = lambda: setattr(server, "should_exit", True)
     early.server = server
     if early.signalled:  # stopped while starting: the children go, and it is still a clean stop
         tm.stop_processes()
@@ -225,6 +224,13 @@ class _EarlySignal:
         self.signalled = True
         if self.server is not None:  # between the check in serve and uvicorn's handlers
             self.server.should_exit = True
+
+
+def _stop(holder: dict) -> None:
+    """The TokenizerManager's ``on_fatal``: uvicorn's server (in ``holder`` once made) stops serving."""
+    server = holder.get("server")
+    if server is not None:
+        server.should_exit = True
 
 
 async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> None:

@@ -76,5 +76,5 @@ async def drain(tm, timeout: float, stop: Callable[[], None]) -> None:
         logger.warning("drain timeout (%g s): aborting %d requests", timeout, len(rids))
         for rid in rids:
             tm.abort(rid)
-        tm._fail(f"the server is shutting down: the request did not finish within --drain-timeout {timeout:g} s")
+        tm.fail(f"the server is shutting down: the request did not finish within --drain-timeout {timeout:g} s")
     stop()

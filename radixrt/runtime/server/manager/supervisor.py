@@ -63,12 +63,11 @@ class Supervisor:
         if not children.procs:
             children.spawn()
         children.watch(lambda name: self._on_exit(children, name))
-        self.recv_task = asyncio.create_task(tm.ipc.recv_loop(tm._dispatch, self._on_ready), name="radixrt-recv")
-        tm._tasks.append(self.recv_task)
+        self.recv_task = tm.spawn_task(tm.ipc.recv_loop(tm.dispatch, self._on_ready), name="radixrt-recv")
 
     def _on_ready(self, r: ReadyOut) -> None:
         if self.generation == 0:  # the first start: the TokenizerManager finishes its own set-up
-            self.tm._tasks.append(asyncio.create_task(self.tm._on_ready(r)))
+            self.tm.spawn_task(self.tm.on_ready(r))
         elif r.error is not None:
             self._give_up(f"{self.tm.dead}; the restarted scheduler failed to load the model: {r.error}")
         else:
@@ -95,12 +94,12 @@ class Supervisor:
             # drain timeout
             msg = f"the {name} process stopped on signal {-code} while the server shuts down"
             logger.info("%s", msg)
-            tm._fail(msg)
+            tm.fail(msg)
             return
         note = children.note() if name == "scheduler" else None
         what = f"the {name} process exited unexpectedly (exit code {code}" + (f": {note})" if note else ")")
         if tm.ready is None or not tm.ready.is_set():  # died during the first start: nothing to go back to
-            tm._set_fatal(f"{what}; restart the server")
+            tm.set_fatal(f"{what}; restart the server")
             return
         cause = "tp_rank" if note and "tensor-parallel rank" in note else name
         now = time.monotonic()
@@ -109,12 +108,12 @@ class Supervisor:
         self.t_died = now
         self._close_sessions()
         if tm.args.tp > 1 and "WORLD_SIZE" in os.environ:  # torchrun's ranks are not ours to start again
-            tm._fail(f"{what}; not restarted")
+            tm.fail(f"{what}; not restarted")
             self._give_up(f"{what}; not restarted: the --tp ranks were started by torchrun; "
                           f"the server stays down until it is restarted")
             return
         if len(self.times) >= tm.args.max_restarts:
-            tm._fail(f"{what}; not restarted")
+            tm.fail(f"{what}; not restarted")
             why = (f"{len(self.times)} restarts in the last {WINDOW_S / 60:.0f} min reached --max-restarts "
                    f"{tm.args.max_restarts}" if tm.args.max_restarts else "--max-restarts 0")
             self._give_up(f"{what}; not restarted: {why}; the server stays down until it is restarted")
@@ -123,8 +122,8 @@ class Supervisor:
         self.restarts[cause] = self.restarts.get(cause, 0) + 1
         if tm.metrics is not None:
             tm.metrics.observe_restart(cause)
-        tm.dead = None  # _fail keeps the first reason: this one is newer
-        tm._fail(f"{what}; restarting it, retry when GET /health returns 200")
+        tm.dead = None  # fail() keeps the first reason: this one is newer
+        tm.fail(f"{what}; restarting it, retry when GET /health returns 200")
         logger.error("%s; restarting the children (%d of at most %d in %.0f min)", what, len(self.times),
                      tm.args.max_restarts, WINDOW_S / 60)
         self._task = asyncio.create_task(self._restart(children))

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from radixrt.runtime.executor.memory import peaks_agreeing
 from radixrt.runtime.config import ServerArgs
@@ -38,8 +38,10 @@ IDLE_START_S = 0.2  # the grammar backend starts at the first check this often t
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, model_name: str, metrics=None, children: Optional[ChildProcesses] = None):
-        """``children``: already started (``radixrt serve`` starts them first); adopted by :meth:`start`."""
+    def __init__(self, args: ServerArgs, model_name: str, metrics=None, children: Optional[ChildProcesses] = None,
+                 on_fatal: Optional[Callable[[], None]] = None):
+        """``children``: already started (``radixrt serve`` starts them first); adopted by :meth:`start`.
+        ``on_fatal``: called once a start-up failure means the server should exit (launch stops uvicorn)."""
         self.args = args
         self.model_name = args.served_model_name or model_name
         self.metrics = metrics
@@ -52,7 +54,7 @@ class TokenizerManager:
         self.ready: Optional[asyncio.Event] = None
         self.dead: Optional[str] = None   # why the runtime cannot serve (a child died, or the model failed)
         self.fatal: Optional[str] = None  # a start-up failure: the server should exit
-        self.on_fatal = None              # callback set by launch (stops uvicorn)
+        self.on_fatal = on_fatal
         self.states: dict[str, ReqBatch] = {}
         self.early_aborts: dict[str, float] = {}  # rid -> monotonic time of an abort that came before it
         self.session_ids: set[str] = set()  # opened here and not closed (the scheduler also expires TTLs)
@@ -70,19 +72,25 @@ class TokenizerManager:
         self._tokenizer_task = asyncio.create_task(asyncio.to_thread(self._load_tokenizer))
         self.supervisor.spawn()
 
+    def spawn_task(self, coro, name: Optional[str] = None) -> asyncio.Task:
+        """Run ``coro`` as a task of this manager's: :meth:`shutdown` cancels it."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        return task
+
     def _load_tokenizer(self) -> None:
         from radixrt.runtime.models.loader import load_tokenizer
         self.tokenizer = load_tokenizer(self.args.model)
 
-    async def _on_ready(self, r: ReadyOut) -> None:
+    async def on_ready(self, r: ReadyOut) -> None:
         if r.error is not None:
-            self._set_fatal(f"the model failed to load: {r.error}")
+            self.set_fatal(f"the model failed to load: {r.error}")
             return
         try:
             await self._tokenizer_task
         except Exception as e:
             logger.exception("tokenizer set-up failed")
-            self._set_fatal(f"tokenizer set-up failed: {type(e).__name__}: {e}")
+            self.set_fatal(f"tokenizer set-up failed: {type(e).__name__}: {e}")
             return
         from radixrt.runtime.scheduler.build import make_grammar_cache
         # the grammar backend (~1.4 s of CPU at a 128k vocabulary) on its own thread once no request is in
@@ -96,7 +104,7 @@ class TokenizerManager:
                                                     deferred=True, start=False)
             self._grammar_vocab = r.vocab_size
             if self.grammar_cache is not None:
-                self._tasks.append(asyncio.create_task(self._start_grammar_when_idle(self.grammar_cache)))
+                self.spawn_task(self._start_grammar_when_idle(self.grammar_cache))
         self.limits = Limits(r.context_length, r.vocab_size, r.max_total_tokens, max_token_chars(self.tokenizer))
         self.admission.set_pool(r.max_total_tokens // max(r.page_size, 1))
         self.ready_info = r
@@ -111,14 +119,14 @@ class TokenizerManager:
                 cache.start()
                 return
 
-    def _set_fatal(self, msg: str) -> None:
+    def set_fatal(self, msg: str) -> None:
         logger.error("%s", msg)
         self.fatal = msg
-        self._fail(msg)
+        self.fail(msg)
         if self.on_fatal is not None:
             self.on_fatal()
 
-    def _fail(self, msg: str) -> None:
+    def fail(self, msg: str) -> None:
         """Mark the runtime dead and wake every waiter with a 503."""
         if self.dead is None:
             self.dead = msg
@@ -132,13 +140,13 @@ class TokenizerManager:
     def begin_shutdown(self) -> None:
         """Signal received: fail pending requests so open streams end, then uvicorn stops."""
         self.closing = True
-        self._fail("the server is shutting down")
+        self.fail("the server is shutting down")
 
     async def shutdown(self) -> None:
         self.closing = True
         for t in self._tasks:
             t.cancel()
-        self._fail("the server is shutting down")
+        self.fail("the server is shutting down")
         self.stop_processes()
         if self.ipc is not None:
             self.ipc.close()
@@ -153,7 +161,7 @@ class TokenizerManager:
             self.grammar_cache = None
 
     # ---- receiving ---------------------------------------------------------------------------------
-    def _dispatch(self, outs: list[StrOut]) -> None:
+    def dispatch(self, outs: list[StrOut]) -> None:
         """Route each StrOut to its call's queue; record TTFT / ITL / finish metrics (seconds)."""
         now = time.perf_counter()
         m, lat = self.metrics, self.latency
