@@ -13,6 +13,7 @@ compare the same state of the machine. Shapes: Llama-3.2-1B (K=2048 N=2048, K=20
 and SmolLM2-135M (K=576 N=576, K=576 N=1536, K=1536 N=576). Writes ``benchmarks/results/dense.json``.
 Run: ``flock /tmp/bench.lock .venv/bin/python benchmarks/bench_dense.py`` on an otherwise idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ from roofline import read_gbps  # noqa: E402
 from radixrt.kernels import cpp  # noqa: E402
 from radixrt.kernels.gemv import pack_panels  # noqa: E402
 
-SHAPES = {"llama-3.2-1b": [(2048, 2048), (2048, 8192), (8192, 2048)],
-          "smollm2-135m": [(576, 576), (576, 1536), (1536, 576)]}
+SHAPES = {
+    "llama-3.2-1b": [(2048, 2048), (2048, 8192), (8192, 2048)],
+    "smollm2-135m": [(576, 576), (576, 1536), (1536, 576)],
+}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -54,18 +57,23 @@ def bench_m1(op, k: int, n: int, copies_mb: int, reps: int, roof: float) -> dict
     packs = {}
     for name, dt in DTYPES.items():
         p = pack_panels(w.to(dt))
-        copies = max(2, copies_mb * 2 ** 20 // (p.numel() * p.element_size()))
+        copies = max(2, copies_mb * 2**20 // (p.numel() * p.element_size()))
         packs[name] = [p] + [p.clone() for _ in range(copies - 1)]
 
     def run(ps):
         return lambda: [op(x, p) for p in ps]
+
     best = best_of({name: run(ps) for name, ps in packs.items()}, reps)
     out = {}
     for name, ps in packs.items():
         sec = best[name] / len(ps)
         gbps = ps[0].numel() * ps[0].element_size() / sec / 1e9
-        out[name] = {"us": round(sec * 1e6, 1), "gbps": round(gbps, 2), "vs_roofline": round(gbps / roof, 3),
-                     "speed_vs_fp32": round(best["fp32"] / len(packs["fp32"]) / sec, 3)}
+        out[name] = {
+            "us": round(sec * 1e6, 1),
+            "gbps": round(gbps, 2),
+            "vs_roofline": round(gbps / roof, 3),
+            "speed_vs_fp32": round(best["fp32"] / len(packs["fp32"]) / sec, 3),
+        }
     return out
 
 
@@ -102,9 +110,16 @@ def main() -> None:
         raise SystemExit("bench_dense: the C++ kernels are unavailable (RADIXRT_DISABLE_CPP_KERNELS or no build)")
     op = op.gemv
     roof = read_gbps()
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
-                          "loadavg_start": os.getloadavg()[0], "read_gbps": round(roof, 2)},
-              "rows": args.rows, "shapes": []}
+    result = {
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": args.threads,
+            "loadavg_start": os.getloadavg()[0],
+            "read_gbps": round(roof, 2),
+        },
+        "rows": args.rows,
+        "shapes": [],
+    }
     print(f"memory roofline {roof:.1f} GB/s, {args.threads} threads, load {os.getloadavg()[0]:.2f}")
     with torch.inference_mode():
         for model in args.models.split(","):
@@ -112,11 +127,20 @@ def main() -> None:
                 m1 = bench_m1(op, k, n, args.copies_mb, args.reps, roof)
                 mn = bench_mn(op, args.rows, k, n, args.reps)
                 result["shapes"].append({"model": model, "K": k, "N": n, "m1": m1, f"m{args.rows}": mn})
-                print(f"{model} K={k} N={n}\n  M=1   " + "  ".join(
-                    f"{d} {v['gbps']:.1f} GB/s ({v['vs_roofline']:.2f} roof, {v['speed_vs_fp32']:.2f}x fp32)"
-                    for d, v in m1.items()) + f"\n  M={args.rows} " + "  ".join(
-                    f"{d} {v['gflops']:.1f} GF" + (f" ({v['vs_onednn_fp32']:.2f}x)" if "vs_onednn_fp32" in v else "")
-                    for d, v in mn.items()), flush=True)
+                print(
+                    f"{model} K={k} N={n}\n  M=1   "
+                    + "  ".join(
+                        f"{d} {v['gbps']:.1f} GB/s ({v['vs_roofline']:.2f} roof, {v['speed_vs_fp32']:.2f}x fp32)"
+                        for d, v in m1.items()
+                    )
+                    + f"\n  M={args.rows} "
+                    + "  ".join(
+                        f"{d} {v['gflops']:.1f} GF"
+                        + (f" ({v['vs_onednn_fp32']:.2f}x)" if "vs_onednn_fp32" in v else "")
+                        for d, v in mn.items()
+                    ),
+                    flush=True,
+                )
     result["machine"]["loadavg_end"] = os.getloadavg()[0]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -8,6 +8,7 @@ an unbounded cache ends up holding), at the shares in ``SHARES`` of the distance
 points, and whether each policy stays within 1 point of LRU everywhere (the bar for becoming the default).
 Writes ``benchmarks/results/eviction.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,12 @@ def sweep(name: str, reqs, page: int, shares=SHARES) -> list[dict]:
             row[pol] = replay(reqs, pages, page, pol).hit_rate
         rows.append(row)
         deltas = "  ".join(f"{p} {100 * (row[p] - row['lru']):+5.1f}" for p in POLICIES if p != "lru")
-        print(f"{name:<22} {s:>4.0%} ({pages * page:>6} tok)  lru {100 * row['lru']:5.1f}%  "
-              + "  ".join(f"{p} {100 * row[p]:5.1f}%" for p in POLICIES if p != "lru")
-              + f"  | vs lru: {deltas}  (opt {100 * opt:.1f}%)", flush=True)
+        print(
+            f"{name:<22} {s:>4.0%} ({pages * page:>6} tok)  lru {100 * row['lru']:5.1f}%  "
+            + "  ".join(f"{p} {100 * row[p]:5.1f}%" for p in POLICIES if p != "lru")
+            + f"  | vs lru: {deltas}  (opt {100 * opt:.1f}%)",
+            flush=True,
+        )
     return rows
 
 
@@ -63,6 +67,7 @@ def main() -> None:
     traces["phase-shift"] = T.phase_shift()
     if not a.no_suite:
         from radixrt.runtime.models.loader import load_tokenizer
+
         traces.update(T.suite(load_tokenizer()))
     rows = []
     for name, reqs in traces.items():
@@ -73,8 +78,9 @@ def main() -> None:
         print(f"{p}: worst {100 * w:+.1f} points vs lru -> {verdict}")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"page_size": a.page_size, "rows": rows, "worst_vs_lru": worst, "seconds": time.time() - t0},
-                  f, indent=1)
+        json.dump(
+            {"page_size": a.page_size, "rows": rows, "worst_vs_lru": worst, "seconds": time.time() - t0}, f, indent=1
+        )
 
 
 if __name__ == "__main__":

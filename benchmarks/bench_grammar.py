@@ -13,6 +13,7 @@ builds it):
 
     python benchmarks/bench_grammar.py [--batch-sizes 1,32] [--out benchmarks/results/bench_grammar.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,42 +29,84 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from radixrt import Engine  # noqa: E402
-from radixrt.runtime.constrained import (GrammarCache, allocate_token_bitmask, apply_token_bitmask_,  # noqa: E402
-                                         create_backend, validate_spec)
+from radixrt.runtime.constrained import (
+    GrammarCache,
+    allocate_token_bitmask,
+    apply_token_bitmask_,  # noqa: E402
+    create_backend,
+    validate_spec,
+)
 from radixrt.runtime.server.openai.tool_parser import plan_tools  # noqa: E402
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Get the current weather in a city",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "maxLength": 40},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit"]}}},
-    {"type": "function", "function": {
-        "name": "search_flights", "description": "Search flights between two airports",
-        "parameters": {"type": "object", "properties": {
-            "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            "date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
-            "passengers": {"type": "object", "properties": {
-                "adults": {"type": "integer", "minimum": 1, "maximum": 9},
-                "children": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["adults"]},
-            "cabin": {"type": "string", "enum": ["economy", "premium", "business", "first"]}},
-            "required": ["origin", "destination", "date", "passengers"]}}},
-    {"type": "function", "function": {
-        "name": "create_event", "description": "Create a calendar event",
-        "parameters": {"type": "object", "properties": {
-            "title": {"type": "string", "maxLength": 80},
-            "start": {"type": "string", "maxLength": 30},
-            "duration_minutes": {"type": "integer", "minimum": 5},
-            "attendees": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 8},
-            "reminder": {"type": "boolean"}}, "required": ["title", "start"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 40},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                },
+                "required": ["city", "unit"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_flights",
+            "description": "Search flights between two airports",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                    "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                    "date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
+                    "passengers": {
+                        "type": "object",
+                        "properties": {
+                            "adults": {"type": "integer", "minimum": 1, "maximum": 9},
+                            "children": {"type": "integer", "minimum": 0, "maximum": 9},
+                        },
+                        "required": ["adults"],
+                    },
+                    "cabin": {"type": "string", "enum": ["economy", "premium", "business", "first"]},
+                },
+                "required": ["origin", "destination", "date", "passengers"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "create_event",
+            "description": "Create a calendar event",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string", "maxLength": 80},
+                    "start": {"type": "string", "maxLength": 30},
+                    "duration_minutes": {"type": "integer", "minimum": 5},
+                    "attendees": {"type": "array", "items": {"type": "string", "maxLength": 60}, "maxItems": 8},
+                    "reminder": {"type": "boolean"},
+                },
+                "required": ["title", "start"],
+            },
+        },
+    },
 ]
 QUESTIONS = [
-    "What's the weather in Paris this week?", "Find me a flight from SFO to JFK on 2025-03-14 for 2 adults.",
+    "What's the weather in Paris this week?",
+    "Find me a flight from SFO to JFK on 2025-03-14 for 2 adults.",
     "Schedule a meeting called 'Roadmap review' tomorrow at 10am with Ana and Bo.",
-    "Is it going to rain in Tokyo?", "Book business class from LHR to CDG next Friday.",
-    "Remind me to call mom at 6pm.", "How cold is it in Oslo in fahrenheit?",
+    "Is it going to rain in Tokyo?",
+    "Book business class from LHR to CDG next Friday.",
+    "Remind me to call mom at 6pm.",
+    "How cold is it in Oslo in fahrenheit?",
     "Plan a one hour lunch with the team on Monday.",
 ]
 
@@ -107,8 +150,11 @@ def mask_costs(engine, kind: str, spec: str, outs, batch: int) -> dict:
         for i in live:
             matchers[i].accept_token(seqs[i][step])
         accepts.append((time.perf_counter() - t) / len(live))
-    return {"fill_us_per_row": 1e6 * statistics.mean(fills), "accept_us_per_row": 1e6 * statistics.mean(accepts),
-            "apply_ms_per_step": 1e3 * statistics.mean(applies)}
+    return {
+        "fill_us_per_row": 1e6 * statistics.mean(fills),
+        "accept_us_per_row": 1e6 * statistics.mean(accepts),
+        "apply_ms_per_step": 1e3 * statistics.mean(applies),
+    }
 
 
 def main() -> None:
@@ -125,8 +171,11 @@ def main() -> None:
     auto = plan_tools(TOOLS, "auto", None)
     akind, aspec = auto.grammar()
     aspec = validate_spec(akind, aspec)
-    results: dict = {"schema_chars": len(spec), "grammar_backend": engine.grammar_cache.backend.name,
-                     "threads": torch.get_num_threads()}
+    results: dict = {
+        "schema_chars": len(spec),
+        "grammar_backend": engine.grammar_cache.backend.name,
+        "threads": torch.get_num_threads(),
+    }
 
     # compile: cold (fresh backend, so no cache anywhere) and cached (GrammarCache hit)
     cold_backend = create_backend("xgrammar", tok, engine.runner.vocab_size)
@@ -162,17 +211,30 @@ def main() -> None:
         costs = mask_costs(engine, kind, spec, outs, bs)
         step_ms = 1e3 * bs / free if free else float("nan")
         overhead_ms = (costs["fill_us_per_row"] + costs["accept_us_per_row"]) * bs / 1e3 + costs["apply_ms_per_step"]
-        results[f"batch_{bs}"] = {"constrained_tps": con, "unconstrained_tps": free, "ratio": con / free,
-                                  "mean_len": statistics.mean(lens), "finished_by_grammar": stops, **costs,
-                                  "unconstrained_step_ms": step_ms, "mask_overhead_ms_per_step": overhead_ms}
-        print(f"batch {bs:3d}: decode constrained {con:8.1f} tok/s   unconstrained {free:8.1f} tok/s   "
-              f"ratio {con / free:5.2f}x (target >= 0.90)   mean output {statistics.mean(lens):.0f} tokens, "
-              f"{stops}/{bs} ended by the grammar")
-        print(f"           grammar per step: fill {costs['fill_us_per_row']:.1f} us/row, accept "
-              f"{costs['accept_us_per_row']:.1f} us/row, apply {costs['apply_ms_per_step']:.2f} ms/batch -> "
-              f"{overhead_ms:.2f} ms of a {step_ms:.1f} ms step ({100 * overhead_ms / step_ms:.1f}%)")
-    sample = engine.generate(chat_prompt(tok, plan, QUESTIONS[1]),
-                             {"json_schema": spec, "temperature": 0, "max_new_tokens": args.max_new_tokens})
+        results[f"batch_{bs}"] = {
+            "constrained_tps": con,
+            "unconstrained_tps": free,
+            "ratio": con / free,
+            "mean_len": statistics.mean(lens),
+            "finished_by_grammar": stops,
+            **costs,
+            "unconstrained_step_ms": step_ms,
+            "mask_overhead_ms_per_step": overhead_ms,
+        }
+        print(
+            f"batch {bs:3d}: decode constrained {con:8.1f} tok/s   unconstrained {free:8.1f} tok/s   "
+            f"ratio {con / free:5.2f}x (target >= 0.90)   mean output {statistics.mean(lens):.0f} tokens, "
+            f"{stops}/{bs} ended by the grammar"
+        )
+        print(
+            f"           grammar per step: fill {costs['fill_us_per_row']:.1f} us/row, accept "
+            f"{costs['accept_us_per_row']:.1f} us/row, apply {costs['apply_ms_per_step']:.2f} ms/batch -> "
+            f"{overhead_ms:.2f} ms of a {step_ms:.1f} ms step ({100 * overhead_ms / step_ms:.1f}%)"
+        )
+    sample = engine.generate(
+        chat_prompt(tok, plan, QUESTIONS[1]),
+        {"json_schema": spec, "temperature": 0, "max_new_tokens": args.max_new_tokens},
+    )
     print("sample constrained output:", sample["text"][:200])
     engine.shutdown()
     if args.out:

@@ -12,6 +12,7 @@
    (alternating engines); the ratio is the median of the pairs' ratios.
 Writes ``benchmarks/results/hicache.json``. Run it under ``cpuslot --all`` (it times the whole box).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,12 @@ def run_trace(e: Engine, trace: list[list[int]]) -> dict:
         e.generate(input_ids=p, sampling_params=G)
     dt = time.perf_counter() - t0
     c = e.get_server_info()["cache"]
-    return {"req_per_s": len(trace) / dt, "seconds": dt, "hit_rate": c["hit_tokens"] / c["query_tokens"],
-            "tiers": c.get("hicache")}
+    return {
+        "req_per_s": len(trace) / dt,
+        "seconds": dt,
+        "hit_rate": c["hit_tokens"] / c["query_tokens"],
+        "tiers": c.get("hicache"),
+    }
 
 
 def ttft(e: Engine, p: list[int]) -> tuple[float, int]:
@@ -130,8 +135,13 @@ def main() -> None:
     if ratios:
         res["unique_cost_ratios"], res["unique_cost_ratio"] = ratios, statistics.median(ratios)
     res["load_after"] = os.getloadavg()
-    print({k: res[k] for k in ("tier2_speedup", "hit_rate_gap_vs_x4_points", "unique_cost_ratios",
-                               "unique_cost_ratio") if k in res})
+    print(
+        {
+            k: res[k]
+            for k in ("tier2_speedup", "hit_rate_gap_vs_x4_points", "unique_cost_ratios", "unique_cost_ratio")
+            if k in res
+        }
+    )
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -11,6 +11,7 @@ part in), output tokens per request, output tok/s (output tokens / wall seconds)
 forced draft tokens kept, and the share of schema-valid outputs. Prints one line per setting and run, and
 the ratios to ``off`` of the medians over ``--repeat`` alternating runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,11 @@ def prompts(n: int) -> list[str]:
     return [next(p).prompt for p in wl.make_programs()]
 
 
-SETTINGS = {"off": dict(speculative_algorithm="none", disable_jump_forward=True),
-            "extend": dict(speculative_algorithm="none", disable_jump_forward=False),
-            "drafts": dict(speculative_algorithm="suffix", disable_jump_forward=True)}
+SETTINGS = {
+    "off": dict(speculative_algorithm="none", disable_jump_forward=True),
+    "extend": dict(speculative_algorithm="none", disable_jump_forward=False),
+    "drafts": dict(speculative_algorithm="suffix", disable_jump_forward=True),
+}
 
 
 def run(setting: str, ps: list[str], max_new: int) -> dict:
@@ -57,6 +60,7 @@ def run(setting: str, ps: list[str], max_new: int) -> dict:
 
         def one(i: int) -> None:
             outs[i] = e.generate(ps[i], sp)
+
         t0 = time.perf_counter()
         th = [threading.Thread(target=one, args=(i,)) for i in range(len(ps))]
         for t in th:
@@ -76,12 +80,17 @@ def run(setting: str, ps: list[str], max_new: int) -> dict:
         except (ValueError, jsonschema.ValidationError):
             pass
     n = len(ps)
-    return {"setting": setting, "requests": n,
-            "forward_passes_per_request": (c1["req_forward_passes"] - c0["req_forward_passes"]) / n,
-            "output_tokens_per_request": toks / n, "output_tok_per_s": toks / wall, "wall_s": wall,
-            "jump_forward_tokens": c1["jump_forward_tokens"] - c0["jump_forward_tokens"],
-            "forced_accepted": c1["speculative"]["forced_accepted_tokens"] - c0["speculative"]["forced_accepted_tokens"],
-            "schema_valid": f"{valid}/{n}"}
+    return {
+        "setting": setting,
+        "requests": n,
+        "forward_passes_per_request": (c1["req_forward_passes"] - c0["req_forward_passes"]) / n,
+        "output_tokens_per_request": toks / n,
+        "output_tok_per_s": toks / wall,
+        "wall_s": wall,
+        "jump_forward_tokens": c1["jump_forward_tokens"] - c0["jump_forward_tokens"],
+        "forced_accepted": c1["speculative"]["forced_accepted_tokens"] - c0["speculative"]["forced_accepted_tokens"],
+        "schema_valid": f"{valid}/{n}",
+    }
 
 
 def main() -> None:
@@ -98,16 +107,22 @@ def main() -> None:
     for _ in range(a.repeat):
         for s in order:
             res[s].append(run(s, ps, a.max_new_tokens))
-            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res[s][-1].items()}), flush=True)
+            print(
+                json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in res[s][-1].items()}), flush=True
+            )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at end")
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in ("forward_passes_per_request", "output_tok_per_s")}
-           for s, rs in res.items()}
+    med = {
+        s: {k: statistics.median(r[k] for r in rs) for k in ("forward_passes_per_request", "output_tok_per_s")}
+        for s, rs in res.items()
+    }
     for s in ("extend", "drafts"):
-        print(f"{s} / off: forward passes per request {med[s]['forward_passes_per_request']:.1f} vs "
-              f"{med['off']['forward_passes_per_request']:.1f} "
-              f"({med[s]['forward_passes_per_request'] / med['off']['forward_passes_per_request']:.2f}x), output tok/s "
-              f"{med[s]['output_tok_per_s']:.1f} vs {med['off']['output_tok_per_s']:.1f} "
-              f"({med[s]['output_tok_per_s'] / med['off']['output_tok_per_s']:.2f}x)")
+        print(
+            f"{s} / off: forward passes per request {med[s]['forward_passes_per_request']:.1f} vs "
+            f"{med['off']['forward_passes_per_request']:.1f} "
+            f"({med[s]['forward_passes_per_request'] / med['off']['forward_passes_per_request']:.2f}x), output tok/s "
+            f"{med[s]['output_tok_per_s']:.1f} vs {med['off']['output_tok_per_s']:.1f} "
+            f"({med[s]['output_tok_per_s'] / med['off']['output_tok_per_s']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

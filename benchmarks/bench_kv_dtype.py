@@ -5,6 +5,7 @@ Decode seconds = (wall of a generate with ``--new`` tokens - wall of the same wi
 prompt's prefix cached, so the prefill is left out. Run under ``cpuslot --all`` (the whole box) and give the
 load from ``uptime``: ``python benchmarks/bench_kv_dtype.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,12 @@ def main() -> None:
     args = ap.parse_args()
     print("load:", os.getloadavg())
     for kv in args.kv.split(","):
-        e = Engine(speculative_algorithm="none", quantization=args.quantization, kv_cache_dtype=kv, max_total_tokens=8 * (args.context + 64) + 64)
+        e = Engine(
+            speculative_algorithm="none",
+            quantization=args.quantization,
+            kv_cache_dtype=kv,
+            max_total_tokens=8 * (args.context + 64) + 64,
+        )
         try:
             row = []
             for batch in (1, 8):
@@ -47,8 +53,10 @@ def main() -> None:
                 full = min(wall(e, ids, args.new) for _ in range(2))
                 row.append(f"batch {batch}: {batch * (args.new - 1) / (full - base):.1f} tok/s")
             mem = e.get_server_info()["memory"]
-            print(f"kv {kv} ({mem['kv_dtype']}, pool {mem['kv_pool_bytes'] / 2**20:.0f} MiB): " + ", ".join(row),
-                  flush=True)
+            print(
+                f"kv {kv} ({mem['kv_dtype']}, pool {mem['kv_pool_bytes'] / 2**20:.0f} MiB): " + ", ".join(row),
+                flush=True,
+            )
         finally:
             e.shutdown()
     print("load:", os.getloadavg())

@@ -5,6 +5,7 @@
 output tok/s), mean and P99 TTFT, the hit rate against the optimal one (shared tokens / all prompt
 tokens, counting each group's first request as a miss), and the tree + scheduler's own time per step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,7 @@ from radixrt import Engine  # noqa: E402
 def workload(groups: int, per_group: int, sys_len: int, q_len: int, seed: int = 0, vocab=(100, 40000)):
     rng = random.Random(seed)
     systems = [[rng.randrange(*vocab) for _ in range(sys_len)] for _ in range(groups)]
-    reqs = [systems[g] + [rng.randrange(*vocab) for _ in range(q_len)]
-            for g in range(groups) for _ in range(per_group)]
+    reqs = [systems[g] + [rng.randrange(*vocab) for _ in range(q_len)] for g in range(groups) for _ in range(per_group)]
     rng.shuffle(reqs)
     return reqs
 
@@ -40,9 +40,15 @@ def run(engine, reqs, new_tokens: int) -> dict:
     out_tok = sum(o["meta_info"]["completion_tokens"] for o in outs)
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
     ttft = [o["meta_info"]["ttft"] for o in outs]
-    return {"wall_s": wall, "total_tps": (prompt + out_tok) / wall, "output_tps": out_tok / wall,
-            "ttft_mean": sum(ttft) / len(ttft), "ttft_p99": percentile(ttft, 99),
-            "hit_rate": cached / prompt, "overhead_share": s.stats.sched_time / max(s.stats.step_time, 1e-9)}
+    return {
+        "wall_s": wall,
+        "total_tps": (prompt + out_tok) / wall,
+        "output_tps": out_tok / wall,
+        "ttft_mean": sum(ttft) / len(ttft),
+        "ttft_p99": percentile(ttft, 99),
+        "hit_rate": cached / prompt,
+        "overhead_share": s.stats.sched_time / max(s.stats.step_time, 1e-9),
+    }
 
 
 def main() -> None:
@@ -65,12 +71,16 @@ def main() -> None:
         res[name] = run(e, reqs, a.new_tokens)
         e.shutdown()
         r = res[name]
-        print(f"{name:9s}: {r['total_tps']:8.1f} tok/s total, {r['output_tps']:6.1f} out tok/s, "
-              f"TTFT mean {r['ttft_mean']:.2f}s P99 {r['ttft_p99']:.2f}s, hit rate {r['hit_rate']:.3f} "
-              f"(optimal {optimal:.3f}), tree+scheduler {r['overhead_share']:.2%} of step time")
+        print(
+            f"{name:9s}: {r['total_tps']:8.1f} tok/s total, {r['output_tps']:6.1f} out tok/s, "
+            f"TTFT mean {r['ttft_mean']:.2f}s P99 {r['ttft_p99']:.2f}s, hit rate {r['hit_rate']:.3f} "
+            f"(optimal {optimal:.3f}), tree+scheduler {r['overhead_share']:.2%} of step time"
+        )
     on, off = res["cache_on"], res["cache_off"]
-    print(f"speedup cache on / off: {on['total_tps'] / off['total_tps']:.1f}x throughput; "
-          f"hit rate {on['hit_rate'] / optimal:.1%} of optimal")
+    print(
+        f"speedup cache on / off: {on['total_tps'] / off['total_tps']:.1f}x throughput; "
+        f"hit rate {on['hit_rate'] / optimal:.1%} of optimal"
+    )
     res["optimal_hit_rate"] = optimal
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:

@@ -10,6 +10,7 @@ warm-up and each later one a workload, in order), replays each segment through t
 size and page size with its eviction policy, and prints the live and replayed hit rates side by side. Writes
 ``benchmarks/results/profile_vs_live.json`` and, for docs/cache.md, the ``radixrt profile`` table of one log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,20 @@ def main() -> None:
     log = work / "requests.jsonl"
     if log.exists():
         log.unlink()
-    cmd = [sys.executable, str(HERE / "run_all.py"), "--systems", "radixrt", "--workloads", a.workloads,
-           "--preset", a.preset, "--out-dir", str(work),
-           "--radixrt-args", f"--request-log {log} --eviction-policy {a.policy}"]
+    cmd = [
+        sys.executable,
+        str(HERE / "run_all.py"),
+        "--systems",
+        "radixrt",
+        "--workloads",
+        a.workloads,
+        "--preset",
+        a.preset,
+        "--out-dir",
+        str(work),
+        "--radixrt-args",
+        f"--request-log {log} --eviction-policy {a.policy}",
+    ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
     bench = json.loads((work / "bench.json").read_text())
@@ -67,17 +79,28 @@ def main() -> None:
         live = bench["workloads"][name]["radixrt"]["summary"]["hit_rate"]
         res = replay(reqs, pool // 16, 16, a.policy)
         seq = replay([type(r)(**{**r.__dict__, "start": None}) for r in reqs], pool // 16, 16, a.policy)
-        rows.append({"workload": name, "requests": len(reqs), "live_hit_rate": live, "profile_hit_rate": res.hit_rate,
-                     "profile_sequential_hit_rate": seq.hit_rate, "diff_points": 100 * (res.hit_rate - live)})
-        print(f"{name:<18} live {100 * live:5.1f}%  profile {100 * res.hit_rate:5.1f}%  "
-              f"(diff {100 * (res.hit_rate - live):+.1f} points; one-at-a-time replay {100 * seq.hit_rate:5.1f}%)",
-              flush=True)
+        rows.append(
+            {
+                "workload": name,
+                "requests": len(reqs),
+                "live_hit_rate": live,
+                "profile_hit_rate": res.hit_rate,
+                "profile_sequential_hit_rate": seq.hit_rate,
+                "diff_points": 100 * (res.hit_rate - live),
+            }
+        )
+        print(
+            f"{name:<18} live {100 * live:5.1f}%  profile {100 * res.hit_rate:5.1f}%  "
+            f"(diff {100 * (res.hit_rate - live):+.1f} points; one-at-a-time replay {100 * seq.hit_rate:5.1f}%)",
+            flush=True,
+        )
     worst = max(abs(r["diff_points"]) for r in rows)
     print(f"worst |profile - live| = {worst:.2f} points -> {'within' if worst <= 1 else 'NOT within'} 1 point")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"pool_tokens": pool, "policy": a.policy, "rows": rows, "worst_points": worst,
-                   "log": str(log)}, f, indent=1)
+        json.dump(
+            {"pool_tokens": pool, "policy": a.policy, "rows": rows, "worst_points": worst, "log": str(log)}, f, indent=1
+        )
 
 
 if __name__ == "__main__":

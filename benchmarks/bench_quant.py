@@ -7,6 +7,7 @@ count, so the formats compared share the machine's state of the moment. ``--cpu-
 instead of wall time with one torch thread (steadier on a shared machine).
 Run: ``flock /tmp/bench.lock python benchmarks/bench_quant.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,14 @@ def main() -> None:
             ts[fmt].append(best[fmt])
     base = ts[fmts[0]]
     for fmt in fmts:
-        print(f"{fmt:6} " + "".join(f"{t:9.1f}" for t in ts[fmt]) + f"   vs {fmts[0]}: " +
-              " ".join(f"{b / t:.2f}x" for b, t in zip(base, ts[fmt])), flush=True)
+        print(
+            f"{fmt:6} "
+            + "".join(f"{t:9.1f}" for t in ts[fmt])
+            + f"   vs {fmts[0]}: "
+            + " ".join(f"{b / t:.2f}x" for b, t in zip(base, ts[fmt])),
+            flush=True,
+        )
+
 
 if __name__ == "__main__":
     main()

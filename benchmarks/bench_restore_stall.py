@@ -10,6 +10,7 @@ landing) falls in the same window, and so does R2's own extend. Reported per sou
 median inter-token latency (ITL) before R2, its largest ITL (and all of them) while R2 is in flight, and R2's
 TTFT and cached_tokens. Writes ``benchmarks/results/restore_stall.json``. Run it under ``cpuslot --all``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,11 @@ def measure(e: Engine, prefix: list[int], rng: random.Random, decode: int) -> di
 
     t = threading.Thread(target=second)
     t.start()
-    for _ in e.generate(input_ids=ids(rng, 32), stream=True,
-                        sampling_params={"max_new_tokens": decode, "temperature": 0, "ignore_eos": True}):
+    for _ in e.generate(
+        input_ids=ids(rng, 32),
+        stream=True,
+        sampling_params={"max_new_tokens": decode, "temperature": 0, "ignore_eos": True},
+    ):
         times.append(time.perf_counter())
         if len(times) == 8:
             started.set()
@@ -54,10 +58,14 @@ def measure(e: Engine, prefix: list[int], rng: random.Random, decode: int) -> di
     itl = [(b - a) for a, b in zip(times, times[1:])]
     before = [d for a, d in zip(times[1:], itl) if a <= r2["t0"]]
     during = [d for a, d in zip(times[1:], itl) if r2["t0"] < a <= r2["t1"] + max(itl)]
-    return {"itl_median_before_ms": 1e3 * statistics.median(before), "itl_max_during_ms": 1e3 * max(during or [0]),
-            "itl_during_ms": [round(1e3 * d, 1) for d in during],
-            "r1_tokens_during_r2": sum(1 for a in times if r2["t0"] < a <= r2["t1"]),
-            "r2_ttft_ms": 1e3 * (r2["t1"] - r2["t0"]), "r2_cached_tokens": r2["cached"]}
+    return {
+        "itl_median_before_ms": 1e3 * statistics.median(before),
+        "itl_max_during_ms": 1e3 * max(during or [0]),
+        "itl_during_ms": [round(1e3 * d, 1) for d in during],
+        "r1_tokens_during_r2": sum(1 for a in times if r2["t0"] < a <= r2["t1"]),
+        "r2_ttft_ms": 1e3 * (r2["t1"] - r2["t0"]),
+        "r2_cached_tokens": r2["cached"],
+    }
 
 
 def main() -> None:
@@ -71,8 +79,14 @@ def main() -> None:
     prefix = ids(rng, a.prefix)
     res: dict = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as d:
-        e = Engine(max_total_tokens=4096, context_length=4096, log_level="warning", hicache_ratio=3.0,
-                   enable_hierarchical_cache=True, hicache_storage=f"file:{d}/kv")
+        e = Engine(
+            max_total_tokens=4096,
+            context_length=4096,
+            log_level="warning",
+            hicache_ratio=3.0,
+            enable_hierarchical_cache=True,
+            hicache_storage=f"file:{d}/kv",
+        )
         try:
             e.generate(input_ids=prefix, sampling_params={"max_new_tokens": 1})
             for _ in range(3):  # push the prefix out of the 4,096-token pool into tier 2
@@ -93,8 +107,15 @@ def main() -> None:
 
 def finish(res: dict, out: str) -> None:
     res["load_after"] = os.getloadavg()
-    print(json.dumps({k: v if not isinstance(v, dict) else {x: y for x, y in v.items() if x != "itl_during_ms"}
-                      for k, v in res.items()}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: v if not isinstance(v, dict) else {x: y for x, y in v.items() if x != "itl_during_ms"}
+                for k, v in res.items()
+            },
+            indent=1,
+        )
+    )
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)

@@ -17,6 +17,7 @@ the busiest / least busy replica (max/min), and peak in-flight requests max/min 
     python benchmarks/bench_router.py                       # the table in benchmarks/results/bench_router.md
     python benchmarks/bench_router.py --replicas 2,4 --tenants 4 --sessions 4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,9 @@ class Turn:
     reply: list[int]
 
 
-def sessions(tenants: int, per_tenant: int, turns: int, sys_len: int, user_len: int, reply_len: int,
-             seed: int) -> list[list[Turn]]:
+def sessions(
+    tenants: int, per_tenant: int, turns: int, sys_len: int, user_len: int, reply_len: int, seed: int
+) -> list[list[Turn]]:
     """Every session's turns, in order. Token ids are random (they only need to differ)."""
     rng = random.Random(seed)
     draw = lambda n: [rng.randrange(100, 49000) for _ in range(n)]  # noqa: E731
@@ -89,7 +91,7 @@ class Replica:
         if new is None:  # the sequence alone is larger than the pool: it is not cached
             return hit
         dup = self.tree.insert(seq, m.pages + new) // self.ps
-        self.alloc.free((m.pages + new)[len(m.pages):dup])  # pages the tree already had (none here)
+        self.alloc.free((m.pages + new)[len(m.pages) : dup])  # pages the tree already had (none here)
         return hit
 
 
@@ -127,15 +129,25 @@ def simulate(convs: list[list[Turn]], n: int, variant: str, a) -> dict:
         rep.tree.check_invariants()
     routed = [r.routed for r in reps.values()]
     peaks = [r.peak for r in reps.values()]
-    return {"replicas": n, "policy": variant, "hit_rate": hit / total, "requests": sum(routed),
-            "routed_max": max(routed), "routed_min": min(routed), "peak_max": max(peaks), "peak_min": min(peaks)}
+    return {
+        "replicas": n,
+        "policy": variant,
+        "hit_rate": hit / total,
+        "requests": sum(routed),
+        "routed_max": max(routed),
+        "routed_min": min(routed),
+        "peak_max": max(peaks),
+        "peak_min": min(peaks),
+    }
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| replicas | policy | hit rate | requests max/min | peak in-flight max/min |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['replicas']} | {r['policy']} | {r['hit_rate']:.3f} | {r['routed_max']}/{r['routed_min']} "
-                     f"| {r['peak_max']}/{r['peak_min']} |")
+        lines.append(
+            f"| {r['replicas']} | {r['policy']} | {r['hit_rate']:.3f} | {r['routed_max']}/{r['routed_min']} "
+            f"| {r['peak_max']}/{r['peak_min']} |"
+        )
     return "\n".join(lines)
 
 
@@ -156,8 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=float, default=4.0, help="target requests in flight per replica")
     p.add_argument("--think", type=float, default=1.0, help="mean think time, in mean service times")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                 "bench_router"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "bench_router"))
     a = p.parse_args(argv)
     convs = sessions(a.tenants, a.sessions, a.turns, a.sys_len, a.user_len, a.reply_len, a.seed)
     one = Replica(1 << 24, a.page_size)  # the bound: one cache that never evicts, turns in session order
@@ -167,13 +178,17 @@ def main(argv=None) -> int:
         for v in a.policies.split(","):
             t0 = time.perf_counter()
             rows.append(simulate(convs, n, v, a))
-            print(f"n={n:2d} {v:26s} hit={rows[-1]['hit_rate']:.3f} "
-                  f"routed {rows[-1]['routed_max']}/{rows[-1]['routed_min']} ({time.perf_counter() - t0:.1f}s)",
-                  flush=True)
-    head = (f"{a.tenants} tenants x {a.sessions} sessions x {a.turns} turns, system prompt {a.sys_len} tokens, "
-            f"user {a.user_len} / reply {a.reply_len} tokens per turn, {a.replica_tokens} KV tokens per replica, "
-            f"page {a.page_size}, ~{a.concurrency:g} requests in flight per replica, seed {a.seed}. "
-            f"Upper bound (one cache that never evicts): hit rate {ideal:.3f}.")
+            print(
+                f"n={n:2d} {v:26s} hit={rows[-1]['hit_rate']:.3f} "
+                f"routed {rows[-1]['routed_max']}/{rows[-1]['routed_min']} ({time.perf_counter() - t0:.1f}s)",
+                flush=True,
+            )
+    head = (
+        f"{a.tenants} tenants x {a.sessions} sessions x {a.turns} turns, system prompt {a.sys_len} tokens, "
+        f"user {a.user_len} / reply {a.reply_len} tokens per turn, {a.replica_tokens} KV tokens per replica, "
+        f"page {a.page_size}, ~{a.concurrency:g} requests in flight per replica, seed {a.seed}. "
+        f"Upper bound (one cache that never evicts): hit rate {ideal:.3f}."
+    )
     if a.out:
         os.makedirs(os.path.dirname(a.out), exist_ok=True)
         with open(a.out + ".json", "w") as f:

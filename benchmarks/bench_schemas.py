@@ -10,6 +10,7 @@ counted as a timeout.
     python benchmarks/bench_schemas.py [--backends llguidance,xgrammar,outlines] [--walks 3]
         [--out benchmarks/results/grammar_backends.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,15 @@ def _worker(backend: str, walks: int, max_tokens: int, conn) -> None:
         if msg is None:
             return
         case, text = msg
-        out = {"case": case, "compiled": False, "error": None, "compile_ms": None, "finished": 0,
-               "invalid": [], "mask_us": []}
+        out = {
+            "case": case,
+            "compiled": False,
+            "error": None,
+            "compile_ms": None,
+            "finished": 0,
+            "invalid": [],
+            "mask_us": [],
+        }
         t0 = time.perf_counter()
         try:
             compiled = be.compile("json_schema", text)
@@ -97,8 +105,18 @@ def run_backend(backend: str, cases: list[tuple[str, str]], walks: int, max_toke
             proc.kill()
             proc.join()
             proc = None
-            results.append({"case": case, "compiled": False, "error": f"timeout ({timeout:.0f} s)",
-                            "timeout": True, "finished": 0, "invalid": [], "mask_us": [], "compile_ms": None})
+            results.append(
+                {
+                    "case": case,
+                    "compiled": False,
+                    "error": f"timeout ({timeout:.0f} s)",
+                    "timeout": True,
+                    "finished": 0,
+                    "invalid": [],
+                    "mask_us": [],
+                    "compile_ms": None,
+                }
+            )
     if proc is not None:
         conn.send(None)
         proc.join(10)
@@ -108,15 +126,19 @@ def run_backend(backend: str, cases: list[tuple[str, str]], walks: int, max_toke
 def summarize(results: list) -> dict:
     masks = sorted(x for r in results for x in r["mask_us"])
     comp = [r["compile_ms"] for r in results if r["compiled"]]
-    return {"schemas": len(results), "compiled": len(comp),
-            "timeouts": sum(1 for r in results if r.get("timeout")),
-            "finished": sum(r["finished"] for r in results),
-            "invalid": sum(len(r["invalid"]) for r in results),
-            "invalid_schemas": sorted(r["case"] for r in results if r["invalid"]),
-            "compile_ms_mean": statistics.fmean(comp) if comp else None,
-            "compile_ms_p50": statistics.median(comp) if comp else None,
-            "mask_us_mean": statistics.fmean(masks) if masks else None,
-            "mask_us_p99": masks[int(0.99 * (len(masks) - 1))] if masks else None, "masks": len(masks)}
+    return {
+        "schemas": len(results),
+        "compiled": len(comp),
+        "timeouts": sum(1 for r in results if r.get("timeout")),
+        "finished": sum(r["finished"] for r in results),
+        "invalid": sum(len(r["invalid"]) for r in results),
+        "invalid_schemas": sorted(r["case"] for r in results if r["invalid"]),
+        "compile_ms_mean": statistics.fmean(comp) if comp else None,
+        "compile_ms_p50": statistics.median(comp) if comp else None,
+        "mask_us_mean": statistics.fmean(masks) if masks else None,
+        "mask_us_p99": masks[int(0.99 * (len(masks) - 1))] if masks else None,
+        "masks": len(masks),
+    }
 
 
 def main() -> None:
@@ -139,10 +161,12 @@ def main() -> None:
             s["refused"] = [f"{r['case']}: {r['error']}" for r in res if r["error"]]
             s["invalid_outputs"] = [dict(case=r["case"], **x) for r in res for x in r["invalid"]]
             report.setdefault(backend, {})[name] = s
-            print(f"{backend:10s} {name:24s} compiled {s['compiled']}/{s['schemas']} (timeouts {s['timeouts']}) "
-                  f"finished {s['finished']} invalid {s['invalid']} compile {s['compile_ms_mean'] or 0:.0f} ms mean "
-                  f"mask {s['mask_us_mean'] or 0:.0f} us mean / {s['mask_us_p99'] or 0:.0f} us p99 ({s['wall_s']} s)",
-                  flush=True)
+            print(
+                f"{backend:10s} {name:24s} compiled {s['compiled']}/{s['schemas']} (timeouts {s['timeouts']}) "
+                f"finished {s['finished']} invalid {s['invalid']} compile {s['compile_ms_mean'] or 0:.0f} ms mean "
+                f"mask {s['mask_us_mean'] or 0:.0f} us mean / {s['mask_us_p99'] or 0:.0f} us p99 ({s['wall_s']} s)",
+                flush=True,
+            )
             Path(a.out).write_text(json.dumps(report, indent=1))
 
 

@@ -24,6 +24,7 @@ after a fleet's first finds it, with the drafter's store still empty. agent-loop
 ids: each call continues from the previous call's ids and answer as generated (``systems/base.prompt_ids``, as
 the suite's radixrt system does), not from the re-tokenized text.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,14 +56,18 @@ def tool_list(rng: random.Random) -> str:
     lines = []
     for v in VERBS:
         for n in NOUNS[:5]:
-            lines.append(f"- {v}_{n}(path: string, limit: integer): {v}s the {n} at path; returns JSON with "
-                         f"fields status, {n}_id and content. Use it when the user asks to {v} a {n}.")
+            lines.append(
+                f"- {v}_{n}(path: string, limit: integer): {v}s the {n} at path; returns JSON with "
+                f"fields status, {n}_id and content. Use it when the user asks to {v} a {n}."
+            )
     return "\n".join(lines)
 
 
 def agent_prompt(tools: str, history: list[tuple[str, str]], task: str) -> str:
-    msgs = [("system", "You are an agent. Call one tool per turn as JSON "
-             '{"tool": NAME, "args": {...}}.\nTools:\n' + tools), ("user", task)]
+    msgs = [
+        ("system", 'You are an agent. Call one tool per turn as JSON {"tool": NAME, "args": {...}}.\nTools:\n' + tools),
+        ("user", task),
+    ]
     for call, obs in history:
         msgs += [("assistant", call), ("user", "Observation: " + obs)]
     return W.chatml(msgs)
@@ -71,8 +76,10 @@ def agent_prompt(tools: str, history: list[tuple[str, str]], task: str) -> str:
 def agent_dependent(e: Engine, tools: str, max_new: int) -> list[dict]:
     hist, outs = [], []
     for i in range(4):
-        out = e.generate(agent_prompt(tools, hist, "Fix the failing test in src/app/main.py."),
-                         {"temperature": 0, "max_new_tokens": max_new})
+        out = e.generate(
+            agent_prompt(tools, hist, "Fix the failing test in src/app/main.py."),
+            {"temperature": 0, "max_new_tokens": max_new},
+        )
         outs.append(out)
         hist.append((out["text"], json.dumps({"status": "ok", "file_id": i, "content": "def main(): return 1/0"})))
     return outs
@@ -83,6 +90,7 @@ def concurrent(e: Engine, prompts: list[str], sp: dict) -> list[dict]:
 
     def one(i: int) -> None:
         outs[i] = e.generate(prompts[i], sp)
+
     ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in ts:
         t.start()
@@ -120,8 +128,10 @@ def workloads(tok, a) -> tuple[dict, dict]:
     words = W.Words(tok)
     z = W.Sizes(json_requests=4, agent_programs=2, chat_convs=2, chat_reply_len=48)
     json_prompts = [next(p).prompt for p in W.json_decode(words, z, True).make_programs()]
-    rand = [" ".join(rng.choice(VERBS + NOUNS + ["alpha", "blue", "seven", "river", "glass"]) for _ in range(40))
-            for _ in range(4)]
+    rand = [
+        " ".join(rng.choice(VERBS + NOUNS + ["alpha", "blue", "seven", "river", "glass"]) for _ in range(40))
+        for _ in range(4)
+    ]
     agents16 = [agent_prompt(tools, [], f"Task {i}: update the record {i} and run its tests.") for i in range(16)]
     g = {"temperature": 0, "max_new_tokens": a.max_new}
     js = json.dumps(W.PERSON_SCHEMA)
@@ -145,8 +155,14 @@ def workloads(tok, a) -> tuple[dict, dict]:
 def system_prefix(tools: str) -> str:
     """The agents' shared system message alone (a token prefix of every agent prompt: ChatML's turns end in
     ``<|im_end|>\n``), for ``--warm-system``."""
-    return W.chatml([("system", "You are an agent. Call one tool per turn as JSON "
-                      '{"tool": NAME, "args": {...}}.\nTools:\n' + tools)])
+    return W.chatml(
+        [
+            (
+                "system",
+                'You are an agent. Call one tool per turn as JSON {"tool": NAME, "args": {...}}.\nTools:\n' + tools,
+            )
+        ]
+    )
 
 
 def system_turn(prompt: str) -> str:
@@ -166,8 +182,13 @@ def measure(e: Engine, fn, warm: str | None = None) -> dict:
     toks = sum(len(o["output_ids"]) for o in outs)
     decode_s = sum(o["meta_info"]["e2e_latency"] - (o["meta_info"]["ttft"] or 0) for o in outs)
     d = {k: s1[k] - s0[k] for k in ("draft_tokens", "accepted_tokens", "verify_steps", "emitted_tokens")}
-    return {"tokens": toks, "seconds": dt, "tps": toks / dt, "decode_tps": (toks - len(outs)) / decode_s
-            if decode_s > 0 else 0.0, **d}
+    return {
+        "tokens": toks,
+        "seconds": dt,
+        "tps": toks / dt,
+        "decode_tps": (toks - len(outs)) / decode_s if decode_s > 0 else 0.0,
+        **d,
+    }
 
 
 def median(ms: list[dict], key: str) -> float:
@@ -182,17 +203,27 @@ def main() -> None:
     ap.add_argument("--workloads", default="")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--no-adaptive", action="store_true", help="--no-speculative-adaptive for the spec engines")
-    ap.add_argument("--warm-system", action="store_true",
-                    help="prefill the workload's shared system message before each timed run, as every request "
-                         "after a fleet's first finds it; the drafter's store stays empty (1 token out, speculation off)")
+    ap.add_argument(
+        "--warm-system",
+        action="store_true",
+        help="prefill the workload's shared system message before each timed run, as every request "
+        "after a fleet's first finds it; the drafter's store stays empty (1 token out, speculation off)",
+    )
     a = ap.parse_args()
     tok = load_tokenizer()
     wl, systems = workloads(tok, a)
     if a.workloads:
         wl = {k: wl[k] for k in a.workloads.split(",")}
     names = ["none"] + a.algos.split(",")
-    engines = {n: Engine(speculative_algorithm=n, speculative_max_batch_size=a.max_batch, max_total_tokens=32768,
-                         speculative_adaptive=not a.no_adaptive) for n in names}
+    engines = {
+        n: Engine(
+            speculative_algorithm=n,
+            speculative_max_batch_size=a.max_batch,
+            max_total_tokens=32768,
+            speculative_adaptive=not a.no_adaptive,
+        )
+        for n in names
+    }
     js = json.dumps(W.PERSON_SCHEMA)
     for e in engines.values():  # warm-up: grammar compile, first allocations
         e.generate("Warm up.", {"temperature": 0, "max_new_tokens": 4, "json_schema": js})
@@ -204,13 +235,20 @@ def main() -> None:
                 runs[n].append(measure(e, fn, systems.get(w) if a.warm_system else None))
         best = {n: min(ms, key=lambda m: m["seconds"]) for n, ms in runs.items()}
         for n, m in best.items():
-            extra = (f"  accept_rate {m['accepted_tokens'] / m['draft_tokens']:.2f} accept_length "
-                     f"{m['emitted_tokens'] / m['verify_steps']:.2f}" if m["verify_steps"] else "")
-            print(f"{w:16s} {n:7s} {m['tokens']:5d} tok {m['seconds']:6.2f} s  out {m['tps']:6.1f} tok/s "
-                  f"x{m['tps'] / best['none']['tps']:.2f}  decode {m['decode_tps']:6.1f} tok/s "
-                  f"x{m['decode_tps'] / best['none']['decode_tps']:.2f}  median out "
-                  f"x{median(runs[n], 'tps') / median(runs['none'], 'tps'):.2f} decode "
-                  f"x{median(runs[n], 'decode_tps') / median(runs['none'], 'decode_tps'):.2f}{extra}", flush=True)
+            extra = (
+                f"  accept_rate {m['accepted_tokens'] / m['draft_tokens']:.2f} accept_length "
+                f"{m['emitted_tokens'] / m['verify_steps']:.2f}"
+                if m["verify_steps"]
+                else ""
+            )
+            print(
+                f"{w:16s} {n:7s} {m['tokens']:5d} tok {m['seconds']:6.2f} s  out {m['tps']:6.1f} tok/s "
+                f"x{m['tps'] / best['none']['tps']:.2f}  decode {m['decode_tps']:6.1f} tok/s "
+                f"x{m['decode_tps'] / best['none']['decode_tps']:.2f}  median out "
+                f"x{median(runs[n], 'tps') / median(runs['none'], 'tps'):.2f} decode "
+                f"x{median(runs[n], 'decode_tps') / median(runs['none'], 'decode_tps'):.2f}{extra}",
+                flush=True,
+            )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at end")
     for e in engines.values():
         e.shutdown()

@@ -9,6 +9,7 @@ Appends one JSON line per file to ``benchmarks/results/decode_ab.jsonl``.
 
     cpuslot --all python benchmarks/decode_ab.py ~/.cache/radixrt/models/llama-3.2-1b/llama-3.2-1b-Q4_K_M.gguf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,12 @@ OUT = os.path.join(HERE, "results", "decode_ab.jsonl")
 
 
 def llama(path: str, pp: int, tg: int) -> float:
-    out = subprocess.run([BENCH, "-m", path, "-t", "2", "-r", "1", "-p", str(pp), "-n", str(tg), "-o", "json"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [BENCH, "-m", path, "-t", "2", "-r", "1", "-p", str(pp), "-n", str(tg), "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)[0]["avg_ts"]
 
 
@@ -42,8 +47,15 @@ def main() -> None:
     from radixrt import Engine
 
     t = time.perf_counter()
-    e = Engine(model=a.gguf, quantization="auto", speculative_algorithm="none", max_total_tokens=2048, context_length=2048, num_threads=2,
-               log_level="warning")
+    e = Engine(
+        model=a.gguf,
+        quantization="auto",
+        speculative_algorithm="none",
+        max_total_tokens=2048,
+        context_length=2048,
+        num_threads=2,
+        log_level="warning",
+    )
     load_s = time.perf_counter() - t
     long = long_prompt(512)
     e.generate(input_ids=SHORT, sampling_params=sp(8))  # warm-up
@@ -69,8 +81,9 @@ def main() -> None:
         if xs and ys:
             rec[f"llama_{k}_median"] = statistics.median(ys)
             rec[f"{k}_ratio"] = statistics.median(xs) / statistics.median(ys)
-    rec["commit"] = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                   text=True).stdout.strip()
+    rec["commit"] = subprocess.run(
+        ["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     rec["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(rec["file"], {k: round(v, 3) for k, v in rec.items() if k.endswith(("median", "ratio"))}, flush=True)
     with open(OUT, "a") as f:

@@ -8,6 +8,7 @@ The pool's bytes are the runner's own report (``memory_stats``). One JSON line p
 
     cpuslot python benchmarks/engine_rss.py FILE.gguf [FILE.gguf ...] [--kv-tokens 4096]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,16 +36,26 @@ def child(path: str, kv_tokens: int) -> dict:
     from radixrt import Engine
 
     t = time.perf_counter()
-    e = Engine(model=path, quantization="auto", max_total_tokens=kv_tokens, context_length=min(kv_tokens, 8192),
-               num_threads=2, log_level="warning")
+    e = Engine(
+        model=path,
+        quantization="auto",
+        max_total_tokens=kv_tokens,
+        context_length=min(kv_tokens, 8192),
+        num_threads=2,
+        log_level="warning",
+    )
     load_s = time.perf_counter() - t
     ids = [1 + (i * 104729) % 40000 for i in range(64)]
     out = e.generate(input_ids=ids, sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
     assert len(out["output_ids"]) == 16
     m = e.runner.memory_stats()
     e.shutdown()
-    return {"load_s": round(load_s, 1), "weight_bytes": m["weight_bytes"], "kv_pool_bytes": m["kv_pool_bytes"],
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {
+        "load_s": round(load_s, 1),
+        "weight_bytes": m["weight_bytes"],
+        "kv_pool_bytes": m["kv_pool_bytes"],
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
 
 
 def main() -> None:
@@ -56,14 +67,24 @@ def main() -> None:
     if a.child:
         print("RESULT", json.dumps(child(a.child, a.kv_tokens)))
         return
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     for path in a.files:
         load = [round(x, 2) for x in os.getloadavg()]
-        p = subprocess.run([sys.executable, __file__, "--child", path, "--kv-tokens", str(a.kv_tokens)],
-                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
-        rec = {"file": os.path.relpath(path, os.path.dirname(os.path.dirname(path))), "file_bytes": file_bytes(path), "kv_tokens": a.kv_tokens,
-               "load_before": load, "commit": commit}
+        p = subprocess.run(
+            [sys.executable, __file__, "--child", path, "--kv-tokens", str(a.kv_tokens)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
+        rec = {
+            "file": os.path.relpath(path, os.path.dirname(os.path.dirname(path))),
+            "file_bytes": file_bytes(path),
+            "kv_tokens": a.kv_tokens,
+            "load_before": load,
+            "commit": commit,
+        }
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if p.returncode or not line:
             rec["error"] = (p.stderr or p.stdout)[-1500:]
@@ -74,10 +95,16 @@ def main() -> None:
         with open(OUT, "a") as f:
             f.write(json.dumps(rec) + "\n")
         mib = lambda k: rec.get(k, 0) / 2**20  # noqa: E731
-        print(f"{rec['file']}: " + (rec["error"][-300:] if "error" in rec else
-              f"peak {mib('peak_rss_bytes'):.0f} MiB, bound {mib('bound_bytes'):.0f} MiB (weights "
-              f"{mib('weight_bytes'):.0f}, KV {mib('kv_pool_bytes'):.0f}), load {rec['load_s']} s at {load[0]}"),
-              flush=True)
+        print(
+            f"{rec['file']}: "
+            + (
+                rec["error"][-300:]
+                if "error" in rec
+                else f"peak {mib('peak_rss_bytes'):.0f} MiB, bound {mib('bound_bytes'):.0f} MiB (weights "
+                f"{mib('weight_bytes'):.0f}, KV {mib('kv_pool_bytes'):.0f}), load {rec['load_s']} s at {load[0]}"
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

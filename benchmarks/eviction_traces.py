@@ -11,6 +11,7 @@
   prompt structure and every length are the suite's. Programs advance round-robin: every program's call k
   before any program's call k+1, as they run concurrently live.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,18 @@ def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(*VOCAB) for _ in range(n)]
 
 
-def agent_churn(agents: int = 8, calls: int = 6, churn: int = 4, system_len: int = 1024, task_len: int = 64,
-                answer_len: int = 48, obs_len: int = 160, oneoff_len: int = 768, oneoff_out: int = 64,
-                seed: int = 0) -> list[ReplayReq]:
+def agent_churn(
+    agents: int = 8,
+    calls: int = 6,
+    churn: int = 4,
+    system_len: int = 1024,
+    task_len: int = 64,
+    answer_len: int = 48,
+    obs_len: int = 160,
+    oneoff_len: int = 768,
+    oneoff_out: int = 64,
+    seed: int = 0,
+) -> list[ReplayReq]:
     """``agents`` x ``calls`` agent calls, round-robin over agents, ``churn`` one-offs before each call."""
     rng = random.Random(f"agent-churn-{seed}")
     system, chat = _ids(rng, system_len), _ids(rng, 128)
@@ -46,8 +56,15 @@ def agent_churn(agents: int = 8, calls: int = 6, churn: int = 4, system_len: int
     return out
 
 
-def phase_shift(groups: int = 6, per_phase: int = 240, system_len: int = 768, question_len: int = 96,
-                out_len: int = 32, oneoff_every: int = 2, seed: int = 0) -> list[ReplayReq]:
+def phase_shift(
+    groups: int = 6,
+    per_phase: int = 240,
+    system_len: int = 768,
+    question_len: int = 96,
+    out_len: int = 32,
+    oneoff_every: int = 2,
+    seed: int = 0,
+) -> list[ReplayReq]:
     """Two phases of ``per_phase`` requests over ``groups`` system prompts each (different prompts in the
     second phase); every ``oneoff_every``-th request is a one-off of the same length instead."""
     rng = random.Random(f"phase-shift-{seed}")

@@ -9,6 +9,7 @@ The machine's read bandwidth (``roofline.read_gbps``) is measured in the same ru
 
     cpuslot --all python benchmarks/gemv_probe.py ~/.cache/radixrt/models/llama-3.2-1b/llama-3.2-1b-Q4_K_M.gguf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,9 +70,11 @@ def main() -> None:
     probe = read_gbps()
     allb = sum(w.numel() for _, _, w, _ in ws)
     best = min(total)
-    print(f"{os.path.basename(a.gguf)} M={a.rows}: matmuls {best * 1e3:.2f} ms/step (median "
-          f"{sorted(total)[len(total) // 2] * 1e3:.2f}), {allb / best / 1e9:.1f} GB/s, bound {1 / best:.1f} tok/s; "
-          f"read probe {probe:.1f} GB/s; load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{os.path.basename(a.gguf)} M={a.rows}: matmuls {best * 1e3:.2f} ms/step (median "
+        f"{sorted(total)[len(total) // 2] * 1e3:.2f}), {allb / best / 1e9:.1f} GB/s, bound {1 / best:.1f} tok/s; "
+        f"read probe {probe:.1f} GB/s; load {os.getloadavg()[0]:.2f}"
+    )
     for key in sorted(per, key=lambda k: -per[k]):
         s = per[key] / a.reps
         line = f"  {key[0]:5s} {str(key[1]):16s} x{count[key]:3d}: {s * 1e3:7.2f} ms/step {nbytes[key] / s / 1e9:6.1f} GB/s"

@@ -16,6 +16,7 @@ the argmax has margin; where the two differ, it is the rounding of two implement
 
 Writes ``benchmarks/results/llama_agreement.json``. Not in ``make test``: llama.cpp takes ~10 min to build.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,16 @@ from peers import llama_binary, missing_notice  # noqa: E402
 
 OUT = os.path.join(HERE, "results", "llama_agreement.json")
 DEST = os.path.expanduser("~/.cache/radixrt/models/smollm2")
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "Explain what a prefix cache is in one paragraph.", "List three prime numbers greater than 50.",
-             "Translate 'good morning' into Spanish and German.", "What does a CPU do?",
-             "Give me a JSON object with keys name and age for a fictional person.",
-             "Why is the sky blue? Answer briefly."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a prefix cache is in one paragraph.",
+    "List three prime numbers greater than 50.",
+    "Translate 'good morning' into Spanish and German.",
+    "What does a CPU do?",
+    "Give me a JSON object with keys name and age for a fictional person.",
+    "Why is the sky blue? Answer briefly.",
+]
 
 
 def files(types: list[str]) -> dict[str, str]:
@@ -52,8 +58,11 @@ def files(types: list[str]) -> dict[str, str]:
             continue
         p = os.path.join(DEST, f"smollm2-135m-instruct-{t}.gguf")
         if not os.path.exists(p):
-            subprocess.run([llama_binary("llama-quantize"), "--allow-requantize", src, p + ".tmp", t, "2"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [llama_binary("llama-quantize"), "--allow-requantize", src, p + ".tmp", t, "2"],
+                check=True,
+                capture_output=True,
+            )
             os.rename(p + ".tmp", p)
         out[t] = p
     return out
@@ -63,22 +72,28 @@ def prompts() -> list[list[int]]:
     from radixrt.runtime.models.loader import load_tokenizer
 
     tok = load_tokenizer()
-    texts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-             for q in QUESTIONS]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in QUESTIONS
+    ]
     return [list(tok.encode(t, add_special_tokens=False)) for t in texts]
 
 
 def radixrt_tokens(path: str, ids: list[list[int]], n: int) -> list[list[int]]:
     from radixrt import Engine
 
-    e = Engine(model=path, quantization="auto", max_total_tokens=2048, context_length=1024, num_threads=2,
-               log_level="warning")
+    e = Engine(
+        model=path, quantization="auto", max_total_tokens=2048, context_length=1024, num_threads=2, log_level="warning"
+    )
     try:
         out = []
         for p in ids:
             e.flush_cache()
-            out.append(e.generate(input_ids=p, sampling_params={"max_new_tokens": n, "temperature": 0,
-                                                                "ignore_eos": True})["output_ids"])
+            out.append(
+                e.generate(input_ids=p, sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True})[
+                    "output_ids"
+                ]
+            )
         return out
     finally:
         e.shutdown()
@@ -88,9 +103,28 @@ def llama_tokens(path: str, ids: list[list[int]], n: int) -> list[list[int]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = subprocess.Popen([llama_binary("llama-server"), "-m", path, "-t", "2", "-tb", "2", "-c", "1024", "-np", "1",
-                            "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        [
+            llama_binary("llama-server"),
+            "-m",
+            path,
+            "-t",
+            "2",
+            "-tb",
+            "2",
+            "-c",
+            "1024",
+            "-np",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-webui",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(600):
             try:
@@ -100,13 +134,27 @@ def llama_tokens(path: str, ids: list[list[int]], n: int) -> list[list[int]]:
                 time.sleep(0.5)
         out = []
         for p in ids:
-            body = json.dumps({"prompt": p, "n_predict": n, "temperature": 0, "top_k": 1, "cache_prompt": False,
-                               "ignore_eos": True, "return_tokens": True, "seed": 0, "n_probs": 3}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
-                                         {"Content-Type": "application/json"})
+            body = json.dumps(
+                {
+                    "prompt": p,
+                    "n_predict": n,
+                    "temperature": 0,
+                    "top_k": 1,
+                    "cache_prompt": False,
+                    "ignore_eos": True,
+                    "return_tokens": True,
+                    "seed": 0,
+                    "n_probs": 3,
+                }
+            ).encode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"}
+            )
             r = json.loads(urllib.request.urlopen(req, timeout=600).read())
-            top = [[(t["id"], round(t["logprob"], 3)) for t in step["top_logprobs"]]
-                   for step in r.get("completion_probabilities", [])]
+            top = [
+                [(t["id"], round(t["logprob"], 3)) for t in step["top_logprobs"]]
+                for step in r.get("completion_probabilities", [])
+            ]
             out.append((r["tokens"], top))
         return out
     finally:
@@ -115,10 +163,16 @@ def llama_tokens(path: str, ids: list[list[int]], n: int) -> list[list[int]]:
 
 
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict:
-    prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
-              for x, y in zip(ours, theirs)]
-    return {"common_prefix": prefix, "prefix_tokens": sum(prefix), "of": sum(len(x) for x in ours),
-            "exact_prompts": sum(x == y for x, y in zip(ours, theirs)), "prompts": len(ours)}
+    prefix = [
+        next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(ours, theirs)
+    ]
+    return {
+        "common_prefix": prefix,
+        "prefix_tokens": sum(prefix),
+        "of": sum(len(x) for x in ours),
+        "exact_prompts": sum(x == y for x, y in zip(ours, theirs)),
+        "prompts": len(ours),
+    }
 
 
 def main() -> None:
@@ -131,27 +185,50 @@ def main() -> None:
             sys.exit(missing_notice(b))
     git = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     ids = prompts()
-    res = {"commit": git.stdout.strip(), "load": [round(x, 2) for x in os.getloadavg()], "new_tokens": a.new_tokens,
-           "prompt_lens": [len(p) for p in ids], "files": {}}
+    res = {
+        "commit": git.stdout.strip(),
+        "load": [round(x, 2) for x in os.getloadavg()],
+        "new_tokens": a.new_tokens,
+        "prompt_lens": [len(p) for p in ids],
+        "files": {},
+    }
     from radixrt.runtime.models.loader import load_tokenizer
+
     tok = load_tokenizer()
     for t, path in files(a.types.split(",")).items():
         ours, theirs_top = radixrt_tokens(path, ids, a.new_tokens), llama_tokens(path, ids, a.new_tokens)
         theirs = [t for t, _ in theirs_top]
         r = agreement(ours, theirs)
         # llama.cpp's own top-3 logprobs where the two first differ: a near tie there is rounding, not a bug
-        r["llama_top3_at_divergence"] = [{"radixrt_token": x[k], "top3": top[k] if k < len(top) else None}
-                                         for x, (_, top), k in zip(ours, theirs_top, r["common_prefix"]) if k < len(x)]
-        r.update(file=os.path.basename(path), file_bytes=os.path.getsize(path), radixrt=ours, llama_server=theirs,
-                 first_divergence=[{"radixrt": tok.decode(x[:k + 1]), "llama_server": tok.decode(y[:k + 1])}
-                                   for x, y, k in zip(ours, theirs, r["common_prefix"]) if k < len(x)])
+        r["llama_top3_at_divergence"] = [
+            {"radixrt_token": x[k], "top3": top[k] if k < len(top) else None}
+            for x, (_, top), k in zip(ours, theirs_top, r["common_prefix"])
+            if k < len(x)
+        ]
+        r.update(
+            file=os.path.basename(path),
+            file_bytes=os.path.getsize(path),
+            radixrt=ours,
+            llama_server=theirs,
+            first_divergence=[
+                {"radixrt": tok.decode(x[: k + 1]), "llama_server": tok.decode(y[: k + 1])}
+                for x, y, k in zip(ours, theirs, r["common_prefix"])
+                if k < len(x)
+            ],
+        )
         res["files"][t] = r
-        gaps = [round(d["top3"][0][1] - dict(d["top3"]).get(d["radixrt_token"], float("nan")), 3)
-                for d in r["llama_top3_at_divergence"] if d["top3"]]
+        gaps = [
+            round(d["top3"][0][1] - dict(d["top3"]).get(d["radixrt_token"], float("nan")), 3)
+            for d in r["llama_top3_at_divergence"]
+            if d["top3"]
+        ]
         r["llama_top1_minus_radixrt_token_logprob"] = gaps
-        print(f"{t}: {r['prefix_tokens']}/{r['of']} tokens equal up to the first divergence, {r['exact_prompts']}/"
-              f"{r['prompts']} prompts identical (per prompt {r['common_prefix']}); llama.cpp's top-1 minus "
-              f"radixrt's token's logprob at each divergence: {gaps}", flush=True)
+        print(
+            f"{t}: {r['prefix_tokens']}/{r['of']} tokens equal up to the first divergence, {r['exact_prompts']}/"
+            f"{r['prompts']} prompts identical (per prompt {r['common_prefix']}); llama.cpp's top-1 minus "
+            f"radixrt's token's logprob at each divergence: {gaps}",
+            flush=True,
+        )
     res["load_after"] = [round(x, 2) for x in os.getloadavg()]
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:

@@ -9,6 +9,7 @@ Per subset (Github_easy/medium/hard, Kubernetes, Snowplow, Glaiveai2K) 50 schema
     git clone https://github.com/guidance-ai/jsonschemabench /tmp/jsb    # or any snapshot of it
     python benchmarks/make_schema_set.py /tmp/jsb [--per-subset 50]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ DEV = Path(__file__).resolve().parents[2] / "shared" / "cases" / "jsonschema" / 
 def _strict(text: str):
     def bad(name):
         raise ValueError(name)
+
     return json.loads(text, parse_constant=bad)
 
 
@@ -33,10 +35,19 @@ def _files(repo: str, subset: str) -> dict[str, bytes]:
     root = Path(repo) / "data" / subset
     if root.is_dir():
         return {p.name: p.read_bytes() for p in sorted(root.glob("*.json"))}
-    names = subprocess.run(["git", "--git-dir", repo, "ls-tree", "--name-only", "HEAD", f"data/{subset}/"],
-                           capture_output=True, text=True, check=True).stdout.split()
-    return {Path(n).name: subprocess.run(["git", "--git-dir", repo, "show", f"HEAD:{n}"], capture_output=True,
-                                         check=True).stdout for n in names if n.endswith(".json")}
+    names = subprocess.run(
+        ["git", "--git-dir", repo, "ls-tree", "--name-only", "HEAD", f"data/{subset}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return {
+        Path(n).name: subprocess.run(
+            ["git", "--git-dir", repo, "show", f"HEAD:{n}"], capture_output=True, check=True
+        ).stdout
+        for n in names
+        if n.endswith(".json")
+    }
 
 
 def main() -> None:
@@ -59,8 +70,11 @@ def main() -> None:
             if isinstance(schema, dict):
                 ok.append((name, schema))
         for name, schema in rnd.sample(ok, min(a.per_subset, len(ok))):
-            lines.append(json.dumps({"subset": subset, "name": name[:-5], "schema": schema}, ensure_ascii=False,
-                                    separators=(",", ":")))
+            lines.append(
+                json.dumps(
+                    {"subset": subset, "name": name[:-5], "schema": schema}, ensure_ascii=False, separators=(",", ":")
+                )
+            )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} schemas -> {OUT}")

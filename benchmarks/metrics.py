@@ -17,6 +17,7 @@ For one workload on one system, over the completed requests (``duration`` = last
 
 Percentiles interpolate linearly (numpy's default), as ``roofline.percentile`` does.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,27 +32,28 @@ from roofline import percentile  # noqa: E402
 @dataclass
 class Record:
     """One call (a ``gen`` or a ``select``) as the client saw it. Times are ``time.perf_counter()`` seconds."""
+
     workload: str
     system: str
     program: int
     step: int
-    kind: str                                   # "gen" | "select"
+    kind: str  # "gen" | "select"
     t_send: float
     t_end: float
-    t_first: Optional[float] = None             # first chunk carrying a token (select: None -> t_end)
-    chunk_times: list[float] = field(default_factory=list)   # arrival of every chunk that carried tokens
-    prompt_tokens: int = 0                      # the workload's prompt tokens (the same for every system)
+    t_first: Optional[float] = None  # first chunk carrying a token (select: None -> t_end)
+    chunk_times: list[float] = field(default_factory=list)  # arrival of every chunk that carried tokens
+    prompt_tokens: int = 0  # the workload's prompt tokens (the same for every system)
     output_tokens: int = 0
-    reported_prompt_tokens: Optional[int] = None   # as the system counted them (hit-rate denominator)
-    cached_tokens: Optional[int] = None         # None: the system does not say
+    reported_prompt_tokens: Optional[int] = None  # as the system counted them (hit-rate denominator)
+    cached_tokens: Optional[int] = None  # None: the system does not say
     output_text: str = ""
     finish_reason: Optional[str] = None
     json_valid: Optional[bool] = None
-    decision: Optional[str] = None              # select: the chosen option
-    label: Optional[str] = None                 # select: the template's answer
+    decision: Optional[str] = None  # select: the chosen option
+    label: Optional[str] = None  # select: the template's answer
     error: Optional[str] = None
-    sent_ids: Optional[list[int]] = None        # the token ids sent, where the client tokenized
-    output_ids: Optional[list[int]] = None      # the token ids generated, where the system returns them
+    sent_ids: Optional[list[int]] = None  # the token ids sent, where the client tokenized
+    output_ids: Optional[list[int]] = None  # the token ids generated, where the system returns them
 
     @property
     def ttft(self) -> float:
@@ -90,19 +92,21 @@ def summarize(records: list[Record], optimal: Optional[float] = None, optimal_pa
     duration = max(duration, 1e-9)
     n_in = sum(r.prompt_tokens for r in ok)
     n_out = sum(r.output_tokens for r in ok)
-    out.update({
-        "duration_s": duration,
-        "total_input_tokens": n_in,
-        "total_output_tokens": n_out,
-        "request_throughput": len(ok) / duration,
-        "input_throughput": n_in / duration,
-        "output_throughput": n_out / duration,
-        "total_throughput": (n_in + n_out) / duration,
-        "ttft_s": stats([r.ttft for r in ok]),
-        "tpot_s": stats([t for t in (r.tpot for r in ok) if t is not None]),
-        "itl_s": stats([x for r in ok for x in r.itls]),
-        "e2e_s": stats([r.e2e for r in ok]),
-    })
+    out.update(
+        {
+            "duration_s": duration,
+            "total_input_tokens": n_in,
+            "total_output_tokens": n_out,
+            "request_throughput": len(ok) / duration,
+            "input_throughput": n_in / duration,
+            "output_throughput": n_out / duration,
+            "total_throughput": (n_in + n_out) / duration,
+            "ttft_s": stats([r.ttft for r in ok]),
+            "tpot_s": stats([t for t in (r.tpot for r in ok) if t is not None]),
+            "itl_s": stats([x for r in ok for x in r.itls]),
+            "e2e_s": stats([r.e2e for r in ok]),
+        }
+    )
     rep = [r for r in ok if r.cached_tokens is not None]
     if rep:
         den = sum(r.reported_prompt_tokens if r.reported_prompt_tokens is not None else r.prompt_tokens for r in rep)
@@ -139,8 +143,9 @@ class _Trie:
             node = node.setdefault(t, {})
 
 
-def optimal_hit_rate(events: Iterable[tuple[float, float, list[list[int]], Optional[list[int]]]],
-                     page: int = 1) -> Optional[float]:
+def optimal_hit_rate(
+    events: Iterable[tuple[float, float, list[list[int]], Optional[list[int]]]], page: int = 1
+) -> Optional[float]:
     """The hit rate of an ideal, unbounded, token-granular prefix cache.
 
     ``events``: one ``(t_send, t_end, sent, done)`` per call: ``sent`` the token sequences the call sends
@@ -154,7 +159,7 @@ def optimal_hit_rate(events: Iterable[tuple[float, float, list[list[int]], Optio
     for i, (t0, t1, sent, done) in enumerate(events):
         timeline.append((t0, 1, i, sent))
         if done is not None:
-            timeline.append((t1, 0, i, [done]))   # at equal times a finish comes before a send
+            timeline.append((t1, 0, i, [done]))  # at equal times a finish comes before a send
     timeline.sort(key=lambda e: (e[0], e[1], e[2]))
     trie, hit, total = _Trie(), 0, 0
     for _, is_send, _, seqs in timeline:

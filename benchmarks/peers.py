@@ -4,6 +4,7 @@
 llama-cpp-python sdist vendors, into ``$RADIXRT_PEERS_DIR/llama.cpp-<version>/bin`` (default
 ``~/.cache/radixrt/peers``). Both benchmarks (``run_all.py``, ``bench_engine.py``) look them up here.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"   # the sdist whose vendored llama.cpp build_peers.sh builds
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist whose vendored llama.cpp build_peers.sh builds
 
 
 def peers_dir() -> Path:
@@ -26,12 +27,13 @@ def llama_binary(name: str) -> Optional[str]:
 
 
 def missing_notice(name: str) -> str:
-    return (f"{name} is not built: run `flock /tmp/bench.lock nice -n 10 make peers` (about 10 min on 2 cores; "
-            f"it builds llama.cpp from the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist into {peers_dir()})")
+    return (
+        f"{name} is not built: run `flock /tmp/bench.lock nice -n 10 make peers` (about 10 min on 2 cores; "
+        f"it builds llama.cpp from the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist into {peers_dir()})"
+    )
 
 
-def llama_bench_tg(gguf: str, threads: int, n_gen: int = 128, reps: int = 3,
-                   timeout: float = 600) -> dict:
+def llama_bench_tg(gguf: str, threads: int, n_gen: int = 128, reps: int = 3, timeout: float = 600) -> dict:
     """llama.cpp's batch-1 decode: ``llama-bench -p 0 -n n_gen`` (token generation only, one sequence).
 
     Returns ``{"tok_s": mean tokens/s, "stdev": tokens/s, "n_gen": tokens, "threads": n, "build": commit}``.
@@ -51,5 +53,10 @@ def llama_bench_tg(gguf: str, threads: int, n_gen: int = 128, reps: int = 3,
     if not rows:
         raise RuntimeError(f"llama-bench printed no tg{n_gen} result: {r.stdout[-2000:]}")
     row = rows[0]
-    return {"tok_s": float(row["avg_ts"]), "stdev": float(row.get("stddev_ts", 0.0)), "n_gen": n_gen,
-            "threads": int(row.get("n_threads", threads)), "build": row.get("build_commit")}
+    return {
+        "tok_s": float(row["avg_ts"]),
+        "stdev": float(row.get("stddev_ts", 0.0)),
+        "n_gen": n_gen,
+        "threads": int(row.get("n_threads", threads)),
+        "build": row.get("build_commit"),
+    }

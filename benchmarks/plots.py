@@ -1,5 +1,6 @@
 """One PNG per workload (matplotlib, Agg): throughput bars per system, the TTFT and ITL distributions
 (empirical CDFs, log time axis), and the hit rate next to the optimal one."""
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,9 @@ def plot_workload(path: str, workload: str, description: str, runs: dict[str, di
             ax.hlines(o, x, x + b.get_width(), colors="k", linestyles="--")
         if p is not None:
             ax.hlines(p, x, x + b.get_width(), colors="k", linestyles=":")
-        ax.annotate("n/a" if h is None else f"{h:.1%}", (x + b.get_width() / 2, h or 0), ha="center",
-                    va="bottom", fontsize=8)
+        ax.annotate(
+            "n/a" if h is None else f"{h:.1%}", (x + b.get_width() / 2, h or 0), ha="center", va="bottom", fontsize=8
+        )
     ax.set_ylim(0, 1.05)
     ax.set_title("hit rate (dashed: optimal, dotted: in 16-token pages)", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)

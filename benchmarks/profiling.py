@@ -5,6 +5,7 @@ py-spy (``pip install py-spy``) attaches to the running process; nothing in radi
 collapsed stacks go to ``profile-<system>-<workload>.txt`` (load them in speedscope, or run ``flamegraph.pl``)
 and the run reports the top frames by self time and by inclusive time.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,9 +33,23 @@ class PySpy:
             raise RuntimeError("--profile needs py-spy: pip install py-spy")
         self.out = out
         self.log = out + ".log"
-        self.proc = subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
-                                      "--output", out, "--nonblocking"],
-                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                str(rate),
+                "--format",
+                "raw",
+                "--output",
+                out,
+                "--nonblocking",
+            ],
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+        )
 
     def stop(self, timeout: float = 60) -> Optional[str]:
         """Stop sampling; returns the output file, or None when py-spy wrote nothing (see the .log)."""
@@ -86,6 +101,8 @@ def top_frames(raw_path: str, n: int = 12) -> dict:
             incl[nm] += c
     if not total:
         return {"samples": 0, "self": [], "inclusive": []}
-    return {"samples": total,
-            "self": [[k, v / total] for k, v in self_c.most_common(n)],
-            "inclusive": [[k, v / total] for k, v in incl.most_common(n + 8)][:n + 8]}
+    return {
+        "samples": total,
+        "self": [[k, v / total] for k, v in self_c.most_common(n)],
+        "inclusive": [[k, v / total] for k, v in incl.most_common(n + 8)][: n + 8],
+    }

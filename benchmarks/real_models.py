@@ -19,6 +19,7 @@ after. One line per file; ``benchmarks/results/real_models.json`` (merged by fil
 
 Shapes: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen2.5-1.5b. Types: F16 and any llama-quantize type.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,24 +42,72 @@ OUT = os.path.join(HERE, "results", "real_models.json")
 # pip install --target ~/.cache/radixrt/peers/convert-deps sentencepiece
 CONVERT_DEPS = os.path.join(os.path.dirname(PEER), "convert-deps")
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-               "original_max_position_embeddings": 8192}
-LLAMA = dict(arch="llama", vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
-             max_position_embeddings=131072, hidden_act="silu", attention_bias=False, mlp_bias=False)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+}
+LLAMA = dict(
+    arch="llama",
+    vocab_size=128256,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131072,
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+)
 SHAPES = {
-    "llama-3.2-1b": dict(LLAMA, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, intermediate_size=8192, head_dim=64, tie_word_embeddings=True,
-                         rope_scaling=LLAMA3_ROPE),
-    "llama-3.2-3b": dict(LLAMA, hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
-                         num_key_value_heads=8, intermediate_size=8192, head_dim=128, tie_word_embeddings=True,
-                         rope_scaling=LLAMA3_ROPE),
-    "llama-3.1-8b": dict(LLAMA, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, intermediate_size=14336, head_dim=128, tie_word_embeddings=False,
-                         rope_scaling=dict(LLAMA3_ROPE, factor=8.0)),
-    "qwen2.5-1.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=1536, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
-                         rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
-                         hidden_act="silu", tie_word_embeddings=True, use_sliding_window=False),
+    "llama-3.2-1b": dict(
+        LLAMA,
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_scaling=LLAMA3_ROPE,
+    ),
+    "llama-3.2-3b": dict(
+        LLAMA,
+        hidden_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rope_scaling=LLAMA3_ROPE,
+    ),
+    "llama-3.1-8b": dict(
+        LLAMA,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        head_dim=128,
+        tie_word_embeddings=False,
+        rope_scaling=dict(LLAMA3_ROPE, factor=8.0),
+    ),
+    "qwen2.5-1.5b": dict(
+        arch="qwen2",
+        vocab_size=151936,
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=32768,
+        hidden_act="silu",
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
 }
 
 
@@ -83,13 +132,16 @@ def make_hf(shape: str) -> str:
     tok = load_tokenizer()
     spec = dict(SHAPES[shape])
     arch = spec.pop("arch")
-    spec.update(bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else 0,
-                eos_token_id=tok.eos_token_id if tok.eos_token_id is not None else 0)
+    spec.update(
+        bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else 0,
+        eos_token_id=tok.eos_token_id if tok.eos_token_id is not None else 0,
+    )
     cfg = (LlamaConfig if arch == "llama" else Qwen2Config)(**spec)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     # one tensor at a time into ~2 GB shards: an 8B model never sits whole in this box's 24 GB
     from safetensors.torch import save_file
+
     os.makedirs(d, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     cur, size, total, index = {}, 0, 0, {}
@@ -180,8 +232,15 @@ def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -
     cpp.ops("radixrt_ggml")
     build_s = time.perf_counter() - t
     t = time.perf_counter()
-    e = Engine(model=path, quantization="auto", max_total_tokens=kv_tokens, context_length=kv_tokens, num_threads=2,
-               log_level="warning", speculative_algorithm="none")
+    e = Engine(
+        model=path,
+        quantization="auto",
+        max_total_tokens=kv_tokens,
+        context_length=kv_tokens,
+        num_threads=2,
+        log_level="warning",
+        speculative_algorithm="none",
+    )
     load_s = time.perf_counter() - t
     e.generate(input_ids=SHORT, sampling_params=sp(8))  # warm-up
     decode = decode_tok_s(e, new_tokens)
@@ -190,27 +249,63 @@ def radixrt_child(path: str, prompt_len: int, new_tokens: int, kv_tokens: int) -
     prefill = prefill_tok_s(e, long)
     m = e.runner.memory_stats()
     e.shutdown()
-    return dict(kernel_build_s=build_s, load_s=load_s, decode_tok_s=decode, prefill_tok_s=prefill, weight_bytes=m["weight_bytes"],
-                kv_pool_bytes=m["kv_pool_bytes"], rss_bytes=m["rss_bytes"],
-                peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return dict(
+        kernel_build_s=build_s,
+        load_s=load_s,
+        decode_tok_s=decode,
+        prefill_tok_s=prefill,
+        weight_bytes=m["weight_bytes"],
+        kv_pool_bytes=m["kv_pool_bytes"],
+        rss_bytes=m["rss_bytes"],
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    )
 
 
 def llama_bench(path: str, prompt_len: int, new_tokens: int, reps: int) -> dict:
-    out = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", path, "-t", "2", "-p", str(prompt_len), "-n",
-                          str(new_tokens), "-r", str(reps), "-o", "json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            os.path.join(BIN, "llama-bench"),
+            "-m",
+            path,
+            "-t",
+            "2",
+            "-p",
+            str(prompt_len),
+            "-n",
+            str(new_tokens),
+            "-r",
+            str(reps),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = json.loads(out.stdout)
     pp = next(r for r in rows if r["n_prompt"] == prompt_len and r["n_gen"] == 0)
     tg = next(r for r in rows if r["n_gen"] == new_tokens and r["n_prompt"] == 0)
-    return {f"pp{prompt_len}_tok_s": pp["avg_ts"], f"tg{new_tokens}_tok_s": tg["avg_ts"],
-            "pp_stdev": pp["stddev_ts"], "tg_stdev": tg["stddev_ts"]}
+    return {
+        f"pp{prompt_len}_tok_s": pp["avg_ts"],
+        f"tg{new_tokens}_tok_s": tg["avg_ts"],
+        "pp_stdev": pp["stddev_ts"],
+        "tg_stdev": tg["stddev_ts"],
+    }
 
 
 def measure(path: str, a) -> dict:
     git = lambda *c: subprocess.run(["git", "-C", ROOT, *c], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    rec = {"file": os.path.basename(path), "file_bytes": os.path.getsize(path), "load_before": loadavg(),
-           "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
-    code = (f"import json,sys; sys.path.insert(0,{HERE!r}); from real_models import radixrt_child; "
-            f"print('RESULT', json.dumps(radixrt_child({path!r}, {a.prompt_len}, {a.new_tokens}, {a.kv_tokens})))")
+    rec = {
+        "file": os.path.basename(path),
+        "file_bytes": os.path.getsize(path),
+        "load_before": loadavg(),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "-uno")),
+    }
+    code = (
+        f"import json,sys; sys.path.insert(0,{HERE!r}); from real_models import radixrt_child; "
+        f"print('RESULT', json.dumps(radixrt_child({path!r}, {a.prompt_len}, {a.new_tokens}, {a.kv_tokens})))"
+    )
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
@@ -229,11 +324,30 @@ def measure(path: str, a) -> dict:
             rec["llama_bench"] = llama_bench(path, a.prompt_len, a.new_tokens, a.reps)
         except subprocess.CalledProcessError as err:
             rec["llama_bench_error"] = err.stderr[-2000:]
-    if a.tg_t1 and not a.skip_llama:  # llama.cpp's threads spin at their barriers: -t 2 collapses when the 2 cores are shared
+    if (
+        a.tg_t1 and not a.skip_llama
+    ):  # llama.cpp's threads spin at their barriers: -t 2 collapses when the 2 cores are shared
         try:
-            out = subprocess.run([os.path.join(BIN, "llama-bench"), "-m", path, "-t", "1", "-p", "0", "-n",
-                                  str(a.new_tokens), "-r", str(a.reps), "-o", "json"], capture_output=True, text=True,
-                                 check=True)
+            out = subprocess.run(
+                [
+                    os.path.join(BIN, "llama-bench"),
+                    "-m",
+                    path,
+                    "-t",
+                    "1",
+                    "-p",
+                    "0",
+                    "-n",
+                    str(a.new_tokens),
+                    "-r",
+                    str(a.reps),
+                    "-o",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             rec["llama_bench_t1_tg_tok_s"] = json.loads(out.stdout)[0]["avg_ts"]
         except subprocess.CalledProcessError as err:
             rec["llama_bench_t1_error"] = err.stderr[-2000:]
@@ -245,13 +359,16 @@ def measure(path: str, a) -> dict:
         rec["rss_over_file_kv_mb"] = (r["peak_rss_bytes"] - rec["file_bytes"] - r["kv_pool_bytes"]) / 2**20
     mb = lambda x: f"{x / 2**20:.0f}"  # noqa: E731
     if r:
-        print(f"{rec['file']}: file {mb(rec['file_bytes'])} MB, peak RSS {mb(r['peak_rss_bytes'])} MB, weights "
-              f"{mb(r['weight_bytes'])} MB, KV {mb(r['kv_pool_bytes'])} MB, load {r['load_s']:.1f} s, decode "
-              f"{r['decode_tok_s']:.2f} tok/s vs tg {lb and lb[f'tg{a.new_tokens}_tok_s'] or 0:.2f} "
-              f"({rec.get('decode_ratio', 0):.2f}x), prefill {r['prefill_tok_s']:.1f} vs pp "
-              f"{lb and lb[f'pp{a.prompt_len}_tok_s'] or 0:.1f} ({rec.get('prefill_ratio', 0):.2f}x), "
-              f"{'tg -t 1 %.2f, ' % rec['llama_bench_t1_tg_tok_s'] if 'llama_bench_t1_tg_tok_s' in rec else ''}"
-              f"load avg {rec['load_before'][0]}/{rec['load_mid'][0]}/{rec['load_after'][0]}", flush=True)
+        print(
+            f"{rec['file']}: file {mb(rec['file_bytes'])} MB, peak RSS {mb(r['peak_rss_bytes'])} MB, weights "
+            f"{mb(r['weight_bytes'])} MB, KV {mb(r['kv_pool_bytes'])} MB, load {r['load_s']:.1f} s, decode "
+            f"{r['decode_tok_s']:.2f} tok/s vs tg {lb and lb[f'tg{a.new_tokens}_tok_s'] or 0:.2f} "
+            f"({rec.get('decode_ratio', 0):.2f}x), prefill {r['prefill_tok_s']:.1f} vs pp "
+            f"{lb and lb[f'pp{a.prompt_len}_tok_s'] or 0:.1f} ({rec.get('prefill_ratio', 0):.2f}x), "
+            f"{'tg -t 1 %.2f, ' % rec['llama_bench_t1_tg_tok_s'] if 'llama_bench_t1_tg_tok_s' in rec else ''}"
+            f"load avg {rec['load_before'][0]}/{rec['load_mid'][0]}/{rec['load_after'][0]}",
+            flush=True,
+        )
     else:
         print(f"{rec['file']}: radixrt failed: {rec['radixrt_error'][-400:]}", flush=True)
     return rec
@@ -263,8 +380,15 @@ def check(path: str, n_prompts: int = 4, n_new: int = 16, port: int = 18089) -> 
 
     prompts = [[1] + [2 + (i * 31 + j * 977) % 40000 for j in range(8 + 5 * i)] for i in range(n_prompts)]  # BOS first
     sp = {"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True}
-    e = Engine(model=path, quantization="auto", max_total_tokens=1024, context_length=1024, num_threads=2,
-               log_level="warning", speculative_algorithm="none")
+    e = Engine(
+        model=path,
+        quantization="auto",
+        max_total_tokens=1024,
+        context_length=1024,
+        num_threads=2,
+        log_level="warning",
+        speculative_algorithm="none",
+    )
     alone = []
     for p in prompts:
         e.flush_cache()
@@ -272,8 +396,11 @@ def check(path: str, n_prompts: int = 4, n_new: int = 16, port: int = 18089) -> 
     e.flush_cache()
     batched = [o["output_ids"] for o in e.generate(input_ids=prompts, sampling_params=sp)]
     e.shutdown()
-    srv = subprocess.Popen([os.path.join(BIN, "llama-server"), "-m", path, "-t", "2", "-c", "1024", "--port",
-                            str(port), "-np", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        [os.path.join(BIN, "llama-server"), "-m", path, "-t", "2", "-c", "1024", "--port", str(port), "-np", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     theirs = []
     try:
         for _ in range(300):
@@ -283,22 +410,42 @@ def check(path: str, n_prompts: int = 4, n_new: int = 16, port: int = 18089) -> 
             except Exception:
                 time.sleep(1)
         for p in prompts:
-            body = json.dumps({"prompt": p, "n_predict": n_new, "temperature": 0, "cache_prompt": False,
-                               "ignore_eos": True, "return_tokens": True}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
-                                         {"Content-Type": "application/json"})
+            body = json.dumps(
+                {
+                    "prompt": p,
+                    "n_predict": n_new,
+                    "temperature": 0,
+                    "cache_prompt": False,
+                    "ignore_eos": True,
+                    "return_tokens": True,
+                }
+            ).encode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"}
+            )
             theirs.append(json.loads(urllib.request.urlopen(req, timeout=600).read())["tokens"])
     finally:
         srv.terminate()
         srv.wait()
     same = sum(a == b for x, y in zip(alone, theirs) for a, b in zip(x, y))
-    prefix = [next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
-              for x, y in zip(alone, theirs)]
-    res = dict(file=os.path.basename(path), alone=alone, batched=batched, llama_server=theirs,
-               alone_equals_batched=alone == batched, agreement=same / (n_prompts * n_new),
-               common_prefix=prefix, load=loadavg())
-    print(f"check {res['file']}: alone == batched: {res['alone_equals_batched']}; agreement with llama-server "
-          f"{res['agreement']:.2f} (common prefix per prompt {prefix})", flush=True)
+    prefix = [
+        next((k for k, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y))) for x, y in zip(alone, theirs)
+    ]
+    res = dict(
+        file=os.path.basename(path),
+        alone=alone,
+        batched=batched,
+        llama_server=theirs,
+        alone_equals_batched=alone == batched,
+        agreement=same / (n_prompts * n_new),
+        common_prefix=prefix,
+        load=loadavg(),
+    )
+    print(
+        f"check {res['file']}: alone == batched: {res['alone_equals_batched']}; agreement with llama-server "
+        f"{res['agreement']:.2f} (common prefix per prompt {prefix})",
+        flush=True,
+    )
     return res
 
 

@@ -9,6 +9,7 @@ its shape. Writes ``benchmarks/results/real_profile_<file>_<mode>.txt``.
 
     cpuslot --all python benchmarks/real_profile.py ~/.cache/radixrt/models/llama-3.2-1b/llama-3.2-1b-Q4_K_M.gguf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,25 +33,38 @@ def main() -> None:
 
     from radixrt import Engine
 
-    e = Engine(model=a.gguf, quantization="auto", speculative_algorithm="none", max_total_tokens=2048, context_length=2048, num_threads=2,
-               log_level="warning")
+    e = Engine(
+        model=a.gguf,
+        quantization="auto",
+        speculative_algorithm="none",
+        max_total_tokens=2048,
+        context_length=2048,
+        num_threads=2,
+        log_level="warning",
+    )
     sp = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
     short = [1 + (i * 7919) % 40000 for i in range(16)]
     long = [1 + (i * 104729) % 40000 for i in range(512)]
     ids, n = (short, a.new_tokens) if a.mode == "decode" else (long, 1)
     e.generate(input_ids=ids[:64], sampling_params=sp(4))  # warm-up
     e.flush_cache()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        experimental_config=_ExperimentalConfig(profile_all_threads=True),
+    ) as prof:
         t = time.perf_counter()
         e.generate(input_ids=ids, sampling_params=sp(n))
         wall = time.perf_counter() - t
     e.shutdown()
     load = os.getloadavg()
-    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    head = (f"{os.path.basename(a.gguf)} {a.mode}: {wall:.2f} s for {n} tokens "
-            f"({wall / n * 1e3:.1f} ms/token), commit {commit}, load {load[0]:.2f}, torch {torch.__version__}")
+    commit = subprocess.run(
+        ["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    head = (
+        f"{os.path.basename(a.gguf)} {a.mode}: {wall:.2f} s for {n} tokens "
+        f"({wall / n * 1e3:.1f} ms/token), commit {commit}, load {load[0]:.2f}, torch {torch.__version__}"
+    )
     by_op = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows)
     by_shape = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=a.rows)
     text = "\n".join([head, "", "by op (self CPU, all threads):", by_op, "", "by op and input shapes:", by_shape])

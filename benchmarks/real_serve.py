@@ -13,6 +13,7 @@ and 1 slot (its KV buffer is f16 at ``-c`` tokens).
 
 Appends one JSON line per file and system to ``benchmarks/results/real_serve.jsonl``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,20 +77,69 @@ def run_one(system: str, path: str, a) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     if system == "radixrt":
-        cmd = [sys.executable, "-m", "radixrt", "serve", "--model", path, "--port", str(port), "--zmq-port",
-               str(free_port()), "--quantization", "auto", "--num-threads", "2", "--max-total-tokens",
-               str(a.kv_tokens), "--context-length", str(min(a.kv_tokens, 8192)), "--log-level", "warning",
-               "--speculative-algorithm", "none",
-               *a.radixrt_args.split()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt",
+            "serve",
+            "--model",
+            path,
+            "--port",
+            str(port),
+            "--zmq-port",
+            str(free_port()),
+            "--quantization",
+            "auto",
+            "--num-threads",
+            "2",
+            "--max-total-tokens",
+            str(a.kv_tokens),
+            "--context-length",
+            str(min(a.kv_tokens, 8192)),
+            "--log-level",
+            "warning",
+            "--speculative-algorithm",
+            "none",
+            *a.radixrt_args.split(),
+        ]
     else:
-        cmd = [llama_binary("llama-server"), "-m", path, "-t", "2", "-tb", "2", "-c", str(a.kv_tokens), "-np", "1",
-               "--host", "127.0.0.1", "--port", str(port), "--no-webui", "--log-disable"]
+        cmd = [
+            llama_binary("llama-server"),
+            "-m",
+            path,
+            "-t",
+            "2",
+            "-tb",
+            "2",
+            "-c",
+            str(a.kv_tokens),
+            "-np",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-webui",
+            "--log-disable",
+        ]
     cold = drop_caches() if a.cold else False
-    rec = {"system": system, "file": os.path.basename(path), "file_bytes": os.path.getsize(path), "cold": cold,
-           "kv_tokens": a.kv_tokens, "load_before": [round(x, 2) for x in os.getloadavg()]}
+    rec = {
+        "system": system,
+        "file": os.path.basename(path),
+        "file_bytes": os.path.getsize(path),
+        "cold": cold,
+        "kv_tokens": a.kv_tokens,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     t0 = time.perf_counter()
-    srv = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(f"/tmp/real_serve_{system}.log", "w"),
-                           env=dict(os.environ, PYTHONPATH=ROOT), start_new_session=True)
+    srv = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=open(f"/tmp/real_serve_{system}.log", "w"),
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        start_new_session=True,
+    )
     try:
         while True:
             if srv.poll() is not None:
@@ -105,11 +155,27 @@ def run_one(system: str, path: str, a) -> dict:
         rec["health_s"] = time.perf_counter() - t0
         ids = [1 + (i * 7919) % 40000 for i in range(16)]
         if system == "radixrt":
-            gen = lambda p, n: post(url + "/generate", {"input_ids": p, "sampling_params": {  # noqa: E731
-                "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+            gen = lambda p, n: post(
+                url + "/generate",
+                {
+                    "input_ids": p,
+                    "sampling_params": {  # noqa: E731
+                        "max_new_tokens": n,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                },
+            )
         else:
-            gen = lambda p, n: post(url + "/completion", {"prompt": p, "n_predict": n,  # noqa: E731
-                                                          "temperature": 0, "ignore_eos": True})
+            gen = lambda p, n: post(
+                url + "/completion",
+                {
+                    "prompt": p,
+                    "n_predict": n,  # noqa: E731
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            )
         gen(ids, 1)
         rec["load_to_first_token_s"] = time.perf_counter() - t0
         t = time.perf_counter()
@@ -145,8 +211,9 @@ def main() -> None:
     ap.add_argument("--radixrt-args", default="")
     ap.add_argument("--no-cold", dest="cold", action="store_false")
     a = ap.parse_args()
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     for path in a.files:
         for system in a.systems.split(","):
             try:
@@ -157,10 +224,17 @@ def main() -> None:
             with open(OUT, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             mb = rec.get("peak_rss_total_bytes", 0) / 2**20
-            print(f"{rec['file']} {system}: " + (rec["error"] if "error" in rec else
-                  f"first token {rec['load_to_first_token_s']:.1f} s (health {rec['health_s']:.1f} s, cold "
-                  f"{rec['cold']}), peak RSS {mb:.0f} MiB over {len(rec['peak_rss_by_process'])} processes, "
-                  f"load {rec['load_before'][0]}"), flush=True)
+            print(
+                f"{rec['file']} {system}: "
+                + (
+                    rec["error"]
+                    if "error" in rec
+                    else f"first token {rec['load_to_first_token_s']:.1f} s (health {rec['health_s']:.1f} s, cold "
+                    f"{rec['cold']}), peak RSS {mb:.0f} MiB over {len(rec['peak_rss_by_process'])} processes, "
+                    f"load {rec['load_before'][0]}"
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ figures from the last ``real_serve.py`` run per file.
 
     python benchmarks/real_table.py          # prints markdown
 """
+
 from __future__ import annotations
 
 import json
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def rows() -> list[str]:
@@ -26,14 +27,18 @@ def rows() -> list[str]:
         r = json.loads(line)
         if "error" not in r:
             serve.setdefault(r["file"], {})[r["system"]] = r
-    out = ["| file | size MiB | Engine peak RSS MiB (bound) | serve peak RSS MiB (bound) "
-           "| decode tok/s: radixrt / llama.cpp = ratio | prefill 512 tok/s: radixrt / llama.cpp = ratio "
-           "| cold load to 1st token s: radixrt / llama-server | load avg | commit |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| file | size MiB | Engine peak RSS MiB (bound) | serve peak RSS MiB (bound) "
+        "| decode tok/s: radixrt / llama.cpp = ratio | prefill 512 tok/s: radixrt / llama.cpp = ratio "
+        "| cold load to 1st token s: radixrt / llama-server | load avg | commit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     order = ["llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b"]
     types = ["F16", "Q8_0", "Q4_K_M", "Q4_0"]
-    key = lambda f: (next((i for i, s in enumerate(order) if f.startswith(s)), 9),  # noqa: E731
-                     next((i for i, t in enumerate(types) if f.endswith(t + ".gguf")), 9))
+    key = lambda f: (
+        next((i for i, s in enumerate(order) if f.startswith(s)), 9),  # noqa: E731
+        next((i for i, t in enumerate(types) if f.endswith(t + ".gguf")), 9),
+    )
     for f in sorted(set(models) | set(serve), key=key):
         m, s = models.get(f, {}), serve.get(f, {})
         r, lb = m.get("radixrt"), m.get("llama_bench")
@@ -61,9 +66,11 @@ def rows() -> list[str]:
             cells += ["-", "-"]
         ls = s.get("llama.cpp")
         if rs and ls:
-            cells.append(f"{rs['load_to_first_token_s']:.1f} / {ls['load_to_first_token_s']:.1f} = "
-                         f"{rs['load_to_first_token_s'] / ls['load_to_first_token_s']:.1f}x"
-                         + ("" if rs["cold"] and ls["cold"] else " (warm)"))
+            cells.append(
+                f"{rs['load_to_first_token_s']:.1f} / {ls['load_to_first_token_s']:.1f} = "
+                f"{rs['load_to_first_token_s'] / ls['load_to_first_token_s']:.1f}x"
+                + ("" if rs["cold"] and ls["cold"] else " (warm)")
+            )
         else:
             cells.append("-")
         loads = [m["load_before"][0]] if m else []

@@ -1,4 +1,5 @@
 """The machine's own roofline, measured in the same run as the figures compared against it."""
+
 from __future__ import annotations
 
 import time
@@ -17,12 +18,12 @@ def matmul_gflops(n: int = 1024, reps: int = 20, dtype=torch.float32, device="cp
         a @ b
     if device != "cpu":
         torch.cuda.synchronize()
-    return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def read_gbps(mbytes: int = 512, reps: int = 10, device="cpu") -> float:
     """Memory read bandwidth (a full reduction over a large buffer), GB/s."""
-    x = torch.ones(mbytes * 2 ** 20 // 4, dtype=torch.float32, device=device)
+    x = torch.ones(mbytes * 2**20 // 4, dtype=torch.float32, device=device)
     x.sum()
     t = time.perf_counter()
     for _ in range(reps):

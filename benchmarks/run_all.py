@@ -14,6 +14,7 @@ Prints a table per workload, every comparison as a ratio radixrt / peer measured
 issue's targets as met / missed. Writes ``bench.json`` (every figure, plus the TTFT and ITL samples) and one
 ``<workload>.png`` per workload to ``--out-dir`` (default ``benchmarks/results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ import metrics as M  # noqa: E402
 import target_workloads as T  # noqa: E402
 import workloads as W  # noqa: E402
 
-SYSTEMS = ("radixrt", "radixrt-nocache", "hf-generate", "llama.cpp")   # the default run
+SYSTEMS = ("radixrt", "radixrt-nocache", "hf-generate", "llama.cpp")  # the default run
 KNOWN_SYSTEMS = SYSTEMS + ("llama-cpp-python",)
 BASE = "radixrt"
 TARGETS = [  # (workload, what, peer / kind, threshold)
@@ -64,6 +65,7 @@ TARGETS_12 = [  # issue 12's llama.cpp targets, checked when their workloads ran
 
 def machine_info(roofline: bool = True) -> dict:
     import torch
+
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -72,12 +74,19 @@ def machine_info(roofline: bool = True) -> dict:
                 break
     except OSError:
         pass
-    info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
-                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                            "platform": platform.platform(), "load_avg_at_start": _loadavg()}
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_at_start": _loadavg(),
+    }
     if roofline:
         from roofline import matmul_gflops, read_gbps
+
         info["matmul_gflops"] = matmul_gflops(n=1024, reps=10)
         info["read_gbps"] = read_gbps(mbytes=256, reps=5)
     return info
@@ -108,7 +117,7 @@ def json_valid(text: str, schema: dict) -> bool:
         return False
 
 
-PAGE = 16   # radixrt's default page size (the paged optimum)
+PAGE = 16  # radixrt's default page size (the paged optimum)
 
 
 def finish_records(records: list[M.Record], tok: Any) -> tuple[Optional[float], Optional[float]]:
@@ -121,7 +130,7 @@ def finish_records(records: list[M.Record], tok: Any) -> tuple[Optional[float], 
         if isinstance(call, W.Select):
             sent = [tok.encode(call.context + c, add_special_tokens=False) for c in call.choices]
             done = None
-        else:   # what the system was sent: its token ids, or the text as radixrt's tokenizer splits it
+        else:  # what the system was sent: its token ids, or the text as radixrt's tokenizer splits it
             sent = [r.sent_ids if r.sent_ids is not None else tok.encode(call.prompt, add_special_tokens=False)]
             done = None
             if r.error is None and r.sent_ids is not None and r.output_ids is not None:
@@ -139,11 +148,23 @@ def finish_records(records: list[M.Record], tok: Any) -> tuple[Optional[float], 
 
 
 def record_dict(r: M.Record, t0: float) -> dict:
-    return {"program": r.program, "step": r.step, "kind": r.kind, "send_s": r.t_send - t0, "ttft_s": r.ttft,
-            "e2e_s": r.e2e, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
-            "cached_tokens": r.cached_tokens, "reported_prompt_tokens": r.reported_prompt_tokens,
-            "finish_reason": r.finish_reason, "json_valid": r.json_valid, "decision": r.decision,
-            "error": r.error, "output_text": r.output_text[:200]}
+    return {
+        "program": r.program,
+        "step": r.step,
+        "kind": r.kind,
+        "send_s": r.t_send - t0,
+        "ttft_s": r.ttft,
+        "e2e_s": r.e2e,
+        "prompt_tokens": r.prompt_tokens,
+        "output_tokens": r.output_tokens,
+        "cached_tokens": r.cached_tokens,
+        "reported_prompt_tokens": r.reported_prompt_tokens,
+        "finish_reason": r.finish_reason,
+        "json_valid": r.json_valid,
+        "decision": r.decision,
+        "error": r.error,
+        "output_text": r.output_text[:200],
+    }
 
 
 # ---- systems -------------------------------------------------------------------------------------------------
@@ -151,6 +172,7 @@ def record_dict(r: M.Record, t0: float) -> dict:
 
 def make_system(name: str, tok: Any, a: argparse.Namespace) -> Any:
     import systems as S
+
     extra = ("--num-threads", str(a.threads), *a.radixrt_args.split())
     if name == "radixrt":
         return S.RadixRT(tok, "radixrt", extra)
@@ -160,6 +182,7 @@ def make_system(name: str, tok: Any, a: argparse.Namespace) -> Any:
         return S.HFGenerate(tok, batch_size=a.hf_batch_size, threads=a.threads)
     if name in ("llama.cpp", "llama-cpp-python"):
         from radixrt.runtime.models.loader import default_gguf_path
+
         gguf = a.gguf or default_gguf_path()
         if name == "llama-cpp-python":
             return S.LlamaCpp(tok, gguf, threads=a.threads)
@@ -174,29 +197,39 @@ def run_system(sys_obj: Any, workloads: list[W.Workload], tok: Any, a: argparse.
     sys_obj.start(ctx)
     sys_obj.warmup()
     meta = {"start_s": time.perf_counter() - t0, "describe": sys_obj.describe()}
-    lengths: dict[str, dict[int, int]] = {}   # workload -> program -> output tokens (json-decode-free matches them)
+    lengths: dict[str, dict[int, int]] = {}  # workload -> program -> output tokens (json-decode-free matches them)
     try:
         for wl in workloads:
             kw = {"lengths": lengths[wl.match_from]} if wl.match_from in lengths else {}
             programs = wl.make_programs(**kw)
             concurrency = wl.concurrency or a.concurrency
             sys_obj.configure(min(len(programs), concurrency or len(programs)))
-            if sys_obj.reset():   # True: a fresh process, to warm up again
+            if sys_obj.reset():  # True: a fresh process, to warm up again
                 sys_obj.warmup()
             prof = None
             if a.profile and hasattr(sys_obj, "profile_pid"):
                 from profiling import PySpy
+
                 os.makedirs(a.out_dir, exist_ok=True)
                 prof = PySpy(sys_obj.profile_pid(), os.path.join(a.out_dir, f"profile-{sys_obj.name}-{wl.name}.txt"))
-            with tqdm(total=wl.n_calls, desc=f"{sys_obj.name:>15s} | {wl.name}", file=sys.stderr,
-                      dynamic_ncols=True, leave=True) as pbar:
+            with tqdm(
+                total=wl.n_calls,
+                desc=f"{sys_obj.name:>15s} | {wl.name}",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=True,
+            ) as pbar:
                 records = sys_obj.run(wl, programs, pbar, concurrency)
             profile = None
             if prof is not None:
                 from profiling import top_frames
+
                 path = prof.stop()
-                profile = {"file": os.path.basename(path), **top_frames(path)} if path else \
-                    {"error": f"py-spy wrote nothing, see {prof.log}"}
+                profile = (
+                    {"file": os.path.basename(path), **top_frames(path)}
+                    if path
+                    else {"error": f"py-spy wrote nothing, see {prof.log}"}
+                )
             optimal, paged = finish_records(records, tok)
             summ = M.summarize(records, optimal, paged)
             summ["headline"] = wl.headline
@@ -204,11 +237,18 @@ def run_system(sys_obj: Any, workloads: list[W.Workload], tok: Any, a: argparse.
             lengths[wl.name] = {r.program: r.output_tokens for r in ok}
             errors = sorted({r.error for r in records if r.error is not None})
             if errors:
-                print(f"[{sys_obj.name}] {wl.name}: {len(records) - len(ok)} failed calls, e.g. {errors[0]}",
-                      file=sys.stderr)
+                print(
+                    f"[{sys_obj.name}] {wl.name}: {len(records) - len(ok)} failed calls, e.g. {errors[0]}",
+                    file=sys.stderr,
+                )
             t_first = min((r.t_send for r in records), default=0.0)
-            out[wl.name] = {"summary": summ, "ttfts": [r.ttft for r in ok], "itls": [x for r in ok for x in r.itls],
-                            "records": [record_dict(r, t_first) for r in records], "errors": errors[:5]}
+            out[wl.name] = {
+                "summary": summ,
+                "ttfts": [r.ttft for r in ok],
+                "itls": [x for r in ok for x in r.itls],
+                "records": [record_dict(r, t_first) for r in records],
+                "errors": errors[:5],
+            }
             if profile is not None:
                 out[wl.name]["profile"] = profile
     finally:
@@ -234,8 +274,10 @@ def _pct(x: Optional[float]) -> str:
 
 
 def table(wl: W.Workload, runs: dict[str, dict]) -> str:
-    hdr = (f"{'system':<16}{'req/s':>7}{'in tok/s':>10}{'out tok/s':>10} {'TTFT ms mean/p50/p99':>22} "
-           f"{'TPOT ms mean/p99':>17} {'ITL ms mean/p99':>16} {'E2E s':>6} {'hit (opt, opt@16)':>21} {'valid':>7} {'fail':>4}")
+    hdr = (
+        f"{'system':<16}{'req/s':>7}{'in tok/s':>10}{'out tok/s':>10} {'TTFT ms mean/p50/p99':>22} "
+        f"{'TPOT ms mean/p99':>17} {'ITL ms mean/p99':>16} {'E2E s':>6} {'hit (opt, opt@16)':>21} {'valid':>7} {'fail':>4}"
+    )
     lines = [f"== {wl.name}: {wl.description}", hdr, "-" * len(hdr)]
     for s, run in runs.items():
         m = run["summary"]
@@ -244,13 +286,17 @@ def table(wl: W.Workload, runs: dict[str, dict]) -> str:
             continue
         t, tp, it, e = m["ttft_s"], m["tpot_s"], m["itl_s"], m["e2e_s"]
         hit = f"{_pct(m['hit_rate'])} ({_pct(m['optimal_hit_rate'])}, {_pct(m['optimal_hit_rate_paged'])})"
-        valid = _pct(m["json_valid_share"]) if m["json_valid_share"] is not None else (
-            f"acc {m['select_accuracy']:.0%}" if m.get("select_accuracy") is not None else "")
+        valid = (
+            _pct(m["json_valid_share"])
+            if m["json_valid_share"] is not None
+            else (f"acc {m['select_accuracy']:.0%}" if m.get("select_accuracy") is not None else "")
+        )
         lines.append(
             f"{s:<16}{m['request_throughput']:>7.2f}{m['input_throughput']:>10.1f}{m['output_throughput']:>10.1f} "
             f"{_ms(t['mean']) + '/' + _ms(t['p50']) + '/' + _ms(t['p99']):>22} "
             f"{_ms(tp['mean']) + '/' + _ms(tp['p99']):>17} {_ms(it['mean']) + '/' + _ms(it['p99']):>16} "
-            f"{_f(e['mean']):>6} {hit:>21} {valid:>7} {m['failed']:>4}")
+            f"{_f(e['mean']):>6} {hit:>21} {valid:>7} {m['failed']:>4}"
+        )
     return "\n".join(lines)
 
 
@@ -263,14 +309,15 @@ def ratios(wl: W.Workload, runs: dict[str, dict]) -> tuple[str, dict]:
         m = run["summary"]
         if peer == BASE or not m.get("completed"):
             continue
-        r = {k: M.ratio(base.get(k), m.get(k)) for k in ("request_throughput", "output_throughput",
-                                                          "input_throughput")}
+        r = {k: M.ratio(base.get(k), m.get(k)) for k in ("request_throughput", "output_throughput", "input_throughput")}
         r["ttft_mean"] = M.ratio(base["ttft_s"]["mean"], m["ttft_s"]["mean"])
         r["e2e_mean"] = M.ratio(base["e2e_s"]["mean"], m["e2e_s"]["mean"])
         out[peer] = r
-        lines.append(f"   radixrt / {peer:<16} throughput {_f(r['request_throughput'])}x req/s, "
-                     f"{_f(r['output_throughput'])}x out tok/s | TTFT mean {_f(r['ttft_mean'])}x, "
-                     f"E2E mean {_f(r['e2e_mean'])}x (latency ratios: lower is better)")
+        lines.append(
+            f"   radixrt / {peer:<16} throughput {_f(r['request_throughput'])}x req/s, "
+            f"{_f(r['output_throughput'])}x out tok/s | TTFT mean {_f(r['ttft_mean'])}x, "
+            f"E2E mean {_f(r['e2e_mean'])}x (latency ratios: lower is better)"
+        )
     return "\n".join(lines), out
 
 
@@ -288,14 +335,18 @@ def evaluate_targets(results: dict, systems_run: list[str]) -> list[dict]:
             if base and pm and base.get("completed") and pm.get("completed"):
                 t["value"] = base["request_throughput"] / pm["request_throughput"]
                 t["met"] = t["value"] >= thr
-                t["gap"] = None if t["met"] else f"missed by {1 - t['value'] / thr:.0%} (needs {thr / t['value']:.2f}x more)"
+                t["gap"] = (
+                    None if t["met"] else f"missed by {1 - t['value'] / thr:.0%} (needs {thr / t['value']:.2f}x more)"
+                )
         elif what == "hit_rate":
             t["name"] = f"{wl}: radixrt hit rate within {thr:.0%} (points) of optimal"
             if base and base.get("hit_rate") is not None and base.get("optimal_hit_rate") is not None:
                 gap = base["optimal_hit_rate"] - base["hit_rate"]
                 t["value"] = gap
-                t["detail"] = (f"hit {base['hit_rate']:.2%} vs optimal {base['optimal_hit_rate']:.2%}; "
-                               f"whole-page optimal {base['optimal_hit_rate_paged']:.2%}")
+                t["detail"] = (
+                    f"hit {base['hit_rate']:.2%} vs optimal {base['optimal_hit_rate']:.2%}; "
+                    f"whole-page optimal {base['optimal_hit_rate_paged']:.2%}"
+                )
                 t["met"] = gap <= thr
                 t["gap"] = None if t["met"] else f"missed by {gap - thr:.2%} points"
         elif what == "json_valid":
@@ -309,15 +360,20 @@ def evaluate_targets(results: dict, systems_run: list[str]) -> list[dict]:
             free = res.get(peer, {}).get(BASE, {}).get("summary")
             if base and free and base.get("completed") and free.get("completed"):
                 t["value"] = base["output_throughput"] / free["output_throughput"]
-                t["detail"] = (f"req/s {base['request_throughput'] / free['request_throughput']:.2f}x, "
-                               f"TPOT mean {M.ratio(base['tpot_s']['mean'], free['tpot_s']['mean']) or 0:.2f}x")
+                t["detail"] = (
+                    f"req/s {base['request_throughput'] / free['request_throughput']:.2f}x, "
+                    f"TPOT mean {M.ratio(base['tpot_s']['mean'], free['tpot_s']['mean']) or 0:.2f}x"
+                )
                 t["met"] = t["value"] >= thr
                 t["gap"] = None if t["met"] else f"missed by {1 - t['value'] / thr:.0%}"
         if t["value"] is None:
             t["met"] = None
             need = [BASE] + ([peer] if what == "throughput" else [])
-            t["gap"] = "not run (" + ", ".join(s for s in need if s not in systems_run) + " not run)" \
-                if any(s not in systems_run for s in need) else "not run"
+            t["gap"] = (
+                "not run (" + ", ".join(s for s in need if s not in systems_run) + " not run)"
+                if any(s not in systems_run for s in need)
+                else "not run"
+            )
         out.append(t)
     return out
 
@@ -330,11 +386,18 @@ def targets_text(targets: list[dict]) -> str:
             status, shown = t["gap"], "-"
         else:
             status = "met" if t["met"] else t["gap"]
-            shown = (f"{v:.2f}x" if t["what"] in ("throughput", "vs_free") else
-                     f"{v:.2%} points" if t["what"] == "hit_rate" else f"{v:.1%}")
+            shown = (
+                f"{v:.2f}x"
+                if t["what"] in ("throughput", "vs_free")
+                else f"{v:.2%} points"
+                if t["what"] == "hit_rate"
+                else f"{v:.1%}"
+            )
         extra = f" [{t['detail']}]" if t.get("detail") else ""
-        lines.append(f"  {'MET ' if t['met'] else 'MISS' if t['met'] is False else '--  '} {t['name']}: "
-                     f"{shown} -> {status}{extra}")
+        lines.append(
+            f"  {'MET ' if t['met'] else 'MISS' if t['met'] is False else '--  '} {t['name']}: "
+            f"{shown} -> {status}{extra}"
+        )
     return "\n".join(lines)
 
 
@@ -344,27 +407,40 @@ def targets_text(targets: list[dict]) -> str:
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {KNOWN_SYSTEMS}")
-    ap.add_argument("--workloads", default=",".join(W.WORKLOADS),
-                    help=f"comma list of {W.WORKLOADS + tuple(T.TARGET_WORKLOADS)}, or all")
+    ap.add_argument(
+        "--workloads",
+        default=",".join(W.WORKLOADS),
+        help=f"comma list of {W.WORKLOADS + tuple(T.TARGET_WORKLOADS)}, or all",
+    )
     ap.add_argument("--preset", default="default", choices=sorted(W.PRESETS), help="base sizes (then the flags below)")
     ap.add_argument("--out-dir", default=str(HERE / "results"))
-    ap.add_argument("--concurrency", type=int, default=0,
-                    help="programs in flight per server system (0: all at once, like request rate inf)")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="programs in flight per server system (0: all at once, like request rate inf)",
+    )
     ap.add_argument("--hf-batch-size", type=int, default=16, help="hf-generate's static batch (programs)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="compute threads of every system (radixrt --num-threads, torch, llama.cpp n_threads)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="compute threads of every system (radixrt --num-threads, torch, llama.cpp n_threads)",
+    )
     ap.add_argument("--radixrt-args", default="", help="extra `radixrt serve` flags for both radixrt systems")
     ap.add_argument("--gguf", default=None, help="GGUF for llama.cpp (default: SmolLM2-135M-Instruct's)")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--profile", action="store_true",
-                    help="sample radixrt's scheduler with py-spy during each workload (pip install py-spy); "
-                         "writes profile-<system>-<workload>.txt and prints the top frames")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample radixrt's scheduler with py-spy during each workload (pip install py-spy); "
+        "writes profile-<system>-<workload>.txt and prints the top frames",
+    )
     ap.add_argument("--no-roofline", action="store_true", help="skip the machine's matmul / bandwidth probe")
     g = ap.add_argument_group("sizes (default: the preset's)")
     defaults = W.Sizes()
     for f in W.SIZE_FIELDS:
-        g.add_argument("--" + f.replace("_", "-"), type=int, default=None,
-                       help=f"default {getattr(defaults, f)}")
+        g.add_argument("--" + f.replace("_", "-"), type=int, default=None, help=f"default {getattr(defaults, f)}")
     return ap.parse_args(argv)
 
 
@@ -381,6 +457,7 @@ def build_workloads(names: list[str], words: W.Words, sizes: W.Sizes) -> list[W.
 def main(argv: Optional[list[str]] = None) -> dict:
     a = parse_args(argv)
     from radixrt.runtime.models.loader import load_tokenizer
+
     names = [s.strip() for s in a.systems.split(",") if s.strip()]
     for s in names:
         if s not in KNOWN_SYSTEMS:
@@ -396,9 +473,16 @@ def main(argv: Optional[list[str]] = None) -> dict:
     print(f"machine: {mline}; load average {machine['load_avg_at_start']}")
     print("workloads: " + "; ".join(f"{w.name} ({w.description})" for w in workloads))
 
-    results: dict[str, Any] = {"machine": machine, "sizes": vars(sizes), "args": vars(a), "context_length": ctx,
-                               "systems": {}, "skipped": {}, "workloads": {w.name: {} for w in workloads},
-                               "descriptions": {w.name: w.description for w in workloads}}
+    results: dict[str, Any] = {
+        "machine": machine,
+        "sizes": vars(sizes),
+        "args": vars(a),
+        "context_length": ctx,
+        "systems": {},
+        "skipped": {},
+        "workloads": {w.name: {} for w in workloads},
+        "descriptions": {w.name: w.description for w in workloads},
+    }
     t_all = time.perf_counter()
     run_names = []
     for s in names:
@@ -413,14 +497,17 @@ def main(argv: Optional[list[str]] = None) -> dict:
             got = run_system(obj, workloads, tok, a, ctx)
         except Exception as e:  # one system failing must not lose the others' figures
             import traceback
+
             traceback.print_exc()
             print(f"NOTICE: {s} failed: {type(e).__name__}: {e}", flush=True)
             results["skipped"][s] = f"failed: {type(e).__name__}: {e}"
             continue
         run_names.append(s)
         results["systems"][s] = got.pop("_meta")
-        print(f"    {s}: {results['systems'][s]['total_s']:.1f} s (start-up {results['systems'][s]['start_s']:.1f} s)",
-              flush=True)
+        print(
+            f"    {s}: {results['systems'][s]['total_s']:.1f} s (start-up {results['systems'][s]['start_s']:.1f} s)",
+            flush=True,
+        )
         for wname, v in got.items():
             results["workloads"][wname][s] = v
     results["total_s"] = time.perf_counter() - t_all
@@ -440,8 +527,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
             p = r.get("profile")
             if p and p.get("self"):
                 top = ", ".join(f"{k} {v:.0%}" for k, v in p["self"][:6])
-                report.append(f"   where {s}'s scheduler spends its time (py-spy self time, {p['samples']} samples, "
-                              f"{p['file']}): {top}")
+                report.append(
+                    f"   where {s}'s scheduler spends its time (py-spy self time, {p['samples']} samples, "
+                    f"{p['file']}): {top}"
+                )
             elif p:
                 report.append(f"   profile of {s}: {p.get('error')}")
         report.append("")
@@ -457,13 +546,18 @@ def main(argv: Optional[list[str]] = None) -> dict:
     os.makedirs(a.out_dir, exist_ok=True)
     if not a.no_plots:
         from plots import plot_workload
+
         results["plots"] = {}
         for wl in workloads:
             runs = results["workloads"][wl.name]
             if runs:
-                p = plot_workload(os.path.join(a.out_dir, f"{wl.name}.png"), wl.name, wl.description,
-                                  {s: {"summary": r["summary"], "ttfts": r["ttfts"], "itls": r["itls"]}
-                                   for s, r in runs.items()}, mline)
+                p = plot_workload(
+                    os.path.join(a.out_dir, f"{wl.name}.png"),
+                    wl.name,
+                    wl.description,
+                    {s: {"summary": r["summary"], "ttfts": r["ttfts"], "itls": r["itls"]} for s, r in runs.items()},
+                    mline,
+                )
                 results["plots"][wl.name] = os.path.relpath(p, a.out_dir)
     path = os.path.join(a.out_dir, "bench.json")
     with open(path, "w") as f:

@@ -1,4 +1,5 @@
 """Every workload size, each a ``run_all.py`` flag (``--sp-groups`` ...), and the presets (``default``, ``tiny``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,12 +48,38 @@ class Sizes:
     ss_concurrency: int = 16
 
 
-TINY = dict(sp_groups=2, sp_per_group=2, sp_system_len=48, sp_question_len=8, sp_output_len=4,
-            agent_programs=2, agent_steps=2, agent_system_len=32, agent_task_len=8, agent_obs_len=8,
-            agent_max_tokens=40, chat_convs=1, chat_turns=4, chat_user_len=8, chat_reply_len=4,
-            select_examples=3, select_inputs=2, json_requests=2, json_filler_len=8, json_max_tokens=128,
-            dep_steps=2, dep_tools_words=40, dep_output_len=4, dep_obs_len=8, ss_groups=2, ss_per_group=2,
-            ss_system_words=40, ss_question_len=8, ss_output_len=4, ss_concurrency=2)
+TINY = dict(
+    sp_groups=2,
+    sp_per_group=2,
+    sp_system_len=48,
+    sp_question_len=8,
+    sp_output_len=4,
+    agent_programs=2,
+    agent_steps=2,
+    agent_system_len=32,
+    agent_task_len=8,
+    agent_obs_len=8,
+    agent_max_tokens=40,
+    chat_convs=1,
+    chat_turns=4,
+    chat_user_len=8,
+    chat_reply_len=4,
+    select_examples=3,
+    select_inputs=2,
+    json_requests=2,
+    json_filler_len=8,
+    json_max_tokens=128,
+    dep_steps=2,
+    dep_tools_words=40,
+    dep_output_len=4,
+    dep_obs_len=8,
+    ss_groups=2,
+    ss_per_group=2,
+    ss_system_words=40,
+    ss_question_len=8,
+    ss_output_len=4,
+    ss_concurrency=2,
+)
 
 PRESETS = {"default": {}, "tiny": TINY}
 

@@ -19,6 +19,7 @@ check fails (a lost request, accounting off, a fault without recovery), else 0. 
 counts per round, p50/p99 TTFT, RSS per process per round and its growth after the first round, and each
 fault's recovery time against the server's load time (start to ``/health`` 200).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ FAULT_DELAY_S = 1.5  # into the round: streams are running
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -51,11 +53,23 @@ def start(extra: list[str], timeout: float = 600) -> tuple[subprocess.Popen, str
     """A ready server; returns (process, url, load seconds, log path)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="radixrt-soak-", suffix=".log", delete=False).name
-    cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(free_port()),
-           "--max-restarts", "100", "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixrt",
+        "serve",
+        "--port",
+        str(port),
+        "--zmq-port",
+        str(free_port()),
+        "--max-restarts",
+        "100",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     while True:
         if proc.poll() is not None:
@@ -87,8 +101,11 @@ def idle_check(url: str, timeout: float = 120) -> dict:
         if info["num_running"] == 0 and info["num_waiting"] == 0:
             break
         if time.monotonic() > deadline:
-            return {"problems": [f"not idle after {timeout:.0f} s: {info['num_running']} running, "
-                                 f"{info['num_waiting']} waiting"]}
+            return {
+                "problems": [
+                    f"not idle after {timeout:.0f} s: {info['num_running']} running, {info['num_waiting']} waiting"
+                ]
+            }
         time.sleep(0.1)
     c = info["cache"]
     problems = []
@@ -99,10 +116,14 @@ def idle_check(url: str, timeout: float = 120) -> dict:
     pids = dict(info["process_ids"])
     for i, p in enumerate(scheduler_children(pids["scheduler"]), start=1):
         pids[f"tp_rank{i}"] = p
-    return {"problems": problems, "rss_mb": {k: round(rss_mb(p), 1) for k, p in pids.items()},
-            "kv_pool_mb": round((info.get("memory") or {}).get("kv_pool_bytes", 0) / 2**20, 1),
-            "pages": {k: c[k] for k in ("total_pages", "free_pages", "evictable_pages", "protected_pages",
-                                        "private_pages")}}
+    return {
+        "problems": problems,
+        "rss_mb": {k: round(rss_mb(p), 1) for k, p in pids.items()},
+        "kv_pool_mb": round((info.get("memory") or {}).get("kv_pool_bytes", 0) / 2**20, 1),
+        "pages": {
+            k: c[k] for k in ("total_pages", "free_pages", "evictable_pages", "protected_pages", "private_pages")
+        },
+    }
 
 
 def pct(xs: list[float], q: float):
@@ -124,23 +145,38 @@ async def _round(url: str, concurrency: int, seed: int, fault: str | None) -> tu
 def summarize(i: int, res, idle: dict, fault: dict | None) -> dict:
     lost = [o for o in res.outcomes if o.status == "lost"]
     t = res.ttfts()
-    row = {"round": i, "fault": fault, "completed": res.count("completed"), "hung_up": res.count("hung_up"),
-           "aborted": res.count("aborted"), "refused": res.count("refused"), "lost": len(lost),
-           "lost_detail": [f"{o.kind}: {o.detail}" for o in lost[:5]], "wall_s": round(res.wall_s, 2),
-           "ttft_p50_s": pct(t, 0.5), "ttft_p99_s": pct(t, 0.99), **idle}
+    row = {
+        "round": i,
+        "fault": fault,
+        "completed": res.count("completed"),
+        "hung_up": res.count("hung_up"),
+        "aborted": res.count("aborted"),
+        "refused": res.count("refused"),
+        "lost": len(lost),
+        "lost_detail": [f"{o.kind}: {o.detail}" for o in lost[:5]],
+        "wall_s": round(res.wall_s, 2),
+        "ttft_p50_s": pct(t, 0.5),
+        "ttft_p99_s": pct(t, 0.99),
+        **idle,
+    }
     f = f" fault={fault['fault']} recovery={fault.get('recovery_s', float('nan')):.2f}s" if fault else ""
-    print(f"round {i:2d}: {row['completed']} completed, {row['hung_up']} hung up, {row['aborted']} aborted, "
-          f"{row['refused']} refused, {row['lost']} lost; TTFT p50 {row['ttft_p50_s'] or 0:.3f}s "
-          f"p99 {row['ttft_p99_s'] or 0:.3f}s; wall {row['wall_s']}s; RSS {idle.get('rss_mb')}{f}"
-          + (f"; PROBLEMS {idle['problems']}" if idle["problems"] else ""), flush=True)
+    print(
+        f"round {i:2d}: {row['completed']} completed, {row['hung_up']} hung up, {row['aborted']} aborted, "
+        f"{row['refused']} refused, {row['lost']} lost; TTFT p50 {row['ttft_p50_s'] or 0:.3f}s "
+        f"p99 {row['ttft_p99_s'] or 0:.3f}s; wall {row['wall_s']}s; RSS {idle.get('rss_mb')}{f}"
+        + (f"; PROBLEMS {idle['problems']}" if idle["problems"] else ""),
+        flush=True,
+    )
     return row
 
 
 def run(rounds: int, concurrency: int, faults: list[str], serve_args: list[str]) -> dict:
     """The whole suite against a fresh server; returns the report (``ok``: every check held)."""
     proc, url, load_s, log = start(serve_args)
-    print(f"server ready in {load_s:.1f} s (load time); {rounds} rounds of {concurrency} streams, "
-          f"faults {faults}", flush=True)
+    print(
+        f"server ready in {load_s:.1f} s (load time); {rounds} rounds of {concurrency} streams, faults {faults}",
+        flush=True,
+    )
     rows = []
     try:
         for i in range(rounds):
@@ -164,27 +200,44 @@ def run(rounds: int, concurrency: int, faults: list[str], serve_args: list[str])
     if len(steady) >= 3:  # rounds 1..N: the KV pool is calloc'd, and round 0 only touches part of it
         growth1 = (total(steady[-1]) - total(steady[1])) / total(steady[1])
     recov = {r["fault"]["fault"]: r["fault"].get("recovery_s") for r in rows if r["fault"]}
-    problems = [p for r in rows for p in r["problems"]] + [f"round {r['round']}: {r['lost']} lost"
-                                                           for r in rows if r["lost"]]
-    problems += [f"fault {r['fault']['fault']}: {r['fault']}" for r in rows
-                 if r["fault"] and r["fault"].get("ok") is False]
+    problems = [p for r in rows for p in r["problems"]] + [
+        f"round {r['round']}: {r['lost']} lost" for r in rows if r["lost"]
+    ]
+    problems += [
+        f"fault {r['fault']['fault']}: {r['fault']}" for r in rows if r["fault"] and r["fault"].get("ok") is False
+    ]
     # A leak grows every round; the pool's first touch stops at its size. So: < 5 % from round 1 to the
     # last, and round 0 -> 1 by no more than the KV pool's bytes (pages touched for the first time).
     if growth1 is not None and rounds >= 20 and growth1 >= 0.05:
         problems.append(f"RSS grew {growth1:.1%} from round 1 to round {rounds - 1}")
     if growth1 is not None and total(steady[1]) - total(steady[0]) > steady[0]["kv_pool_mb"]:
-        problems.append(f"RSS grew {total(steady[1]) - total(steady[0]):.0f} MB in round 1, more than the "
-                        f"KV pool ({steady[0]['kv_pool_mb']} MB)")
+        problems.append(
+            f"RSS grew {total(steady[1]) - total(steady[0]):.0f} MB in round 1, more than the "
+            f"KV pool ({steady[0]['kv_pool_mb']} MB)"
+        )
     ttft = sorted(x for r in steady for x in ([r["ttft_p50_s"]] if r["ttft_p50_s"] else []))
-    report = {"load_s": load_s, "rounds": rows, "rss_growth_after_round_0": growth,
-              "rss_growth_after_round_1": growth1, "rss_growth_by_process_after_round_1": {
-                  k: round((steady[-1]["rss_mb"][k] - v) / v, 4) for k, v in steady[1]["rss_mb"].items()
-                  if k in steady[-1]["rss_mb"]} if growth1 is not None else None, "recovery_s": recov,
-              "exit_status_after_sigterm": rc, "problems": problems, "ok": not problems and rc == 0,
-              "ttft_p50_median_s": pct(ttft, 0.5),
-              "ttft_p99_over_p50_worst": max((r["ttft_p99_s"] / r["ttft_p50_s"] for r in steady
-                                              if r["ttft_p50_s"]), default=None),
-              "server_log": log}
+    report = {
+        "load_s": load_s,
+        "rounds": rows,
+        "rss_growth_after_round_0": growth,
+        "rss_growth_after_round_1": growth1,
+        "rss_growth_by_process_after_round_1": {
+            k: round((steady[-1]["rss_mb"][k] - v) / v, 4)
+            for k, v in steady[1]["rss_mb"].items()
+            if k in steady[-1]["rss_mb"]
+        }
+        if growth1 is not None
+        else None,
+        "recovery_s": recov,
+        "exit_status_after_sigterm": rc,
+        "problems": problems,
+        "ok": not problems and rc == 0,
+        "ttft_p50_median_s": pct(ttft, 0.5),
+        "ttft_p99_over_p50_worst": max(
+            (r["ttft_p99_s"] / r["ttft_p50_s"] for r in steady if r["ttft_p50_s"]), default=None
+        ),
+        "server_log": log,
+    }
     print(json.dumps({k: v for k, v in report.items() if k != "rounds"}, indent=1), flush=True)
     return report
 
@@ -193,8 +246,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--faults", default="scheduler,detokenizer,big_body,slowloris,aborts",
-                    help=f"comma-separated, of {FAULTS}; tp_rank needs --tp 2")
+    ap.add_argument(
+        "--faults",
+        default="scheduler,detokenizer,big_body,slowloris,aborts",
+        help=f"comma-separated, of {FAULTS}; tp_rank needs --tp 2",
+    )
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ns, extra = ap.parse_known_args()
     faults = [f for f in ns.faults.split(",") if f]

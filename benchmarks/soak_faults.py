@@ -7,6 +7,7 @@ followed by a normal request that must succeed: its time from the fault is the r
 - ``slowloris``: sockets sending request headers a byte at a time for the whole round;
 - ``aborts``: 1,000 ``/abort_request`` calls for unknown ids, each ``{"success": true}``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -80,7 +81,8 @@ async def inject(url: str, headers: dict, fault: str, delay: float, duration: fl
 
             async def chunks():
                 for i in range(0, len(big), 1 << 20):
-                    yield big[i:i + (1 << 20)]
+                    yield big[i : i + (1 << 20)]
+
             r2 = await http.post("/v1/chat/completions", content=chunks())
             out["statuses"] = [r1.status_code, r2.status_code]
             out["ok"] = out["statuses"] == [413, 413]
@@ -103,6 +105,7 @@ async def inject(url: str, headers: dict, fault: str, delay: float, duration: fl
             async def one(i):
                 async with sem:
                     return (await http.post("/abort_request", json={"rid": f"unknown-{i}"})).json()
+
             got = await asyncio.gather(*(one(i) for i in range(1000)))
             out["ok"] = all(g == {"success": True} for g in got)
             out["recovery_s"] = await recover(http, t)

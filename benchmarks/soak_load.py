@@ -12,6 +12,7 @@ sixteen aborts itself with ``POST /abort_request`` after its first event. Each c
 - ``lost``: anything else among clients that stayed connected (no ``[DONE]``, a timeout, an unexpected
   status or error event, bad JSON). The target is 0.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,14 +24,25 @@ from typing import Optional
 
 import httpx
 
-SYSTEM = ("You are a careful assistant for a railway company. Answer questions about timetables, tickets, "
-          "refunds and accessibility in one or two short sentences. Never invent train numbers; when unsure, "
-          "say so and point the traveller to the help desk in the main hall. ") * 2
-QUESTIONS = ["When does the first train leave?", "Can I bring a bicycle?", "How do I get a refund?",
-             "Is there step-free access?", "What is a rail card?", "Where is the help desk?"]
+SYSTEM = (
+    "You are a careful assistant for a railway company. Answer questions about timetables, tickets, "
+    "refunds and accessibility in one or two short sentences. Never invent train numbers; when unsure, "
+    "say so and point the traveller to the help desk in the main hall. "
+) * 2
+QUESTIONS = [
+    "When does the first train leave?",
+    "Can I bring a bicycle?",
+    "How do I get a refund?",
+    "Is there step-free access?",
+    "What is a rail card?",
+    "Where is the help desk?",
+]
 WORDS = "amber basin cedar delta ember fjord grove harbor island juniper kettle lagoon meadow nectar".split()
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                           "open": {"type": "boolean"}}, "required": ["city", "open"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "open": {"type": "boolean"}},
+    "required": ["city", "open"],
+}
 KINDS = ("chat", "generate", "json")
 CLIENT_TIMEOUT_S = 300.0
 
@@ -38,8 +50,8 @@ CLIENT_TIMEOUT_S = 300.0
 @dataclass
 class Outcome:
     kind: str
-    status: str                      # completed | hung_up | aborted | refused | lost
-    ttft: Optional[float] = None     # seconds, request sent -> first token event
+    status: str  # completed | hung_up | aborted | refused | lost
+    ttft: Optional[float] = None  # seconds, request sent -> first token event
     detail: str = ""
 
 
@@ -65,9 +77,13 @@ def _prompt(rng: random.Random, shared: bool) -> tuple[str, str]:
 
 def _body(kind: str, rid: str, system: str, user: str, max_tokens: int, seed: int) -> tuple[str, dict]:
     if kind == "chat":
-        return "/v1/chat/completions", {"messages": [{"role": "system", "content": system},
-                                                    {"role": "user", "content": user}],
-                                       "max_tokens": max_tokens, "stream": True, "temperature": 0.8, "seed": seed}
+        return "/v1/chat/completions", {
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "max_tokens": max_tokens,
+            "stream": True,
+            "temperature": 0.8,
+            "seed": seed,
+        }
     sp = {"max_new_tokens": max_tokens, "temperature": 0.8, "seed": seed}
     if kind == "json":
         sp = {**sp, "json_schema": json.dumps(SCHEMA), "max_new_tokens": 48}
@@ -92,8 +108,9 @@ def _refusal(body: dict, fault: bool) -> bool:
     return fault and "process exited unexpectedly" in msg
 
 
-async def one_client(http: httpx.AsyncClient, kind: str, rid: str, rng: random.Random, hang_after: int,
-                     abort: bool, fault: bool) -> Outcome:
+async def one_client(
+    http: httpx.AsyncClient, kind: str, rid: str, rng: random.Random, hang_after: int, abort: bool, fault: bool
+) -> Outcome:
     """One streaming client (see the module docstring); ``fault``: a kill is planned during this round."""
     system, user = _prompt(rng, rng.random() < 0.5)
     path, body = _body(kind, rid, system, user, rng.randint(16, 48), rng.randrange(1 << 30))
@@ -117,8 +134,11 @@ async def one_client(http: httpx.AsyncClient, kind: str, rid: str, rng: random.R
             if ttft is None and _has_token(kind, ev):
                 ttft = time.perf_counter() - t0
             finish = _finish(kind, ev) or finish
-            text = ev.get("text", text) if kind != "chat" else text + "".join(
-                (c.get("delta") or {}).get("content") or "" for c in ev.get("choices", []))
+            text = (
+                ev.get("text", text)
+                if kind != "chat"
+                else text + "".join((c.get("delta") or {}).get("content") or "" for c in ev.get("choices", []))
+            )
             if hang_after and n >= hang_after:
                 return Outcome(kind, "hung_up", ttft)  # leaving the block closes the connection
             if abort and n == 1:
@@ -139,8 +159,9 @@ async def one_client(http: httpx.AsyncClient, kind: str, rid: str, rng: random.R
     return Outcome(kind, "completed", ttft)
 
 
-async def run_round(url: str, headers: dict, concurrency: int, seed: int, fault: bool = False,
-                    timeout: float = CLIENT_TIMEOUT_S) -> RoundResult:
+async def run_round(
+    url: str, headers: dict, concurrency: int, seed: int, fault: bool = False, timeout: float = CLIENT_TIMEOUT_S
+) -> RoundResult:
     """``concurrency`` clients at once; bounded by ``timeout`` seconds (clients still open then are lost)."""
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
@@ -152,8 +173,7 @@ async def run_round(url: str, headers: dict, concurrency: int, seed: int, fault:
             kind = KINDS[i % len(KINDS)]
             hang = rng.randint(2, 6) if i % 4 == 3 else 0
             abort = (i % 16 == 5) and kind != "chat"
-            tasks.append(one_client(http, kind, f"soak-{seed}-{i}", random.Random(rng.random()), hang, abort,
-                                    fault))
+            tasks.append(one_client(http, kind, f"soak-{seed}-{i}", random.Random(rng.random()), hang, abort, fault))
         done = await asyncio.gather(*(asyncio.wait_for(t, timeout) for t in tasks), return_exceptions=True)
     for i, d in enumerate(done):
         if isinstance(d, BaseException):

@@ -17,6 +17,7 @@ and per-step means of the decode steps (ms): forward, schedule, attach (drafting
 (plain rows), verify (draft rows), and the forward time of B=1 decode steps by tokens T (the verify cost
 curve t(T)).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +46,17 @@ class Probe:
         self.steps: list[tuple] = []
         self.step_parts: dict[str, float] = {}
         s = e.scheduler
-        for obj, name, key in ((s, "schedule", "schedule"), (s.runner, "prepare", "prepare"),
-                               (s.runner, "forward", "forward"), (s.outputs, "process", "sample"),
-                               (s.spec, "verify", "verify"), (s.spec, "attach", "attach"),
-                               (s.mem, "cache", "cache"), (s, "collect_outputs", "collect"),
-                               (e.detokenizer, "handle_one", "detok")):
+        for obj, name, key in (
+            (s, "schedule", "schedule"),
+            (s.runner, "prepare", "prepare"),
+            (s.runner, "forward", "forward"),
+            (s.outputs, "process", "sample"),
+            (s.spec, "verify", "verify"),
+            (s.spec, "attach", "attach"),
+            (s.mem, "cache", "cache"),
+            (s, "collect_outputs", "collect"),
+            (e.detokenizer, "handle_one", "detok"),
+        ):
             self._wrap(obj, name, key)
         orig_step, orig_schedule = s.step, s.schedule
 
@@ -68,9 +75,11 @@ class Probe:
             if self._batch:
                 kind = self._kind
                 T = sum(n for _, n in self._batch)
-                self.steps.append((kind, T, len(self._batch), dt, self.step_parts.get("forward", 0.0),
-                                   dict(self.step_parts)))
+                self.steps.append(
+                    (kind, T, len(self._batch), dt, self.step_parts.get("forward", 0.0), dict(self.step_parts))
+                )
             return out
+
         s.schedule, s.step = schedule, step
 
     def _wrap(self, obj, name: str, key: str) -> None:
@@ -85,6 +94,7 @@ class Probe:
                 self.acc[key] += dt
                 if isinstance(self.step_parts, defaultdict):
                     self.step_parts[key] += dt
+
         setattr(obj, name, timed)
 
     def reset(self) -> None:
@@ -103,21 +113,27 @@ def summarize(name: str, wall: float, tokens: int, p: Probe) -> str:
     for s in dec:
         for k, v in s[5].items():
             part[k] += v
-    out = [f"  {name:7s} wall {wall:6.2f}s tok {tokens:4d} | prefill {pre_t:5.2f}s ({len(pre)} st) "
-           f"{100 * pre_t / wall:4.1f}% | dec fwd {dec_f:5.2f}s {100 * dec_f / wall:4.1f}% | dec over "
-           f"{dec_t - dec_f:5.2f}s {100 * (dec_t - dec_f) / wall:4.1f}% ({len(dec)} st) | outside "
-           f"{wall - steps_t:5.2f}s {100 * (wall - steps_t) / wall:4.1f}%",
-           "          per decode step ms: " + " ".join(f"{k} {1000 * part[k] / n:.2f}" for k in
-                                                    ("forward", "schedule", "attach", "prepare", "sample",
-                                                     "verify", "collect")) +
-           f" | total {1000 * dec_t / n:.2f} | detok/step {1000 * p.acc['detok'] / max(1, len(p.steps)):.2f}"]
+    out = [
+        f"  {name:7s} wall {wall:6.2f}s tok {tokens:4d} | prefill {pre_t:5.2f}s ({len(pre)} st) "
+        f"{100 * pre_t / wall:4.1f}% | dec fwd {dec_f:5.2f}s {100 * dec_f / wall:4.1f}% | dec over "
+        f"{dec_t - dec_f:5.2f}s {100 * (dec_t - dec_f) / wall:4.1f}% ({len(dec)} st) | outside "
+        f"{wall - steps_t:5.2f}s {100 * (wall - steps_t) / wall:4.1f}%",
+        "          per decode step ms: "
+        + " ".join(
+            f"{k} {1000 * part[k] / n:.2f}"
+            for k in ("forward", "schedule", "attach", "prepare", "sample", "verify", "collect")
+        )
+        + f" | total {1000 * dec_t / n:.2f} | detok/step {1000 * p.acc['detok'] / max(1, len(p.steps)):.2f}",
+    ]
     curve = defaultdict(list)
     for s in dec:
         if s[2] == 1:
             curve[s[1]].append(s[4])
     if curve:
-        out.append("          B=1 decode fwd ms by T: " + " ".join(
-            f"{T}:{1000 * sorted(v)[len(v) // 2]:.1f}(n{len(v)})" for T, v in sorted(curve.items())))
+        out.append(
+            "          B=1 decode fwd ms by T: "
+            + " ".join(f"{T}:{1000 * sorted(v)[len(v) // 2]:.1f}(n{len(v)})" for T, v in sorted(curve.items()))
+        )
     return "\n".join(out)
 
 
@@ -128,7 +144,9 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=0)
     ap.add_argument("--no-adaptive", action="store_true")
     ap.add_argument("--workloads", default="")
-    ap.add_argument("--warm-system", action="store_true", help="prefill each workload's shared system message first (bench_spec.py)")
+    ap.add_argument(
+        "--warm-system", action="store_true", help="prefill each workload's shared system message first (bench_spec.py)"
+    )
     a = ap.parse_args()
     wl, systems = B.workloads(load_tokenizer(), a)
     if a.workloads:

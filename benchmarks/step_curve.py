@@ -6,6 +6,7 @@ what the mid-row tiles (``kernels/quant/midrows512.h``) changed.
 
     cpuslot --all python benchmarks/step_curve.py ~/.cache/radixrt/models/llama-3.2-1b/llama-3.2-1b-Q4_K_M.gguf
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,23 +15,34 @@ import os
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", nargs="?", default=None,
-                    help="a GGUF file or HF directory (Engine's `model`; default: SmolLM2-135M, Q4_1)")
+    ap.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="a GGUF file or HF directory (Engine's `model`; default: SmolLM2-135M, Q4_1)",
+    )
     ap.add_argument("--sizes", default="1,2,3,4,5,6,8,10,12,16,20,24,32")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--context", type=int, default=0,
-                    help="tokens already in the pool before the row (a verification row at a long context)")
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="tokens already in the pool before the row (a verification row at a long context)",
+    )
     a = ap.parse_args()
     from radixrt.runtime.engine import Engine
     from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
 
     sizes = tuple(int(s) for s in a.sizes.split(","))
     with Engine(model=a.model, max_total_tokens=max(4096, 2 * (a.context + max(sizes)))) as eng:
-        times = measure_step_times(eng.runner, eng.scheduler.allocator, sizes, reps=a.reps, context=a.context,
-                                   budget_s=None)
+        times = measure_step_times(
+            eng.runner, eng.scheduler.allocator, sizes, reps=a.reps, context=a.context, budget_s=None
+        )
     mid = os.environ.get("RADIXRT_GGML_MID_ROWS", "default")
-    print(f"{os.path.basename(a.model or 'smollm2-135m')} (RADIXRT_GGML_MID_ROWS={mid}, context {a.context}, "
-          f"load {os.getloadavg()[0]:.2f}) ms per step:")
+    print(
+        f"{os.path.basename(a.model or 'smollm2-135m')} (RADIXRT_GGML_MID_ROWS={mid}, context {a.context}, "
+        f"load {os.getloadavg()[0]:.2f}) ms per step:"
+    )
     print("  " + "  ".join(f"t{T} {times(T) * 1e3:.1f}" for T in sizes))
 
 

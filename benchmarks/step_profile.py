@@ -7,6 +7,7 @@ model's weights (so an attention product never counts). The share is their inclu
 ``generate`` call (one short prefill, then decode), so everything else (small ops, Python, the scheduler)
 is the rest.
 """
+
 from __future__ import annotations
 
 import time
@@ -14,9 +15,15 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-WEIGHT_OPS = ("aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "radixrt_ggml::q4_1_mm",
-              "radixrt_ggml::q4_1x8_mm", "radixrt_gemv::gemv", "mkldnn::_linear_pointwise",
-              "radixrt_ggml::q8_0_mm")
+WEIGHT_OPS = (
+    "aten::_weight_int8pack_mm",
+    "aten::_weight_int4pack_mm_for_cpu",
+    "radixrt_ggml::q4_1_mm",
+    "radixrt_ggml::q4_1x8_mm",
+    "radixrt_gemv::gemv",
+    "mkldnn::_linear_pointwise",
+    "radixrt_ggml::q8_0_mm",
+)
 DENSE_OPS = ("aten::mm", "aten::addmm")
 
 
@@ -35,8 +42,11 @@ def matmul_share(engine, input_ids: list[int], new_tokens: int) -> dict:
 
     shapes = weight_shapes(engine.runner.model)
     sp = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        experimental_config=_ExperimentalConfig(profile_all_threads=True),
+    ) as prof:
         t = time.perf_counter()
         engine.generate(input_ids=input_ids, sampling_params=sp)
         wall = time.perf_counter() - t
@@ -45,5 +55,9 @@ def matmul_share(engine, input_ids: list[int], new_tokens: int) -> dict:
         # inclusive times: none of these ops nests inside another one counted here
         if e.name in WEIGHT_OPS or (e.name in DENSE_OPS and tuple(e.input_shapes[-1]) in shapes):
             mm_us += e.cpu_time_total
-    return {"share": mm_us / 1e6 / wall, "matmul_ms": mm_us / 1e3 / new_tokens,
-            "wall_ms": wall * 1e3 / new_tokens, "steps": new_tokens}
+    return {
+        "share": mm_us / 1e6 / wall,
+        "matmul_ms": mm_us / 1e3 / new_tokens,
+        "wall_ms": wall * 1e3 / new_tokens,
+        "steps": new_tokens,
+    }

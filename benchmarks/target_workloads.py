@@ -12,6 +12,7 @@
 
 Words are single-token words (``workloads.Words``), so a 700-word list is about 700 tokens.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,17 +48,26 @@ def agent_dependent(words: Words, z: Sizes) -> Workload:
 
     tokens = 2 * z.dep_tools_words + 80 + z.dep_steps * (z.dep_obs_len + z.dep_output_len + 16)
     return Workload(
-        "agent-dependent", f"1 agent x {z.dep_steps} dependent calls on a {z.dep_tools_words}-word tool list, "
+        "agent-dependent",
+        f"1 agent x {z.dep_steps} dependent calls on a {z.dep_tools_words}-word tool list, "
         f"{z.dep_output_len} tokens out each (ignore_eos), {z.dep_obs_len}-token observations",
         {k: getattr(z, k) for k in ("dep_steps", "dep_tools_words", "dep_output_len", "dep_obs_len")},
-        lambda: [program()], z.dep_steps, tokens, z.dep_output_len, concurrency=1)
+        lambda: [program()],
+        z.dep_steps,
+        tokens,
+        z.dep_output_len,
+        concurrency=1,
+    )
 
 
 def shared_system_16(words: Words, z: Sizes) -> Workload:
     rng = random.Random(f"{z.seed}-shared-system-16")
     systems = [words.text(rng, z.ss_system_words) for _ in range(z.ss_groups)]
-    prompts = [chatml([("system", systems[g]), ("user", "Question:" + words.text(rng, z.ss_question_len))])
-               for g in range(z.ss_groups) for _ in range(z.ss_per_group)]
+    prompts = [
+        chatml([("system", systems[g]), ("user", "Question:" + words.text(rng, z.ss_question_len))])
+        for g in range(z.ss_groups)
+        for _ in range(z.ss_per_group)
+    ]
     rng.shuffle(prompts)
 
     def one(p: str) -> Program:
@@ -65,13 +75,27 @@ def shared_system_16(words: Words, z: Sizes) -> Workload:
 
     n = z.ss_groups * z.ss_per_group
     return Workload(
-        "shared-system-16", f"{n} requests, {z.ss_groups} shared {z.ss_system_words}-word system prompts + "
+        "shared-system-16",
+        f"{n} requests, {z.ss_groups} shared {z.ss_system_words}-word system prompts + "
         f"{z.ss_question_len}-token questions, {z.ss_output_len} tokens out (ignore_eos), "
         f"{z.ss_concurrency} concurrent",
-        {k: getattr(z, k) for k in ("ss_groups", "ss_per_group", "ss_system_words", "ss_question_len",
-                                    "ss_output_len", "ss_concurrency")},
-        lambda: [one(p) for p in prompts], n, 2 * z.ss_system_words + z.ss_question_len + 24, z.ss_output_len,
-        concurrency=z.ss_concurrency)
+        {
+            k: getattr(z, k)
+            for k in (
+                "ss_groups",
+                "ss_per_group",
+                "ss_system_words",
+                "ss_question_len",
+                "ss_output_len",
+                "ss_concurrency",
+            )
+        },
+        lambda: [one(p) for p in prompts],
+        n,
+        2 * z.ss_system_words + z.ss_question_len + 24,
+        z.ss_output_len,
+        concurrency=z.ss_concurrency,
+    )
 
 
 TARGET_WORKLOADS = {"agent-dependent": agent_dependent, "shared-system-16": shared_system_16}

@@ -7,6 +7,7 @@ register blocks stayed in registers.
 
     cpuslot --all python benchmarks/verify_rows.py [--context 2300] [--rows 9] [--reps 25]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,12 @@ def main() -> None:
     for _ in range(a.reps):
         for t, be in plans.items():
             t0 = time.perf_counter()
-            be.forward(*args[t], 0, pool, d ** -0.5)
+            be.forward(*args[t], 0, pool, d**-0.5)
             best[t] = min(best[t], time.perf_counter() - t0)
-    print(f"context {a.context}: t1 {best[1] * 1e6:.0f} us, t{a.rows} {best[a.rows] * 1e6:.0f} us, "
-          f"t{a.rows}/t1 = {best[a.rows] / best[1]:.2f}x")
+    print(
+        f"context {a.context}: t1 {best[1] * 1e6:.0f} us, t{a.rows} {best[a.rows] * 1e6:.0f} us, "
+        f"t{a.rows}/t1 = {best[a.rows] / best[1]:.2f}x"
+    )
 
 
 if __name__ == "__main__":

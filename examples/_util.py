@@ -1,4 +1,5 @@
 """Shared bits of the examples: the --backend argument and token accounting."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,12 @@ DEFAULT_BACKEND = "tcp://127.0.0.1:30001"
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default=DEFAULT_BACKEND,
-                   help="tcp://HOST:PORT (ZMQ, `radixrt serve`'s HTTP port + 1), http://HOST:PORT (native "
-                        "HTTP) or 'engine' (load the model in this process)")
+    p.add_argument(
+        "--backend",
+        default=DEFAULT_BACKEND,
+        help="tcp://HOST:PORT (ZMQ, `radixrt serve`'s HTTP port + 1), http://HOST:PORT (native "
+        "HTTP) or 'engine' (load the model in this process)",
+    )
 
 
 def make_backend(url_or_backend: Any) -> Any:

@@ -7,6 +7,7 @@ against the gold labels and how many prompt tokens came from the cache.
 
     python examples/few_shot_select.py [--backend tcp://127.0.0.1:30001 | http://... | engine] [--small]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,20 +38,32 @@ SHOTS = [
 INPUTS = [
     ("This book was a delight from start to finish.", "positive"),
     ("The train was late again, so annoying.", "negative"),
-    ("The museum is on Main Street.", "neutral"), ("Amazing pizza, friendly staff!", "positive"),
-    ("My order never arrived and nobody answers.", "negative"), ("The bus leaves every 20 minutes.", "neutral"),
-    ("I am so happy with my new bike.", "positive"), ("The movie was boring and far too long.", "negative"),
-    ("The library has three floors.", "neutral"), ("Wonderful weather for the picnic today!", "positive"),
-    ("The software keeps crashing, awful.", "negative"), ("The class starts in September.", "neutral"),
-    ("Thank you, this gift is perfect.", "positive"), ("The coffee tasted burnt and bitter.", "negative"),
-    ("The form asks for your address.", "neutral"), ("Great service, I will come back.", "positive"),
-    ("The seats were broken and uncomfortable.", "negative"), ("The river flows to the sea.", "neutral"),
-    ("Such a beautiful and moving story.", "positive"), ("I regret buying this, total waste of money.", "negative"),
-    ("The shop sells fruit and vegetables.", "neutral"), ("Brilliant performance by the whole team!", "positive"),
-    ("The instructions were confusing and wrong.", "negative"), ("The office is closed on Sundays.", "neutral"),
+    ("The museum is on Main Street.", "neutral"),
+    ("Amazing pizza, friendly staff!", "positive"),
+    ("My order never arrived and nobody answers.", "negative"),
+    ("The bus leaves every 20 minutes.", "neutral"),
+    ("I am so happy with my new bike.", "positive"),
+    ("The movie was boring and far too long.", "negative"),
+    ("The library has three floors.", "neutral"),
+    ("Wonderful weather for the picnic today!", "positive"),
+    ("The software keeps crashing, awful.", "negative"),
+    ("The class starts in September.", "neutral"),
+    ("Thank you, this gift is perfect.", "positive"),
+    ("The coffee tasted burnt and bitter.", "negative"),
+    ("The form asks for your address.", "neutral"),
+    ("Great service, I will come back.", "positive"),
+    ("The seats were broken and uncomfortable.", "negative"),
+    ("The river flows to the sea.", "neutral"),
+    ("Such a beautiful and moving story.", "positive"),
+    ("I regret buying this, total waste of money.", "negative"),
+    ("The shop sells fruit and vegetables.", "neutral"),
+    ("Brilliant performance by the whole team!", "positive"),
+    ("The instructions were confusing and wrong.", "negative"),
+    ("The office is closed on Sundays.", "neutral"),
 ]
-PREFIX = "Classify the sentiment of each review as positive, negative or neutral.\n\n" + \
-    "".join(f"Review: {t}\nSentiment: {y}\n\n" for t, y in SHOTS)
+PREFIX = "Classify the sentiment of each review as positive, negative or neutral.\n\n" + "".join(
+    f"Review: {t}\nSentiment: {y}\n\n" for t, y in SHOTS
+)
 
 
 @rt.function
@@ -80,10 +93,17 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
         correct += st["label"] == gold
         print(f"{st['label']:<10} {gold:<10} " + " ".join(f"{x:8.3f}" for x in scores) + f"  {text}")
     u = token_usage(states)
-    print(f"\naccuracy {correct}/{len(items)}; cached-token share {100 * u['cached_share']:.1f} % "
-          f"({u['cached_tokens']} of {u['prompt_tokens']} prompt tokens); {len(items) / wall:.2f} inputs/s")
-    return {"inputs": len(items), "correct": correct, "errors": sum(st.error() is not None for st in states),
-            "cached_share": u["cached_share"], "labels": [st["label"] for st in states if st.error() is None]}
+    print(
+        f"\naccuracy {correct}/{len(items)}; cached-token share {100 * u['cached_share']:.1f} % "
+        f"({u['cached_tokens']} of {u['prompt_tokens']} prompt tokens); {len(items) / wall:.2f} inputs/s"
+    )
+    return {
+        "inputs": len(items),
+        "correct": correct,
+        "errors": sum(st.error() is not None for st in states),
+        "cached_share": u["cached_share"],
+        "labels": [st["label"] for st in states if st.error() is None],
+    }
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Structured records from free text: a pydantic model is the JSON schema every output is generated under.
 
-    python examples/json_extraction.py [--backend tcp://127.0.0.1:30001 | http://... | engine] [--small]
+python examples/json_extraction.py [--backend tcp://127.0.0.1:30001 | http://... | engine] [--small]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,10 +80,17 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
         except ValidationError as e:
             print(f"INVALID {st['record']!r}: {e.errors()[0]['msg']}  <- {t}")
     u = token_usage(states)
-    print(f"\nvalid records: {valid}/{len(texts)}; cached-token share {100 * u['cached_share']:.1f} %; "
-          f"{u['completion_tokens']} tokens in {wall:.1f} s")
-    return {"texts": len(texts), "valid": valid, "cached_share": u["cached_share"], "wall_s": wall,
-            "records": [st["record"] if st.error() is None else None for st in states]}
+    print(
+        f"\nvalid records: {valid}/{len(texts)}; cached-token share {100 * u['cached_share']:.1f} %; "
+        f"{u['completion_tokens']} tokens in {wall:.1f} s"
+    )
+    return {
+        "texts": len(texts),
+        "valid": valid,
+        "cached_share": u["cached_share"],
+        "wall_s": wall,
+        "records": [st["record"] if st.error() is None else None for st in states],
+    }
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ second turn on, nearly the whole prompt (everything up to the last page boundary
 
     python examples/multi_turn_chat.py [--backend tcp://127.0.0.1:30001 | http://... | engine] [--small]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,16 +51,25 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
     rows = []
     for i, t in enumerate(turns):
         m = st.get_meta_info(f"turn_{i}")
-        rows.append({"prompt_tokens": m["prompt_tokens"], "cached_tokens": m["cached_tokens"],
-                     "completion_tokens": m["completion_tokens"]})
+        rows.append(
+            {
+                "prompt_tokens": m["prompt_tokens"],
+                "cached_tokens": m["cached_tokens"],
+                "completion_tokens": m["completion_tokens"],
+            }
+        )
         print(f"[turn {i + 1}] user: {t}\n          assistant: {st[f'turn_{i}'].strip()}")
-        print(f"          prompt {m['prompt_tokens']} tokens, cached {m['cached_tokens']} "
-              f"({100 * m['cached_tokens'] / m['prompt_tokens']:.0f} %), "
-              f"{m['e2e_latency'] * 1000:.0f} ms")
+        print(
+            f"          prompt {m['prompt_tokens']} tokens, cached {m['cached_tokens']} "
+            f"({100 * m['cached_tokens'] / m['prompt_tokens']:.0f} %), "
+            f"{m['e2e_latency'] * 1000:.0f} ms"
+        )
     total_p = sum(r["prompt_tokens"] for r in rows)
     total_c = sum(r["cached_tokens"] for r in rows)
-    print(f"\n{len(turns)} turns in {wall:.1f} s; {total_c} of {total_p} prompt tokens came from the cache "
-          f"({100 * total_c / total_p:.1f} %)")
+    print(
+        f"\n{len(turns)} turns in {wall:.1f} s; {total_c} of {total_p} prompt tokens came from the cache "
+        f"({100 * total_c / total_p:.1f} %)"
+    )
     return {"turns": rows, "messages": st.messages(), "error": None}
 
 

@@ -9,6 +9,7 @@ many times over. Exit status: the agent's (1 if the server never became healthy)
 
     python examples/run_demo.py [--num-threads N] [agent arguments, e.g. --num-questions 16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,12 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--num-threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                   help="torch threads of the server (default: cores - 1)")
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="torch threads of the server (default: cores - 1)",
+    )
     p.add_argument("--health-timeout", type=float, default=300.0, help="seconds to wait for the model to load")
     a, agent_args = p.parse_known_args(argv)
     port, zmq_port = free_port(), free_port()
@@ -69,8 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         zmq_port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile("w+", prefix="radixrt-demo-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(zmq_port),
-           "--num-threads", str(a.num_threads), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixrt",
+        "serve",
+        "--port",
+        str(port),
+        "--zmq-port",
+        str(zmq_port),
+        "--num-threads",
+        str(a.num_threads),
+        "--log-level",
+        "warning",
+    ]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -82,10 +99,17 @@ def main(argv: list[str] | None = None) -> int:
             log.flush()
             print(f"{e}\n--- server log ({log.name}) ---\n{Path(log.name).read_text()[-4000:]}", file=sys.stderr)
             return 1
-        print(f"server healthy after {time.monotonic() - t0:.1f} s at {url} (DSL socket tcp://127.0.0.1:{zmq_port})\n",
-              flush=True)
-        agent = [sys.executable, str(ROOT / "examples" / "tool_agent.py"), "--backend",
-                 f"tcp://127.0.0.1:{zmq_port}", *agent_args]
+        print(
+            f"server healthy after {time.monotonic() - t0:.1f} s at {url} (DSL socket tcp://127.0.0.1:{zmq_port})\n",
+            flush=True,
+        )
+        agent = [
+            sys.executable,
+            str(ROOT / "examples" / "tool_agent.py"),
+            "--backend",
+            f"tcp://127.0.0.1:{zmq_port}",
+            *agent_args,
+        ]
         rc = subprocess.call(agent, cwd=ROOT)
     finally:
         status = stop(proc)

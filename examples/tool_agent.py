@@ -13,6 +13,7 @@ over ``examples/data/knowledge.json``.
     radixrt serve &                      # HTTP on :30000, the DSL's ZMQ socket on :30001
     python examples/tool_agent.py        # --backend http://127.0.0.1:30000 | engine, --small
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,21 @@ from _util import add_backend_arg, make_backend, token_usage  # noqa: E402
 KNOWLEDGE: dict = json.loads((Path(__file__).resolve().parent / "data" / "knowledge.json").read_text())
 
 # ---- tools -------------------------------------------------------------------------------------------
-_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BIN = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UN = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 def calculator(expression: str) -> float:
     """Evaluate arithmetic safely (no names, calls or attributes). Raises ValueError on anything else."""
+
     def ev(n: ast.AST) -> float:
         if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool):
             return n.value
@@ -51,16 +60,28 @@ def calculator(expression: str) -> float:
         if isinstance(n, ast.UnaryOp) and type(n.op) in _UN:
             return _UN[type(n.op)](ev(n.operand))
         raise ValueError(f"not allowed in an expression: {type(n).__name__}")
+
     try:
         return ev(ast.parse(expression, mode="eval").body)
     except (SyntaxError, ZeroDivisionError, OverflowError) as e:
         raise ValueError(f"cannot evaluate {expression!r}: {e}") from None
 
 
-_FACTORS = {"m": ("length", 1.0), "km": ("length", 1000.0), "cm": ("length", 0.01), "mi": ("length", 1609.344),
-            "ft": ("length", 0.3048), "in": ("length", 0.0254), "kg": ("mass", 1.0), "g": ("mass", 0.001),
-            "lb": ("mass", 0.45359237), "s": ("time", 1.0), "min": ("time", 60.0), "h": ("time", 3600.0),
-            "day": ("time", 86400.0)}
+_FACTORS = {
+    "m": ("length", 1.0),
+    "km": ("length", 1000.0),
+    "cm": ("length", 0.01),
+    "mi": ("length", 1609.344),
+    "ft": ("length", 0.3048),
+    "in": ("length", 0.0254),
+    "kg": ("mass", 1.0),
+    "g": ("mass", 0.001),
+    "lb": ("mass", 0.45359237),
+    "s": ("time", 1.0),
+    "min": ("time", 60.0),
+    "h": ("time", 3600.0),
+    "day": ("time", 86400.0),
+}
 _TEMPS = ("c", "f", "k")
 UNITS = list(_FACTORS) + list(_TEMPS)
 
@@ -101,23 +122,40 @@ EXPR_MAX, NUM_MAX, ANSWER_MAX = 40, 12, 48
 
 
 def _tool(name: str, **props: Any) -> dict:
-    return {"type": "object", "properties": {"tool": {"const": name}, **props},
-            "required": ["tool", *props], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"tool": {"const": name}, **props},
+        "required": ["tool", *props],
+        "additionalProperties": False,
+    }
 
 
-FINAL = _tool("final_answer", answer={"type": "string", "maxLength": ANSWER_MAX,
-                                     "pattern": f"^[A-Za-z0-9 .,:%()/+-]{{1,{ANSWER_MAX}}}$"})
-CALL_SCHEMA = {"anyOf": [
-    _tool("calculator", expression={"type": "string", "maxLength": EXPR_MAX,
-                                    "pattern": f"^[0-9+*/%(). -]{{1,{EXPR_MAX}}}$"}),
-    _tool("convert", value={"type": "string", "maxLength": NUM_MAX, "pattern": r"^-?[0-9]{1,7}(\.[0-9]{1,3})?$"},
-          from_unit={"enum": UNITS}, to_unit={"enum": UNITS}),
-    _tool("lookup", key={"enum": sorted(KNOWLEDGE)}),
-    FINAL]}
-_LONGEST = [{"tool": "calculator", "expression": "x" * EXPR_MAX},
-            {"tool": "convert", "value": "x" * NUM_MAX, "from_unit": max(UNITS, key=len),
-             "to_unit": max(UNITS, key=len)},
-            {"tool": "lookup", "key": max(KNOWLEDGE, key=len)}, {"tool": "final_answer", "answer": "x" * ANSWER_MAX}]
+FINAL = _tool(
+    "final_answer",
+    answer={"type": "string", "maxLength": ANSWER_MAX, "pattern": f"^[A-Za-z0-9 .,:%()/+-]{{1,{ANSWER_MAX}}}$"},
+)
+CALL_SCHEMA = {
+    "anyOf": [
+        _tool(
+            "calculator",
+            expression={"type": "string", "maxLength": EXPR_MAX, "pattern": f"^[0-9+*/%(). -]{{1,{EXPR_MAX}}}$"},
+        ),
+        _tool(
+            "convert",
+            value={"type": "string", "maxLength": NUM_MAX, "pattern": r"^-?[0-9]{1,7}(\.[0-9]{1,3})?$"},
+            from_unit={"enum": UNITS},
+            to_unit={"enum": UNITS},
+        ),
+        _tool("lookup", key={"enum": sorted(KNOWLEDGE)}),
+        FINAL,
+    ]
+}
+_LONGEST = [
+    {"tool": "calculator", "expression": "x" * EXPR_MAX},
+    {"tool": "convert", "value": "x" * NUM_MAX, "from_unit": max(UNITS, key=len), "to_unit": max(UNITS, key=len)},
+    {"tool": "lookup", "key": max(KNOWLEDGE, key=len)},
+    {"tool": "final_answer", "answer": "x" * ANSWER_MAX},
+]
 # The patterns admit no character JSON must escape and every token is >= 1 character, so this many tokens
 # always completes the longest call (+1 for the end-of-turn token): a call can never be cut off.
 CALL_MAX_TOKENS = max(len(json.dumps(c, separators=(",", ":"))) for c in _LONGEST) + 1
@@ -140,13 +178,24 @@ FEW_SHOT = [
     ("Observation: 8849 m = 8.849 km", '{"tool":"final_answer","answer":"Mount Everest is 8.849 km high."}'),
 ]
 QUESTIONS = [
-    "How tall is the Eiffel Tower in feet?", "What is 17 * 23?", "Convert 100 km to miles.",
-    "How long is a marathon in miles?", "What is the boiling point of water in Fahrenheit?",
-    "How many seconds are in 3 hours?", "What is (125 + 375) / 4?", "How high is Mount Everest in feet?",
-    "How many kilograms is 200 pounds?", "What is the capital of Japan?", "How far away is the Moon in miles?",
-    "What is 2 to the power of 10?", "How many hours are in a leap year?", "What is 15% of 240?",
-    "How heavy is a blue whale in pounds?", "When was Python first released?",
-    "What is normal human body temperature in Fahrenheit?", "How long is a football pitch in feet?",
+    "How tall is the Eiffel Tower in feet?",
+    "What is 17 * 23?",
+    "Convert 100 km to miles.",
+    "How long is a marathon in miles?",
+    "What is the boiling point of water in Fahrenheit?",
+    "How many seconds are in 3 hours?",
+    "What is (125 + 375) / 4?",
+    "How high is Mount Everest in feet?",
+    "How many kilograms is 200 pounds?",
+    "What is the capital of Japan?",
+    "How far away is the Moon in miles?",
+    "What is 2 to the power of 10?",
+    "How many hours are in a leap year?",
+    "What is 15% of 240?",
+    "How heavy is a blue whale in pounds?",
+    "When was Python first released?",
+    "What is normal human body temperature in Fahrenheit?",
+    "How long is a football pitch in feet?",
 ]
 
 
@@ -193,8 +242,7 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
     questions = QUESTIONS[: a.num_questions or (4 if a.small else len(QUESTIONS))]
     b = make_backend(backend if backend is not None else a.backend)
     t0 = time.perf_counter()
-    states = agent.run_batch([{"question": q, "max_steps": steps} for q in questions], backend=b,
-                             progress_bar=True)
+    states = agent.run_batch([{"question": q, "max_steps": steps} for q in questions], backend=b, progress_bar=True)
     wall = time.perf_counter() - t0
     all_calls, failed = [], 0
     for q, st in zip(questions, states):
@@ -214,19 +262,36 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
     parsed = sum(c["parsed"] for c in all_calls)
     tool_calls = sum(1 for c in all_calls if c["parsed"] and c["call"]["tool"] != "final_answer")
     answered = sum("answer" in st for st in states)
-    summary = {"questions": len(questions), "failed_programs": failed, "calls": len(all_calls),
-               "tool_calls": tool_calls, "parsed": parsed, "parsed_share": parsed / max(len(all_calls), 1),
-               "answered": answered, "cached_share": u["cached_share"], "prompt_tokens": u["prompt_tokens"],
-               "cached_tokens": u["cached_tokens"], "completion_tokens": u["completion_tokens"], "wall_s": wall,
-               "tokens_per_s": u["completion_tokens"] / wall, "questions_per_s": len(questions) / wall}
+    summary = {
+        "questions": len(questions),
+        "failed_programs": failed,
+        "calls": len(all_calls),
+        "tool_calls": tool_calls,
+        "parsed": parsed,
+        "parsed_share": parsed / max(len(all_calls), 1),
+        "answered": answered,
+        "cached_share": u["cached_share"],
+        "prompt_tokens": u["prompt_tokens"],
+        "cached_tokens": u["cached_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "wall_s": wall,
+        "tokens_per_s": u["completion_tokens"] / wall,
+        "questions_per_s": len(questions) / wall,
+    }
     print(f"\n== {len(questions)} questions, {steps} steps max, {failed} failed programs ==")
-    print(f"tool calls made: {tool_calls} (+ {len(all_calls) - tool_calls} final answers); "
-          f"final answers: {answered}/{len(questions)}")
+    print(
+        f"tool calls made: {tool_calls} (+ {len(all_calls) - tool_calls} final answers); "
+        f"final answers: {answered}/{len(questions)}"
+    )
     print(f"calls that parsed: {parsed}/{len(all_calls)} ({100 * summary['parsed_share']:.1f} %)")
-    print(f"cached-token share: {100 * u['cached_share']:.1f} % ({u['cached_tokens']} of {u['prompt_tokens']} "
-          f"prompt tokens, {u['requests']} requests)")
-    print(f"throughput: {summary['tokens_per_s']:.1f} generated tokens/s, {summary['questions_per_s']:.2f} "
-          f"questions/s ({u['completion_tokens']} tokens in {wall:.1f} s)")
+    print(
+        f"cached-token share: {100 * u['cached_share']:.1f} % ({u['cached_tokens']} of {u['prompt_tokens']} "
+        f"prompt tokens, {u['requests']} requests)"
+    )
+    print(
+        f"throughput: {summary['tokens_per_s']:.1f} generated tokens/s, {summary['questions_per_s']:.2f} "
+        f"questions/s ({u['completion_tokens']} tokens in {wall:.1f} s)"
+    )
     return summary
 
 

@@ -7,6 +7,7 @@ siblings' requests reuse it from the radix cache.
 
     python examples/tree_of_thought.py [--backend tcp://127.0.0.1:30001 | http://... | engine] [--small]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,21 @@ def tree(s: Any, question: str, width: int, depth: int, max_tokens: int) -> dict
     s += rt.user(question)
     s += rt.assistant_begin()
     approaches = s.fork(width)
-    approaches += lambda i: OPENERS[i % len(OPENERS)] + " " + rt.gen("approach", max_tokens=max_tokens, stop="\n",
-                                                                       temperature=0)
+    approaches += (
+        lambda i: OPENERS[i % len(OPENERS)] + " " + rt.gen("approach", max_tokens=max_tokens, stop="\n", temperature=0)
+    )
     groups = []
     for a in approaches:  # every approach branches again; all leaves run concurrently
         outcomes = a.fork(depth)
-        outcomes += lambda j: ("\nSo the answer is" if j == 0 else "\nTherefore the answer is") + \
-            rt.gen("answer", max_tokens=max_tokens // 2, stop="\n", temperature=0)
-        outcomes += rt.assistant_end() + rt.user("Is that answer correct?") + rt.assistant_begin() + \
-            rt.select("verdict", ["correct", "wrong"])
+        outcomes += lambda j: ("\nSo the answer is" if j == 0 else "\nTherefore the answer is") + rt.gen(
+            "answer", max_tokens=max_tokens // 2, stop="\n", temperature=0
+        )
+        outcomes += (
+            rt.assistant_end()
+            + rt.user("Is that answer correct?")
+            + rt.assistant_begin()
+            + rt.select("verdict", ["correct", "wrong"])
+        )
         groups.append((a, outcomes))
     leaves = []
     for a, outcomes in groups:
@@ -66,8 +73,11 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
     questions = QUESTIONS[:1] if a.small else QUESTIONS
     b = make_backend(backend if backend is not None else a.backend)
     t0 = time.perf_counter()
-    states = tree.run_batch([{"question": q, "width": width, "depth": depth, "max_tokens": mt} for q in questions],
-                            backend=b, progress_bar=True)
+    states = tree.run_batch(
+        [{"question": q, "width": width, "depth": depth, "max_tokens": mt} for q in questions],
+        backend=b,
+        progress_bar=True,
+    )
     wall = time.perf_counter() - t0
     for q, st in zip(questions, states):
         print(f"\nQ: {q}")
@@ -80,11 +90,17 @@ def main(argv: Optional[list[str]] = None, backend: Any = None) -> dict:
             print(f" {mark} [{score:+.2f}] {approach[:60]!r} -> answer: {answer[:40]!r}")
         print(f"   best: {r['best'][1].strip()}")
     u = token_usage(states)
-    print(f"\n{len(questions)} trees of {width}x{depth} leaves; cached-token share {100 * u['cached_share']:.1f} % "
-          f"over {u['requests']} requests; {wall:.1f} s")
-    return {"questions": len(questions), "errors": sum(st.error() is not None for st in states),
-            "leaves": [len(st.ret_value["leaves"]) if st.error() is None else 0 for st in states],
-            "cached_share": u["cached_share"], "states": states}
+    print(
+        f"\n{len(questions)} trees of {width}x{depth} leaves; cached-token share {100 * u['cached_share']:.1f} % "
+        f"over {u['requests']} requests; {wall:.1f} s"
+    )
+    return {
+        "questions": len(questions),
+        "errors": sum(st.error() is not None for st in states),
+        "leaves": [len(st.ret_value["leaves"]) if st.error() is None else 0 for st in states],
+        "cached_share": u["cached_share"],
+        "states": states,
+    }
 
 
 if __name__ == "__main__":

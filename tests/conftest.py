@@ -1,6 +1,7 @@
 """Shared fixtures. The model loads once per session (the ``engine`` fixture; a GGUF's tensors are views of
 its memory map, opened once per process). After every test, every live engine
 must satisfy free + evictable + protected (+ private, while busy) = total pages, with all locks released."""
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ DATA = ROOT / "tests" / "data"
 
 def make_engine(**kw):
     from radixrt import Engine
+
     kw.setdefault("max_total_tokens", 8192)
     # The parity tests compare token for token with HF fp32, so they run the GGUF dequantized to fp32
     # (the default for a GGUF is its own 4-bit blocks); tests/test_quant.py asks for each format itself.
@@ -63,11 +65,15 @@ def _nothing_left_running():
     import threading
 
     import psutil
+
     yield
     engines = [t for t in threading.enumerate() if t.name == "radixrt-scheduler" and t.is_alive()]
     # multiprocessing's resource tracker is this interpreter's own helper (it ends with pytest), not a test's
-    children = [p for p in psutil.Process().children(recursive=True)
-                if "multiprocessing.resource_tracker" not in " ".join(_cmdline(p))]
+    children = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "multiprocessing.resource_tracker" not in " ".join(_cmdline(p))
+    ]
     _, alive = psutil.wait_procs(children, timeout=15)  # a server just stopped may still be exiting
     described = []
     for p in alive:
@@ -82,6 +88,7 @@ def _nothing_left_running():
 
 def _cmdline(p) -> list[str]:
     import psutil
+
     try:
         return p.cmdline()
     except psutil.Error:
@@ -123,9 +130,15 @@ def passage_ids(tokenizer) -> list[int]:
 
 def hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                max_new_tokens=n, do_sample=False, pad_token_id=2, eos_token_id=None)
-    return out[0, len(ids):].tolist()
+        out = hf_model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=2,
+            eos_token_id=None,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +146,7 @@ def api_server():
     """One plain ``radixrt serve`` shared by the API-compatibility modules (SGLang frontend, compatibility
     table, OpenAPI fuzz); each of them checks the pool after every test with ``api_server.wait_idle()``."""
     from server_util import start_server
+
     s = start_server()
     yield s
     assert s.stop() == 0, s.logs()

@@ -2,6 +2,7 @@
 (context 1024, KV pool 8192 tokens, one torch thread), started while the in-process engine loads and
 stopped at session end by the teardown of the session fixtures that use it (:func:`stop_server`), before
 conftest's check that nothing a test started is still running."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -45,6 +46,7 @@ def stop_server() -> None:
 def endpoint(kind: str) -> Any:
     """The session's RuntimeEndpoint over ``zmq`` or ``http`` (the server must be ready)."""
     import radixrt as rt
+
     assert _server is not None
     if kind not in _endpoints:
         _endpoints[kind] = rt.RuntimeEndpoint(_server.zmq_url if kind == "zmq" else _server.url)

@@ -5,16 +5,26 @@ Tensor names follow llama.cpp's (``blk.N.attn_q.weight``, ...). For the ``llama`
 (which Mistral shares) llama.cpp stores q and k rows permuted for its rotary layout; transformers undoes
 that permutation on load, so the writer applies it (see llama.cpp convert_hf_to_gguf.py, ``permute``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:

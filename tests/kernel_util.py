@@ -1,6 +1,7 @@
 """The one gate for tests of the C++ kernels: they are skipped only where the kernels cannot exist (a CPU
 without AVX2/FMA/F16C, or RADIXRT_DISABLE_CPP_KERNELS set); on a capable CPU a failed build fails the test
 with the build's error."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,9 @@ import pytest
 from radixrt.kernels import cpp
 
 CAN_BUILD = cpp.cpu_ok() and not os.environ.get("RADIXRT_DISABLE_CPP_KERNELS")
-needs_cpp = pytest.mark.skipif(not CAN_BUILD, reason="no AVX2/FMA/F16C, or RADIXRT_DISABLE_CPP_KERNELS is "
-                                                      "set: the C++ kernels cannot run here")
+needs_cpp = pytest.mark.skipif(
+    not CAN_BUILD, reason="no AVX2/FMA/F16C, or RADIXRT_DISABLE_CPP_KERNELS is set: the C++ kernels cannot run here"
+)
 
 
 def built(namespace: str = "radixrt_attn"):

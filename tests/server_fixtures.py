@@ -6,6 +6,7 @@
 a client fixture (``oai``: ``openai.OpenAI``; ``client="anthropic"`` gives ``cl``: ``anthropic.Anthropic``).
 A CLI argument may be a callable ``(request) -> str``, for flags that name another fixture's value.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,14 +29,18 @@ def server_fixtures(*args, api_key: str | None = None, client: str = "openai"):
         srv.wait_idle()
 
     if client == "anthropic":
+
         @pytest.fixture(scope="module", name="cl")
         def client_fixture(srv):
             import anthropic
+
             return anthropic.Anthropic(base_url=srv.url, api_key=api_key or "unused", max_retries=0, timeout=300)
     else:
+
         @pytest.fixture(scope="module", name="oai")
         def client_fixture(srv):
             import openai
+
             return openai.OpenAI(base_url=srv.url + "/v1", api_key=api_key or "unused", max_retries=0, timeout=300)
 
     return srv_fixture, idle_fixture, client_fixture

@@ -1,4 +1,5 @@
 """Helpers to run a real ``radixrt serve`` process in tests and talk to it (HTTP, SSE, the DSL socket)."""
+
 from __future__ import annotations
 
 import json
@@ -37,15 +38,31 @@ class ServerProc:
         self.zmq_url = f"tcp://127.0.0.1:{self.zmq_port}"
         self.dir = tempfile.mkdtemp(prefix="radixrt-test-")
         self.out_path, self.err_path = os.path.join(self.dir, "stdout"), os.path.join(self.dir, "stderr")
-        cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(self.port), "--zmq-port", str(self.zmq_port),
-               "--max-total-tokens", "8192", "--context-length", str(CONTEXT), "--log-level", "warning", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt",
+            "serve",
+            "--port",
+            str(self.port),
+            "--zmq-port",
+            str(self.zmq_port),
+            "--max-total-tokens",
+            "8192",
+            "--context-length",
+            str(CONTEXT),
+            "--log-level",
+            "warning",
+            *extra,
+        ]
         if "--quantization" not in extra:  # expected texts are HF fp32's (see conftest.make_engine)
             cmd += ["--quantization", "none"]
         if api_key:
             cmd += ["--api-key", api_key]
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"),
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=open(self.out_path, "w"), stderr=open(self.err_path, "w"), start_new_session=True
+        )
         self.pgid = self.proc.pid
         self.health_codes: list[int] = []
 
@@ -153,6 +170,7 @@ def sse_events(lines) -> list:
 
 def dsl_socket(url: str):
     import zmq
+
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
@@ -164,6 +182,7 @@ def dsl_send(sock, req_id: str, op: str, body: Optional[dict] = None, api_key: O
     import msgspec
 
     from radixrt.runtime.io_struct import DslRequest
+
     sock.send(msgspec.msgpack.encode(DslRequest(req_id=req_id, op=op, body=body or {}, api_key=api_key)))
 
 
@@ -172,6 +191,7 @@ def dsl_recv(sock, timeout_ms: int = 60000):
     import zmq
 
     from radixrt.runtime.io_struct import DslReply
+
     if not sock.poll(timeout_ms, zmq.POLLIN):
         raise TimeoutError("no DSL reply")
     return msgspec.msgpack.decode(sock.recv(), type=DslReply)

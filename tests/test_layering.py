@@ -7,6 +7,7 @@ openai | native > manager > observe > api_models | context | http), that ``radix
 the runtime only through Engine, io_struct and load_tokenizer, and that no two sibling modules or
 packages import each other in a circle.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def _lint(root: Path) -> tuple[int, dict[str, str]]:
     exe = Path(sys.executable).parent / "lint-imports"
     cmd = [str(exe)] if exe.exists() else [shutil.which("lint-imports") or "lint-imports"]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    r = subprocess.run([*cmd, "--no-cache", "--no-logo"], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [*cmd, "--no-cache", "--no-logo"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     verdicts = {}
     for name in CONTRACTS:
         m = re.search(re.escape(name) + r" (KEPT|BROKEN)", r.stdout)
@@ -61,7 +63,9 @@ def test_import_contracts_catch_violations(tmp_path):
     _append(pkg / "lang/choices.py", "from radixrt.runtime.mem import radix_cache  # lang -> runtime internals")
     _append(pkg / "lang/tracer.py", "import radixrt.lang.program  # a circle tracer -> program -> tracer")
     _append(pkg / "kernels/attention/metadata.py", "import radixrt.runtime.server.launch  # bottom -> server")
-    _append(pkg / "runtime/executor/forward_batch.py", "import radixrt.runtime.scheduler.scheduler  # executor -> scheduler")
+    _append(
+        pkg / "runtime/executor/forward_batch.py", "import radixrt.runtime.scheduler.scheduler  # executor -> scheduler"
+    )
     _append(pkg / "runtime/server/http/body.py", "import radixrt.runtime.server.openai.chat  # http -> openai")
     rc, verdicts = _lint(tmp_path)
     assert verdicts == {name: "BROKEN" for name in CONTRACTS}

@@ -1,6 +1,7 @@
 """What every compared system shares: the :class:`System` interface, :class:`HTTPSystem` (each program an
 asyncio task against a server), and the helpers that make every system send the same tokens and score
 ``select`` the same way (:func:`prompt_ids`, :func:`select_boundaries`, :func:`decide`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +34,14 @@ def select_boundaries(tok: Any, context: str, choices: list[str]) -> tuple[list[
 def decide(choices: list[str], input_lps: list[list]) -> str:
     """``token_length_normalized`` (rt.select's default) on ``[[logprob, token_id], ...]`` per option."""
     from radixrt.lang.choices import token_length_normalized
+
     normalized = [sum(t[0] for t in lps) / len(lps) for lps in input_lps]
-    return token_length_normalized(choices=choices, normalized_prompt_logprobs=normalized,
-                                   input_token_logprobs=input_lps,
-                                   output_token_logprobs=[[] for _ in choices]).decision
+    return token_length_normalized(
+        choices=choices,
+        normalized_prompt_logprobs=normalized,
+        input_token_logprobs=input_lps,
+        output_token_logprobs=[[] for _ in choices],
+    ).decision
 
 
 def prompt_ids(tok: Any, call: Gen, eos_ids: set) -> list[int]:
@@ -47,10 +52,10 @@ def prompt_ids(tok: Any, call: Gen, eos_ids: set) -> list[int]:
         return tok.encode(call.prompt, add_special_tokens=False)
     suffix = call.cont[1]
     base = prev.sent_ids + prev.output_ids
-    if base and base[-1] in eos_ids:   # it stopped on EOS: the text has it in the suffix, or not at all
+    if base and base[-1] in eos_ids:  # it stopped on EOS: the text has it in the suffix, or not at all
         eos_text = tok.decode([base[-1]])
         if suffix.startswith(eos_text):
-            suffix = suffix[len(eos_text):]
+            suffix = suffix[len(eos_text) :]
         else:
             base = base[:-1]
     return base + tok.encode(suffix, add_special_tokens=False)
@@ -58,6 +63,7 @@ def prompt_ids(tok: Any, call: Gen, eos_ids: set) -> list[int]:
 
 def eos_ids_of(tok: Any) -> set:
     from radixrt.runtime.models.loader import load_config
+
     try:
         e = load_config().eos_token_id
     except Exception:
@@ -87,8 +93,9 @@ def finish_grammar_select(rec: Record, call: Select, text: str) -> None:
     """``rec`` of a ``select`` run as a generation under :func:`choices_grammar`: the option ``text`` is (or
     the first one it starts, or that starts it). Its TTFT is its latency, as on every system."""
     rec.kind, rec.label = "select", call.label
-    rec.decision = next((c for c in call.choices if text == c), None) or \
-        next((c for c in call.choices if text.startswith(c) or c.startswith(text)), text)
+    rec.decision = next((c for c in call.choices if text == c), None) or next(
+        (c for c in call.choices if text.startswith(c) or c.startswith(text)), text
+    )
     rec.output_text = text
     rec.t_first, rec.chunk_times = None, []
 
@@ -140,8 +147,10 @@ class HTTPSystem(System):
         out: list[Record] = []
         sem = asyncio.Semaphore(concurrency or max(len(programs), 1))
         limits = httpx.Limits(max_connections=len(programs) + 8, max_keepalive_connections=len(programs) + 8)
-        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None), trust_env=False,
-                                     limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(None), trust_env=False, limits=limits
+        ) as client:
+
             async def drive(pid: int, prog: Any) -> None:
                 async with sem:
                     try:
@@ -182,13 +191,15 @@ class HTTPSystem(System):
                     await self.call(c, Gen(prompt, n), rec)
                     if rec.error:
                         raise RuntimeError(f"{self.name} warm-up failed: {rec.error}")
+
         asyncio.run(go())
 
 
 class RestartedServer(HTTPSystem):
     """A server without a cache flush: :meth:`reset` restarts it (about a second), which gives every workload
     a cold cache (and a server started with what :meth:`configure` chose)."""
-    proc: Any = None   # a process.Server
+
+    proc: Any = None  # a process.Server
     context_length = 2048
 
     def stop(self) -> None:

@@ -6,19 +6,31 @@ JSON calls are constrained with xgrammar's HF logits processor. ``select`` score
 option``). Timing: a batch's requests are sent when its ``generate`` starts; a token arrives at its decoding
 step (a logits processor stamps each step); every request ends when ``generate`` returns, which is when a
 caller gets it."""
+
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 from typing import Any, Optional
 
-from .base import (Gen, Record, Select, System, Workload, call_key, decide, eos_ids_of, now, prompt_ids,
-                   select_boundaries)
+from .base import (
+    Gen,
+    Record,
+    Select,
+    System,
+    Workload,
+    call_key,
+    decide,
+    eos_ids_of,
+    now,
+    prompt_ids,
+    select_boundaries,
+)
 
 
 class HFGenerate(System):
     name = "hf-generate"
-    has_cache_report = True   # it caches nothing between calls: 0 cached tokens, truthfully
+    has_cache_report = True  # it caches nothing between calls: 0 cached tokens, truthfully
 
     def __init__(self, tokenizer: Any, batch_size: int = 16, threads: Optional[int] = None):
         self.tok, self.batch_size, self.threads = tokenizer, batch_size, threads
@@ -30,15 +42,21 @@ class HFGenerate(System):
     def describe(self) -> dict:
         import torch
         import transformers
-        return {"api": "LlamaForCausalLM.generate, greedy, static batches (left padding)",
-                "batch_size": self.batch_size, "dtype": "float32", "torch_threads": torch.get_num_threads(),
-                "transformers": transformers.__version__}
+
+        return {
+            "api": "LlamaForCausalLM.generate, greedy, static batches (left padding)",
+            "batch_size": self.batch_size,
+            "dtype": "float32",
+            "torch_threads": torch.get_num_threads(),
+            "transformers": transformers.__version__,
+        }
 
     def start(self, context_length: int) -> None:
         from transformers.utils import logging as hf_logging
 
         from radixrt.runtime.models.loader import load_hf_model
         import torch
+
         hf_logging.set_verbosity_error()
         if self.threads:
             torch.set_num_threads(self.threads)
@@ -58,12 +76,14 @@ class HFGenerate(System):
         key = json.dumps(schema, sort_keys=True)
         if key not in self._compiled:
             import xgrammar as xgr
+
             if self._compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(self.tok, vocab_size=self.model.config.vocab_size)
                 self._compiler = xgr.GrammarCompiler(info)
             # compact JSON (no whitespace outside strings), as radixrt's grammar backend compiles it
-            self._compiled[key] = self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
-                                                                     separators=(",", ":"))
+            self._compiled[key] = self._compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":")
+            )
         return self._compiled[key]
 
     def run(self, wl: Workload, programs: list, pbar: Any, concurrency: int = 0) -> list[Record]:
@@ -75,7 +95,7 @@ class HFGenerate(System):
                     active[pid] = [programs[pid], next(programs[pid]), 0]
                 except StopIteration:
                     pass
-            while active:   # lockstep: every live program of the batch makes its next call together
+            while active:  # lockstep: every live program of the batch makes its next call together
                 groups: dict[tuple, list[int]] = defaultdict(list)
                 for pid, (_, call, _) in active.items():
                     groups[call_key(call)].append(pid)
@@ -130,19 +150,24 @@ class HFGenerate(System):
         if c0.json_schema is not None:
             import xgrammar as xgr
             import xgrammar.contrib.hf  # noqa: F401
+
             procs.append(xgr.contrib.hf.LogitsProcessor(self.compiled(c0.json_schema)))
         timer = StepTimer()
         procs.append(timer)
         n = max(c.max_new_tokens for c in calls)
-        gc = GenerationConfig(max_new_tokens=n, min_new_tokens=n if c0.ignore_eos else 0, do_sample=False,
-                              pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids))
+        gc = GenerationConfig(
+            max_new_tokens=n,
+            min_new_tokens=n if c0.ignore_eos else 0,
+            do_sample=False,
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids),
+        )
         with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc,
-                                      logits_processor=procs)
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, logits_processor=procs)
         t1 = now()
         recs = []
         for i, c in enumerate(calls):
-            new = out[i, width:].tolist()[:c.max_new_tokens]
+            new = out[i, width:].tolist()[: c.max_new_tokens]
             k = None if c0.ignore_eos else next((j for j, t in enumerate(new) if t in self.eos_ids), None)
             n_i = len(new) if k is None else k + 1
             r = Record("", "", 0, 0, "gen", t_send=t0, t_end=t1)
@@ -159,15 +184,17 @@ class HFGenerate(System):
 
     def _select(self, calls: list[Select], fast: bool = True) -> list[Record]:
         import torch
+
         t0 = now()
         bounds = [select_boundaries(self.tok, c.context, c.choices) for c in calls]
         ctxs = [self.tok.encode(c.context, add_special_tokens=False) for c in calls]
-        single = fast and all(len(f) == len(ctx) + 1 and f[:len(ctx)] == ctx
-                     for ctx, (fulls, _, _) in zip(ctxs, bounds) for f in fulls)
+        single = fast and all(
+            len(f) == len(ctx) + 1 and f[: len(ctx)] == ctx for ctx, (fulls, _, _) in zip(ctxs, bounds) for f in fulls
+        )
         # rows to run, and per (call, option): (row, [(position from the end, token id), ...])
         rows: list[list[int]] = []
         where: list[list[tuple[int, list[tuple[int, int]]]]] = []
-        if single:   # every option is one token after the context: one forward over the contexts
+        if single:  # every option is one token after the context: one forward over the contexts
             for ctx, (fulls, _, _) in zip(ctxs, bounds):
                 rows.append(ctx)
                 where.append([(len(rows) - 1, [(1, f[-1])]) for f in fulls])
@@ -183,13 +210,12 @@ class HFGenerate(System):
         lps_rows: list[Any] = []
         with torch.inference_mode():
             for b in range(0, len(rows), self.batch_size):
-                chunk = rows[b:b + self.batch_size]
+                chunk = rows[b : b + self.batch_size]
                 width = max(len(r) for r in chunk)
                 ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in chunk])
                 mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in chunk])
                 pos = (mask.cumsum(-1) - 1).clamp(min=0)
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                                    logits_to_keep=keep).logits
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
                 lps_rows.extend(torch.log_softmax(logits.float(), -1))
         t1 = now()
         recs = []

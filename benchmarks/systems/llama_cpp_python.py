@@ -7,6 +7,7 @@ converted from the schema (``json_schema_to_gbnf``); ``select`` is a greedy gene
 per token, and only with ``logits_all``, which also makes its prompt-cache states huge); ``ignore_eos`` is a
 logit bias of -1e9 on the special tokens. It reports no cached tokens, so its hit rate is n/a. Skipped, with
 a notice, when ``llama_cpp`` is not importable."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,6 +25,7 @@ from .process import Server, free_port
 class LlamaCpp(RestartedServer):
     """llama-cpp-python's OpenAI-compatible server on the same GGUF, prompt cache on (``--systems
     llama-cpp-python``; ``llama.cpp`` is llama.cpp's own server, :mod:`systems.llama_server`)."""
+
     name = "llama-cpp-python"
 
     def __init__(self, tokenizer: Any, gguf: str, threads: Optional[int] = None):
@@ -33,22 +35,51 @@ class LlamaCpp(RestartedServer):
         self._gbnf: dict[str, str] = {}
 
     def unavailable(self) -> Optional[str]:
-        missing = [m for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings", "uvicorn")
-                   if importlib.util.find_spec(m) is None]
+        missing = [
+            m
+            for m in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings", "uvicorn")
+            if importlib.util.find_spec(m) is None
+        ]
         if missing:
-            return (f"llama-cpp-python[server] is not installed (missing: {', '.join(missing)}); it builds "
-                    "llama.cpp from source: pip install -e '.[peers]'")
+            return (
+                f"llama-cpp-python[server] is not installed (missing: {', '.join(missing)}); it builds "
+                "llama.cpp from source: pip install -e '.[peers]'"
+            )
         return None
 
     def _cmd(self, port: int) -> list[str]:
         t = str(self.threads)
-        return [sys.executable, "-m", "llama_cpp.server", "--model", self.gguf, "--host", "127.0.0.1",
-                "--port", str(port), "--n_ctx", str(self.context_length), "--n_threads", t, "--n_threads_batch", t,
-                "--cache", "true", "--cache_type", "ram", "--logits_all", "false", "--interrupt_requests", "false",
-                "--verbose", "false"]
+        return [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            self.gguf,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(self.context_length),
+            "--n_threads",
+            t,
+            "--n_threads_batch",
+            t,
+            "--cache",
+            "true",
+            "--cache_type",
+            "ram",
+            "--logits_all",
+            "false",
+            "--interrupt_requests",
+            "false",
+            "--verbose",
+            "false",
+        ]
 
     def describe(self) -> dict:
         import importlib.metadata as md
+
         try:
             v = md.version("llama_cpp_python")
         except md.PackageNotFoundError:
@@ -66,15 +97,18 @@ class LlamaCpp(RestartedServer):
         key = json.dumps(schema, sort_keys=True)
         if key not in self._gbnf:
             from llama_cpp.llama_grammar import json_schema_to_gbnf
+
             self._gbnf[key] = json_schema_to_gbnf(json.dumps(schema))
         return self._gbnf[key]
 
     async def call(self, client: httpx.AsyncClient, call: Any, rec: Record) -> None:
-        body: dict = {"temperature": 0.0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0, "seed": 0,
-                      "stream": True}
+        body: dict = {"temperature": 0.0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0, "seed": 0, "stream": True}
         if isinstance(call, Select):
-            body.update(prompt=call.context, max_tokens=max(len(self.tok.encode(c)) for c in call.choices) + 2,
-                        grammar=choices_grammar(call.choices))
+            body.update(
+                prompt=call.context,
+                max_tokens=max(len(self.tok.encode(c)) for c in call.choices) + 2,
+                grammar=choices_grammar(call.choices),
+            )
         else:
             body.update(prompt=call.prompt, max_tokens=call.max_new_tokens)
             if call.ignore_eos:

@@ -13,6 +13,7 @@ would split the answer differently and defeat any prefix cache there. Per reques
 calls, and for ``select`` a greedy generation under the GBNF grammar ``" opt1" | " opt2" | ...``.
 Cached tokens are the server's ``timings.cache_n``; output tokens its ``timings.predicted_n``.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,17 @@ from typing import Any, Optional
 import httpx
 from peers import LLAMA_CPP_PYTHON_VERSION, llama_binary, missing_notice
 
-from .base import (Record, RestartedServer, Select, choices_grammar, eos_ids_of, finish_grammar_select, now,
-                   prompt_ids, stream_json)
+from .base import (
+    Record,
+    RestartedServer,
+    Select,
+    choices_grammar,
+    eos_ids_of,
+    finish_grammar_select,
+    now,
+    prompt_ids,
+    stream_json,
+)
 from .process import Server, free_port
 
 CONCURRENT_SLOTS = 16
@@ -49,29 +59,61 @@ class LlamaServer(RestartedServer):
     def _cmd(self, port: int) -> list[str]:
         t = str(self.threads)
         # -c is the unified KV buffer shared by the slots: room for every slot's full context
-        return [self.exe or "llama-server", "-m", self.gguf, "--host", "127.0.0.1", "--port", str(port),
-                "-t", t, "-tb", t, "-c", str(self.context_length * self.slots), "-np", str(self.slots), "-kvu",
-                "--cache-prompt", "--no-webui", "--log-disable"]
+        return [
+            self.exe or "llama-server",
+            "-m",
+            self.gguf,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            t,
+            "-tb",
+            t,
+            "-c",
+            str(self.context_length * self.slots),
+            "-np",
+            str(self.slots),
+            "-kvu",
+            "--cache-prompt",
+            "--no-webui",
+            "--log-disable",
+        ]
 
     def describe(self) -> dict:
-        return {"cmd": " ".join(self._cmd(0)), "api": "POST /completion (stream, token ids)",
-                "llama_cpp_python_sdist": LLAMA_CPP_PYTHON_VERSION}
+        return {
+            "cmd": " ".join(self._cmd(0)),
+            "api": "POST /completion (stream, token ids)",
+            "llama_cpp_python_sdist": LLAMA_CPP_PYTHON_VERSION,
+        }
 
     def start(self, context_length: int) -> None:
         self.context_length = context_length
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.proc = Server(self._cmd(port), "llama-server", "bench-llama-server-")
-        self.proc.wait_ready(self.url + "/health", timeout=300)   # /health answers 503 while the model loads
+        self.proc.wait_ready(self.url + "/health", timeout=300)  # /health answers 503 while the model loads
 
     async def call(self, client: httpx.AsyncClient, call: Any, rec: Record) -> None:
-        body: dict = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
-                      "seed": 0, "stream": True, "cache_prompt": True, "return_tokens": True}
+        body: dict = {
+            "temperature": 0.0,
+            "top_k": 1,
+            "top_p": 1.0,
+            "min_p": 0.0,
+            "repeat_penalty": 1.0,
+            "seed": 0,
+            "stream": True,
+            "cache_prompt": True,
+            "return_tokens": True,
+        }
         rec.t_send = now()
         if isinstance(call, Select):
             rec.sent_ids = self.tok.encode(call.context, add_special_tokens=False)
-            body.update(n_predict=max(len(self.tok.encode(c, add_special_tokens=False)) for c in call.choices) + 2,
-                        grammar=choices_grammar(call.choices))
+            body.update(
+                n_predict=max(len(self.tok.encode(c, add_special_tokens=False)) for c in call.choices) + 2,
+                grammar=choices_grammar(call.choices),
+            )
         else:
             rec.sent_ids = prompt_ids(self.tok, call, self.eos_ids)
             body["n_predict"] = call.max_new_tokens
@@ -97,12 +139,13 @@ class LlamaServer(RestartedServer):
         rec.cached_tokens = timings.get("cache_n")
         if timings.get("prompt_n") is not None and rec.cached_tokens is not None:
             rec.reported_prompt_tokens = timings["prompt_n"] + rec.cached_tokens
-        rec.finish_reason = {"eos": "stop", "word": "stop", "limit": "length"}.get(final.get("stop_type"),
-                                                                                  final.get("stop_type"))
+        rec.finish_reason = {"eos": "stop", "word": "stop", "limit": "length"}.get(
+            final.get("stop_type"), final.get("stop_type")
+        )
         if isinstance(call, Select):
             return finish_grammar_select(rec, call, text)
         rec.output_text = text
         if final.get("stop_type") == "eos" and not (ids and ids[-1] in self.eos_ids):
-            ids.append(self.tok.eos_token_id)   # the EOS it stopped on is not streamed; radixrt counts it
+            ids.append(self.tok.eos_token_id)  # the EOS it stopped on is not streamed; radixrt counts it
         rec.output_ids = ids
         rec.output_tokens = int(timings.get("predicted_n", len(ids)))

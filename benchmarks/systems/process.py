@@ -1,5 +1,6 @@
 """A benchmarked server as a child process: its own process group (``start_new_session``), its stdout and
 stderr in files under a fresh temporary folder, ready once an HTTP path answers 200."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,10 @@ class Server:
     def __init__(self, cmd: list[str], what: str, prefix: str, cwd: Optional[Path] = None):
         self.what = what
         self.logdir = tempfile.mkdtemp(prefix=prefix)
-        with open(os.path.join(self.logdir, "stdout"), "w") as out, \
-                open(os.path.join(self.logdir, "stderr"), "w") as err:
+        with (
+            open(os.path.join(self.logdir, "stdout"), "w") as out,
+            open(os.path.join(self.logdir, "stderr"), "w") as err,
+        ):
             self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
 
     def tail(self, n: int = 3000) -> str:

@@ -3,6 +3,7 @@
 ``select`` is the request ``rt.select`` sends (``radixrt.lang.choices``): one prefill-only request carrying
 every ``context + option``, scored by token-length-normalized input logprobs. ``radixrt-nocache`` is the same
 server with ``--disable-radix-cache`` (the ablation)."""
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,12 @@ import httpx
 from .base import HTTPSystem, Record, Select, decide, eos_ids_of, now, prompt_ids, select_boundaries, stream_json
 from .process import Server, free_port
 
-ROOT = Path(__file__).resolve().parents[2]   # the checkout: `python -m radixrt` runs from here
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: `python -m radixrt` runs from here
 
 
 class RadixRT(HTTPSystem):
     """``radixrt serve`` in its own process group, on a free port (and a free DSL port)."""
+
     has_cache_report = True
 
     def __init__(self, tokenizer: Any, name: str = "radixrt", extra: tuple = (), max_total_tokens: int = 32768):
@@ -35,16 +37,34 @@ class RadixRT(HTTPSystem):
         return () if "--quantization" in self.extra else ("--quantization", "auto")
 
     def describe(self) -> dict:
-        return {"cmd": "python -m radixrt serve " + " ".join(self.quant() + self.extra),
-                "api": "POST /generate (stream)", "max_total_tokens": self.max_total_tokens}
+        return {
+            "cmd": "python -m radixrt serve " + " ".join(self.quant() + self.extra),
+            "api": "POST /generate (stream)",
+            "max_total_tokens": self.max_total_tokens,
+        }
 
     def start(self, context_length: int) -> None:
         port, zmq_port = free_port(), free_port()
         while zmq_port == port:
             zmq_port = free_port()
-        cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(zmq_port),
-               "--context-length", str(context_length), "--max-total-tokens", str(self.max_total_tokens),
-               "--log-level", "warning", *self.quant(), *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixrt",
+            "serve",
+            "--port",
+            str(port),
+            "--zmq-port",
+            str(zmq_port),
+            "--context-length",
+            str(context_length),
+            "--max-total-tokens",
+            str(self.max_total_tokens),
+            "--log-level",
+            "warning",
+            *self.quant(),
+            *self.extra,
+        ]
         self.url = f"http://127.0.0.1:{port}"
         self.proc = Server(cmd, "radixrt serve", "radixrt-bench-", cwd=ROOT)
         self.proc.wait_ready(self.url + "/health", timeout=600, poll=0.2)
@@ -86,7 +106,7 @@ class RadixRT(HTTPSystem):
         if call.json_schema is not None:
             sp["json_schema"] = json.dumps(call.json_schema)
         rec.t_send = now()
-        rec.sent_ids = prompt_ids(self.tok, call, self.eos_ids)   # tokenized here, as rt.select does
+        rec.sent_ids = prompt_ids(self.tok, call, self.eos_ids)  # tokenized here, as rt.select does
         body = {"input_ids": rec.sent_ids, "sampling_params": sp, "stream": True}
         last, seen = None, 0
         async for t, d in stream_json(client, "/generate", body):
@@ -112,13 +132,17 @@ class RadixRT(HTTPSystem):
     async def _select(self, client: httpx.AsyncClient, call: Select, rec: Record) -> None:
         rec.t_send = now()
         fulls, starts, start = select_boundaries(self.tok, call.context, call.choices)
-        body = {"input_ids": fulls, "return_logprob": True, "logprob_start_len": start,
-                "sampling_params": {"max_new_tokens": 0}}
+        body = {
+            "input_ids": fulls,
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "sampling_params": {"max_new_tokens": 0},
+        }
         resp = await client.post("/generate", json=body)
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         outs = resp.json()
-        input_lps = [list(o["meta_info"]["input_token_logprobs"][s - start:]) for o, s in zip(outs, starts)]
+        input_lps = [list(o["meta_info"]["input_token_logprobs"][s - start :]) for o, s in zip(outs, starts)]
         rec.decision = decide(call.choices, input_lps)
         rec.t_end = now()
         rec.label = call.label

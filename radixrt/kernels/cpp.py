@@ -14,6 +14,7 @@ its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fu
 ``RADIXRT_DISABLE_CPP_KERNELS`` is set, or where the build fails (no compiler, no ninja); callers then run
 their torch path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,7 +59,7 @@ def _copy_sources(d: str) -> list[str]:
             shutil.copyfile(path, dst + ".tmp")
             os.replace(dst + ".tmp", dst)
         out.append(dst)
-    return out[:len(SOURCES)]
+    return out[: len(SOURCES)]
 
 
 def cpu_ok() -> bool:
@@ -118,8 +119,15 @@ def _build() -> bool:
             fcntl.flock(fh, fcntl.LOCK_EX)
             if os.path.exists(os.path.join(d, "lock")):
                 os.remove(os.path.join(d, "lock"))
-            load("radixrt_cpu", _copy_sources(d), build_directory=d, verbose=False, is_python_module=False,
-                 extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
+            load(
+                "radixrt_cpu",
+                _copy_sources(d),
+                build_directory=d,
+                verbose=False,
+                is_python_module=False,
+                extra_cflags=FLAGS,
+                extra_ldflags=["-fopenmp"],
+            )
         open(built, "w").close()
         return True
     except Exception as e:  # noqa: BLE001 - any build failure means: use the torch paths

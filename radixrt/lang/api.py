@@ -11,28 +11,69 @@
     state = qa.run(question="Capital of France?", temperature=0)
     state["answer"], state.get_meta_info("answer")["cached_tokens"]
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Union
 
-from radixrt.lang.backend import (BackendConnectionError, BackendError, BaseBackend, RequestError,
-                                  RuntimeEndpoint)
-from radixrt.lang.choices import (ChoicesDecision, ChoicesSamplingMethod, check_choices, greedy_token_selection,
-                                  resolve_method, token_length_normalized, unconditional_likelihood_normalized)
+from radixrt.lang.backend import BackendConnectionError, BackendError, BaseBackend, RequestError, RuntimeEndpoint
+from radixrt.lang.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    check_choices,
+    greedy_token_selection,
+    resolve_method,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from radixrt.lang.state import ProgramState, ProgramStateGroup
-from radixrt.lang.ir import (SglExpr, SglGen, SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect,
-                             dtype_regex, role_expr, schema_to_str)
+from radixrt.lang.ir import (
+    SglExpr,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+    dtype_regex,
+    role_expr,
+    schema_to_str,
+)
 from radixrt.lang.program import SglFunction, get_default_backend, set_default_backend
 
 # Also here, imported lazily (so that a ZMQ/HTTP client never imports torch or openai): Engine, EngineBackend,
 # OpenAI.
 __all__ = [
-    "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin",
-    "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end", "set_default_backend",
-    "get_default_backend", "flush_cache", "get_server_info", "RuntimeEndpoint", "ProgramState",
-    "ProgramStateGroup", "SglFunction", "BaseBackend", "BackendError", "BackendConnectionError", "RequestError",
-    "ChoicesDecision", "ChoicesSamplingMethod", "token_length_normalized",
-    "greedy_token_selection", "unconditional_likelihood_normalized",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "select",
+    "system",
+    "user",
+    "assistant",
+    "system_begin",
+    "system_end",
+    "user_begin",
+    "user_end",
+    "assistant_begin",
+    "assistant_end",
+    "set_default_backend",
+    "get_default_backend",
+    "flush_cache",
+    "get_server_info",
+    "RuntimeEndpoint",
+    "ProgramState",
+    "ProgramStateGroup",
+    "SglFunction",
+    "BaseBackend",
+    "BackendError",
+    "BackendConnectionError",
+    "RequestError",
+    "ChoicesDecision",
+    "ChoicesSamplingMethod",
+    "token_length_normalized",
+    "greedy_token_selection",
+    "unconditional_likelihood_normalized",
 ]
 
 
@@ -48,16 +89,32 @@ def _check_name(name: Any, what: str) -> None:
         raise ValueError(f"{what}: name must be a string, got {name!r}")
 
 
-def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens: Optional[int] = None,
-        stop: Optional[Union[str, list[str]]] = None, stop_token_ids: Optional[list[int]] = None,
-        temperature: Optional[float] = None, top_p: Optional[float] = None, top_k: Optional[int] = None,
-        min_p: Optional[float] = None, frequency_penalty: Optional[float] = None,
-        presence_penalty: Optional[float] = None, ignore_eos: Optional[bool] = None,
-        return_logprob: Optional[bool] = None, logprob_start_len: Optional[int] = None,
-        top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-        dtype: Any = None, choices: Optional[list[str]] = None, choices_method: Any = None,
-        regex: Optional[str] = None, json_schema: Any = None, seed: Optional[int] = None,
-        repetition_penalty: Optional[float] = None, speculative: Optional[bool] = None) -> SglExpr:
+def gen(
+    name: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+    min_tokens: Optional[int] = None,
+    stop: Optional[Union[str, list[str]]] = None,
+    stop_token_ids: Optional[list[int]] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    min_p: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    ignore_eos: Optional[bool] = None,
+    return_logprob: Optional[bool] = None,
+    logprob_start_len: Optional[int] = None,
+    top_logprobs_num: Optional[int] = None,
+    return_text_in_logprobs: Optional[bool] = None,
+    dtype: Any = None,
+    choices: Optional[list[str]] = None,
+    choices_method: Any = None,
+    regex: Optional[str] = None,
+    json_schema: Any = None,
+    seed: Optional[int] = None,
+    repetition_penalty: Optional[float] = None,
+    speculative: Optional[bool] = None,
+) -> SglExpr:
     """Generate into variable ``name``. ``max_tokens`` etc. override ``run(...)``'s defaults.
 
     ``json_schema``: a dict, a JSON string or a pydantic model class; ``regex``: a regex the output must
@@ -76,8 +133,12 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
     if choices is not None:
         if regex is not None or json_schema is not None or dtype is not None:
             raise ValueError(f"{what}: give choices or one of regex, json_schema and dtype, not both")
-        return select(name, choices, temperature=0.0 if temperature is None else temperature,
-                      choices_method=choices_method or token_length_normalized)
+        return select(
+            name,
+            choices,
+            temperature=0.0 if temperature is None else temperature,
+            choices_method=choices_method or token_length_normalized,
+        )
     try:
         schema = None if json_schema is None else schema_to_str(json_schema)
         if dtype is not None:
@@ -90,13 +151,28 @@ def gen(name: Optional[str] = None, max_tokens: Optional[int] = None, min_tokens
         raise ValueError(f"{what}: regex must be a string, got {regex!r}")
     if speculative is not None and not isinstance(speculative, bool):
         raise ValueError(f"{what}: speculative must be a bool, got {speculative!r}")
-    sp = SglSamplingParams(max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
-                           stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
-                           min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                           repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed,
-                           return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                           top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                           regex=regex, json_schema=schema, speculative=speculative)
+    sp = SglSamplingParams(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs,
+        regex=regex,
+        json_schema=schema,
+        speculative=speculative,
+    )
     return SglGen(name, sp, dtype)
 
 
@@ -110,8 +186,12 @@ def gen_string(name: Optional[str] = None, **kwargs: Any) -> SglExpr:
     return gen(name, dtype=str, **kwargs)
 
 
-def select(name: Optional[str] = None, choices: Optional[list[str]] = None, temperature: float = 0.0,
-           choices_method: Any = token_length_normalized) -> SglExpr:
+def select(
+    name: Optional[str] = None,
+    choices: Optional[list[str]] = None,
+    temperature: float = 0.0,
+    choices_method: Any = token_length_normalized,
+) -> SglExpr:
     """Append the best of ``choices`` and store it in ``name``; see :mod:`radixrt.lang.choices`.
 
     ``choices_method``: ``token_length_normalized`` (default), ``greedy_token_selection``,
@@ -168,24 +248,27 @@ def assistant_end() -> SglExpr:
 def flush_cache(backend: Any = None) -> bool:
     """Free the backend's cached prefixes (False while requests run)."""
     from radixrt.lang.program import as_backend
+
     return (as_backend(backend) if backend is not None else get_default_backend()).flush_cache()
 
 
 def get_server_info(backend: Any = None) -> dict:
     from radixrt.lang.program import as_backend
+
     return (as_backend(backend) if backend is not None else get_default_backend()).get_server_info()
 
 
 def __getattr__(name: str) -> Any:  # lazy, so that a ZMQ/HTTP client never imports torch or openai
     if name == "Engine":
         from radixrt.runtime.engine import Engine
+
         return Engine
     if name == "EngineBackend":
         from radixrt.lang.backend.engine import EngineBackend
+
         return EngineBackend
     if name == "OpenAI":
         from radixrt.lang.backend.openai import OpenAI
+
         return OpenAI
     raise AttributeError(f"module 'radixrt.lang.api' has no attribute {name!r}")
-
-

@@ -10,6 +10,7 @@ Where no tokenizer is available (an OpenAI-compatible server, or a server whose 
 loaded offline) the ChatML template is used: ``<|im_start|>role\\ncontent<|im_end|>\\n``, which is
 SmolLM2's format, without a default system prompt.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,7 +57,7 @@ def _render(tokenizer: Any, messages: list[dict]) -> str:
 
 def _split(text: str, sentinel: str) -> tuple[str, str]:
     i = text.index(sentinel)
-    return text[:i], text[i + len(sentinel):]
+    return text[:i], text[i + len(sentinel) :]
 
 
 def from_tokenizer(tokenizer: Any) -> ChatTemplate:
@@ -69,12 +70,11 @@ def from_tokenizer(tokenizer: Any) -> ChatTemplate:
         return CHATML
     a, b, c = _SENT
     try:
-        msgs = [{"role": "system", "content": a}, {"role": "user", "content": b},
-                {"role": "assistant", "content": c}]
+        msgs = [{"role": "system", "content": a}, {"role": "user", "content": b}, {"role": "assistant", "content": c}]
         t1, t2, t3 = (_render(tokenizer, msgs[:n]) for n in (1, 2, 3))
         if not (t2.startswith(t1) and t3.startswith(t2)):
             raise ValueError("renderings are not incremental")
-        rps = {"system": _split(t1, a), "user": _split(t2[len(t1):], b), "assistant": _split(t3[len(t2):], c)}
+        rps = {"system": _split(t1, a), "user": _split(t2[len(t1) :], b), "assistant": _split(t3[len(t2) :], c)}
         gen_prompt = tokenizer.apply_chat_template(msgs[1:2], tokenize=False, add_generation_prompt=True)
         only_user = _render(tokenizer, msgs[1:2])
         if not gen_prompt.endswith(rps["assistant"][0]) or not gen_prompt.startswith(only_user):
@@ -85,7 +85,7 @@ def from_tokenizer(tokenizer: Any) -> ChatTemplate:
             pre, suf = rps["system"]
             if not (head.startswith(pre) and head.endswith(suf)):
                 raise ValueError(f"cannot parse the default system message {head!r}")
-            default = head[len(pre): len(head) - len(suf)]
+            default = head[len(pre) : len(head) - len(suf)]
         name = getattr(tokenizer, "name_or_path", "") or "hf"
         return ChatTemplate(name=f"hf:{name}", role_prefix_and_suffix=rps, default_system_prompt=default)
     except Exception as e:  # noqa: BLE001 - any template oddity means: use the documented fallback

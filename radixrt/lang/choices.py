@@ -17,6 +17,7 @@ Methods (SGLang's definitions):
 Meta info: ``scores`` (what the method ranked by, one per choice), ``normalized_prompt_logprobs``,
 ``sum_logprobs`` (nats), ``input_token_logprobs`` ([logprob, token id, text] per choice token), ...
 """
+
 from __future__ import annotations
 
 import time
@@ -50,14 +51,24 @@ class ChoicesSamplingMethod:
     def decide(self, scores: list[float], input_lps: list[list]) -> int:
         return _argmax_first(scores)
 
-    def __call__(self, *, choices: list[str], normalized_prompt_logprobs: list[float],
-                 input_token_logprobs: list[list], output_token_logprobs: list[list],
-                 unconditional_token_logprobs: Optional[list[list]] = None) -> ChoicesDecision:
+    def __call__(
+        self,
+        *,
+        choices: list[str],
+        normalized_prompt_logprobs: list[float],
+        input_token_logprobs: list[list],
+        output_token_logprobs: list[list],
+        unconditional_token_logprobs: Optional[list[list]] = None,
+    ) -> ChoicesDecision:
         scores = self.scores(normalized_prompt_logprobs, input_token_logprobs, unconditional_token_logprobs)
         best = self.decide(scores, input_token_logprobs)
-        meta = {"normalized_prompt_logprobs": normalized_prompt_logprobs, "scores": scores,
-                "input_token_logprobs": input_token_logprobs, "output_token_logprobs": output_token_logprobs,
-                "choices_method": self.name}
+        meta = {
+            "normalized_prompt_logprobs": normalized_prompt_logprobs,
+            "scores": scores,
+            "input_token_logprobs": input_token_logprobs,
+            "output_token_logprobs": output_token_logprobs,
+            "choices_method": self.name,
+        }
         if unconditional_token_logprobs is not None:
             meta["unconditional_token_logprobs"] = unconditional_token_logprobs
         return ChoicesDecision(choices[best], meta)
@@ -132,8 +143,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def check_choices(choices: Any) -> list[str]:
     """Raises ValueError unless ``choices`` is a non-empty list of non-empty strings."""
-    if not isinstance(choices, (list, tuple)) or not choices or \
-            not all(isinstance(c, str) and c for c in choices):
+    if not isinstance(choices, (list, tuple)) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"choices must be a non-empty list of non-empty strings, got {choices!r}")
     return list(choices)
 
@@ -155,29 +165,46 @@ def select_by_logprobs(backend: Any, context: str, choices: list[str], method: A
         if min(starts) < 1:
             raise ValueError("select: a choice merges with the first token of the context; add text before it")
         start = min(starts)
-        outs = backend.prefill({"input_ids": fulls, "return_logprob": True, "logprob_start_len": start,
-                                "return_text_in_logprobs": True})
+        outs = backend.prefill(
+            {"input_ids": fulls, "return_logprob": True, "logprob_start_len": start, "return_text_in_logprobs": True}
+        )
     else:  # no client tokenizer: the context's token count comes from a prefill of the context alone
         start = backend.cache_prefix(context)["prompt_tokens"]
         starts = [start] * len(choices)
-        outs = backend.prefill({"text": [context + c for c in choices], "return_logprob": True,
-                                "logprob_start_len": start, "return_text_in_logprobs": True})
-    input_lps = [list(o["meta_info"]["input_token_logprobs"][s - start:]) for o, s in zip(outs, starts)]
+        outs = backend.prefill(
+            {
+                "text": [context + c for c in choices],
+                "return_logprob": True,
+                "logprob_start_len": start,
+                "return_text_in_logprobs": True,
+            }
+        )
+    input_lps = [list(o["meta_info"]["input_token_logprobs"][s - start :]) for o, s in zip(outs, starts)]
     normalized = [_mean([t[0] for t in lps]) for lps in input_lps]
     uncond = None
     if method.requires_unconditional_logprobs:
-        uouts = backend.prefill({"input_ids": [[t[1] for t in lps] for lps in input_lps], "return_logprob": True,
-                                 "logprob_start_len": 0})
+        uouts = backend.prefill(
+            {"input_ids": [[t[1] for t in lps] for lps in input_lps], "return_logprob": True, "logprob_start_len": 0}
+        )
         uncond = [list(o["meta_info"]["input_token_logprobs"]) for o in uouts]
-    d = method(choices=choices, normalized_prompt_logprobs=normalized, input_token_logprobs=input_lps,
-               output_token_logprobs=[[] for _ in choices], unconditional_token_logprobs=uncond)
+    d = method(
+        choices=choices,
+        normalized_prompt_logprobs=normalized,
+        input_token_logprobs=input_lps,
+        output_token_logprobs=[[] for _ in choices],
+        unconditional_token_logprobs=uncond,
+    )
     assert d.meta_info is not None
-    d.meta_info.update({
-        "choices": choices, "sum_logprobs": [sum(t[0] for t in lps) for lps in input_lps],
-        "choice_token_ids": [[t[1] for t in lps] for lps in input_lps], "logprob_start_len": start,
-        "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs],
-        "cached_tokens": [o["meta_info"]["cached_tokens"] for o in outs],
-        "e2e_latency": time.perf_counter() - t0,
-        "finish_reason": {"type": "select", "decision": d.decision},
-    })
+    d.meta_info.update(
+        {
+            "choices": choices,
+            "sum_logprobs": [sum(t[0] for t in lps) for lps in input_lps],
+            "choice_token_ids": [[t[1] for t in lps] for lps in input_lps],
+            "logprob_start_len": start,
+            "prompt_tokens": [o["meta_info"]["prompt_tokens"] for o in outs],
+            "cached_tokens": [o["meta_info"]["cached_tokens"] for o in outs],
+            "e2e_latency": time.perf_counter() - t0,
+            "finish_reason": {"type": "select", "decision": d.decision},
+        }
+    )
     return d

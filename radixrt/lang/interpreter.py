@@ -6,6 +6,7 @@ programs of a batch) send their requests concurrently and the server batches the
 executing is kept on the state (``state.error()``); later expressions of that state are skipped and
 every variable wait is released.
 """
+
 from __future__ import annotations
 
 import threading
@@ -14,8 +15,20 @@ from collections import deque
 from typing import Any, Optional
 
 from radixrt.lang.backend.base import BackendConnectionError, BackendError, RequestError
-from radixrt.lang.ir import (SglArgument, SglConcateAndAppend, SglConstantText, SglExpr, SglExprList, SglGen,
-                             SglRoleBegin, SglRoleEnd, SglSamplingParams, SglSelect, dtype_regex, to_expr)
+from radixrt.lang.ir import (
+    SglArgument,
+    SglConcateAndAppend,
+    SglConstantText,
+    SglExpr,
+    SglExprList,
+    SglGen,
+    SglRoleBegin,
+    SglRoleEnd,
+    SglSamplingParams,
+    SglSelect,
+    dtype_regex,
+    to_expr,
+)
 from radixrt.lang.tracer import StopTrace
 
 _END = object()
@@ -32,8 +45,15 @@ def _named(e: Exception, what: str) -> Exception:
 class StreamExecutor:
     """Executes one state's expressions. ``trace=True`` executes inline and stops at the first dynamic step."""
 
-    def __init__(self, backend: Any, arguments: dict, default_sp: SglSamplingParams, chat_template: Any = None,
-                 stream: bool = False, trace: bool = False) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        arguments: dict,
+        default_sp: SglSamplingParams,
+        chat_template: Any = None,
+        stream: bool = False,
+        trace: bool = False,
+    ) -> None:
         self.sid = uuid.uuid4().hex
         self.session_id: Optional[str] = None  # the runtime session pinning this program's KV (program.py)
         self.backend, self.arguments, self.default_sp = backend, arguments, default_sp
@@ -145,8 +165,10 @@ class StreamExecutor:
             raise RuntimeError(f"cannot fork a failed state: {self.error_}") from self.error_
         if size > 1 and self.text_:
             self.backend.cache_prefix(self.text_)
-        kids = [StreamExecutor(self.backend, self.arguments, self.default_sp, self.chat_template, self.stream)
-                for _ in range(size)]
+        kids = [
+            StreamExecutor(self.backend, self.arguments, self.default_sp, self.chat_template, self.stream)
+            for _ in range(size)
+        ]
         for k in kids:
             k.variables, k.meta_info = dict(self.variables), dict(self.meta_info)
             k.text_, k.messages_ = self.text_, list(self.messages_)
@@ -188,7 +210,7 @@ class StreamExecutor:
             new = ""
             for st in e.states:
                 st.stream_executor.sync()
-                new += st.stream_executor.text_[st.stream_executor.fork_start_text_pos:]
+                new += st.stream_executor.text_[st.stream_executor.fork_start_text_pos :]
             self._fill(new)
         else:
             raise ValueError(f"unknown expression {e!r}")
@@ -208,7 +230,7 @@ class StreamExecutor:
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
             raise ValueError(f"{role}_end without a matching {role}_begin (open message: {self.cur_role!r})")
-        content = self.text_[self.cur_role_begin_pos:]
+        content = self.text_[self.cur_role_begin_pos :]
         _, suffix = self.chat_template.get_prefix_and_suffix(role, self.messages_)
         self.cur_role = None
         self._fill(suffix)
@@ -253,4 +275,3 @@ class StreamExecutor:
             raise _named(ex, f"select({e.name!r})") from ex
         self._fill(d.decision)
         self._set(e.name, d.decision, d.meta_info)
-

@@ -3,6 +3,7 @@
 Expressions are plain data. ``"text" + gen("x")`` builds an :class:`SglExprList`; roles wrap their
 content in :class:`SglRoleBegin` / :class:`SglRoleEnd`. The interpreter executes them in order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,16 @@ REGEX_INT = r"[-+]?[0-9]+"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
-_DTYPE_REGEX = {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR,
-                "int": REGEX_INT, "float": REGEX_FLOAT, "bool": REGEX_BOOL, "str": REGEX_STR}
+_DTYPE_REGEX = {
+    int: REGEX_INT,
+    float: REGEX_FLOAT,
+    bool: REGEX_BOOL,
+    str: REGEX_STR,
+    "int": REGEX_INT,
+    "float": REGEX_FLOAT,
+    "bool": REGEX_BOOL,
+    "str": REGEX_STR,
+}
 
 
 def dtype_regex(dtype: Any) -> str:
@@ -75,7 +84,7 @@ class SglSamplingParams:
     return_text_in_logprobs: Optional[bool] = None
     regex: Optional[str] = None
     json_schema: Optional[str] = None
-    speculative: Optional[bool] = None   # False: this call without speculative decoding
+    speculative: Optional[bool] = None  # False: this call without speculative decoding
 
     def merged(self, override: "SglSamplingParams") -> "SglSamplingParams":
         """A copy of ``self`` with every non-None field of ``override`` taken over."""
@@ -88,9 +97,24 @@ class SglSamplingParams:
 
     def to_srt(self) -> dict:
         """The ``sampling_params`` dict of ``POST /generate`` (only the fields that are set)."""
-        keys = ("max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
-                "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed",
-                "regex", "json_schema", "speculative")
+        keys = (
+            "max_new_tokens",
+            "min_new_tokens",
+            "stop",
+            "stop_token_ids",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+            "ignore_eos",
+            "seed",
+            "regex",
+            "json_schema",
+            "speculative",
+        )
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 

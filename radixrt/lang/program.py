@@ -1,4 +1,5 @@
 """``@function`` programs: ``run``, ``run_batch`` (with prefix pre-caching) and the default backend."""
+
 from __future__ import annotations
 
 import inspect
@@ -31,11 +32,13 @@ def as_backend(backend: Any) -> BaseBackend:
         return backend
     if isinstance(backend, str):
         from radixrt.lang.backend import RuntimeEndpoint
+
         return RuntimeEndpoint(backend)
     if hasattr(backend, "generate") and hasattr(backend, "tokenizer") and hasattr(backend, "flush_cache"):
         with _default_lock:
             if backend not in _wrapped:
                 from radixrt.lang.backend.engine import EngineBackend
+
                 _wrapped[backend] = EngineBackend(backend)
             return _wrapped[backend]
     raise ValueError(f"not a backend: {backend!r} (use RuntimeEndpoint, OpenAI or Engine)")
@@ -66,24 +69,52 @@ def get_default_backend() -> BaseBackend:
     with _default_lock:
         if _default_backend is None:
             from radixrt.lang.backend import RuntimeEndpoint
+
             _default_backend = RuntimeEndpoint(DEFAULT_ENDPOINT)
         return _default_backend
 
 
-def _run_params(max_new_tokens: Optional[int], stop: Any, stop_token_ids: Any, temperature: float, top_p: float,
-                top_k: int, min_p: float, frequency_penalty: float, presence_penalty: float, ignore_eos: bool,
-                return_logprob: bool, logprob_start_len: Optional[int], top_logprobs_num: Optional[int],
-                return_text_in_logprobs: Optional[bool], seed: Optional[int]) -> SglSamplingParams:
-    return DEFAULT_RUN_PARAMS.merged(SglSamplingParams(
-        max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, temperature=temperature,
-        top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs, seed=seed))
+def _run_params(
+    max_new_tokens: Optional[int],
+    stop: Any,
+    stop_token_ids: Any,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    frequency_penalty: float,
+    presence_penalty: float,
+    ignore_eos: bool,
+    return_logprob: bool,
+    logprob_start_len: Optional[int],
+    top_logprobs_num: Optional[int],
+    return_text_in_logprobs: Optional[bool],
+    seed: Optional[int],
+) -> SglSamplingParams:
+    return DEFAULT_RUN_PARAMS.merged(
+        SglSamplingParams(
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            seed=seed,
+        )
+    )
 
 
-def run_program(func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSamplingParams,
-                stream: bool, use_session: bool = True) -> ProgramState:
+def run_program(
+    func: Callable, backend: BaseBackend, kwargs: dict, sp: SglSamplingParams, stream: bool, use_session: bool = True
+) -> ProgramState:
     """Run ``func(state, **kwargs)``. Never raises for an error inside the program: see ``state.error()``.
     With ``stream=True`` the function runs in a background thread and the state is returned at once.
 
@@ -149,32 +180,80 @@ class SglFunction:
             raise TypeError(f"{self.func.__name__} takes {len(self.arg_names)} arguments, got {len(args)}")
         return {**self.bind_arguments, **dict(zip(self.arg_names, args)), **kwargs}
 
-    def run(self, *args: Any, max_new_tokens: Optional[int] = 128, stop: Any = None, stop_token_ids: Any = None,
-            temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
-            frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
-            return_logprob: bool = False, logprob_start_len: Optional[int] = None,
-            top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-            seed: Optional[int] = None, stream: bool = False, backend: Any = None, use_session: bool = True,
-            **kwargs: Any) -> ProgramState:
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: Optional[int] = 128,
+        stop: Any = None,
+        stop_token_ids: Any = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        seed: Optional[int] = None,
+        stream: bool = False,
+        backend: Any = None,
+        use_session: bool = True,
+        **kwargs: Any,
+    ) -> ProgramState:
         """Run once. Sampling arguments are defaults for every ``gen`` (which may override them).
         ``use_session=False`` runs without a runtime session (see :func:`run_program`).
 
         Returns the final state (with ``stream=True``: at once, while it runs; read it with
         ``state.text_iter()``). Errors inside the program are on ``state.error()``.
         """
-        sp = _run_params(max_new_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,
-                         presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
-                         return_text_in_logprobs, seed)
+        sp = _run_params(
+            max_new_tokens,
+            stop,
+            stop_token_ids,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            frequency_penalty,
+            presence_penalty,
+            ignore_eos,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            seed,
+        )
         b = as_backend(backend) if backend is not None else get_default_backend()
         return run_program(self.func, b, self._kwargs(args, kwargs), sp, stream, use_session)
 
-    def run_batch(self, batch_kwargs: list[dict], *, max_new_tokens: Optional[int] = 128, stop: Any = None,
-                  stop_token_ids: Any = None, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                  min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                  ignore_eos: bool = False, return_logprob: bool = False, logprob_start_len: Optional[int] = None,
-                  top_logprobs_num: Optional[int] = None, return_text_in_logprobs: Optional[bool] = None,
-                  seed: Optional[int] = None, backend: Any = None, num_threads: Union[int, str] = "auto",
-                  progress_bar: bool = False, generator_style: bool = False, use_session: bool = True) -> Any:
+    def run_batch(
+        self,
+        batch_kwargs: list[dict],
+        *,
+        max_new_tokens: Optional[int] = 128,
+        stop: Any = None,
+        stop_token_ids: Any = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: Optional[int] = None,
+        top_logprobs_num: Optional[int] = None,
+        return_text_in_logprobs: Optional[bool] = None,
+        seed: Optional[int] = None,
+        backend: Any = None,
+        num_threads: Union[int, str] = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+        use_session: bool = True,
+    ) -> Any:
         """Run once per kwargs dict, concurrently (``num_threads``; "auto": one per program, up to 128).
 
         First the program is traced and its constant prefix (the text before anything argument-dependent)
@@ -188,9 +267,23 @@ class SglFunction:
         """
         if not isinstance(batch_kwargs, list) or not all(isinstance(k, dict) for k in batch_kwargs):
             raise ValueError("run_batch takes a list of keyword-argument dicts")
-        sp = _run_params(max_new_tokens, stop, stop_token_ids, temperature, top_p, top_k, min_p, frequency_penalty,
-                         presence_penalty, ignore_eos, return_logprob, logprob_start_len, top_logprobs_num,
-                         return_text_in_logprobs, seed)
+        sp = _run_params(
+            max_new_tokens,
+            stop,
+            stop_token_ids,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            frequency_penalty,
+            presence_penalty,
+            ignore_eos,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            return_text_in_logprobs,
+            seed,
+        )
         b = as_backend(backend) if backend is not None else get_default_backend()
         if len(batch_kwargs) > 1:
             self.precache(b)
@@ -199,11 +292,19 @@ class SglFunction:
         it = self._iter_batch(b, [self._kwargs((), k) for k in batch_kwargs], sp, threads, progress_bar, use_session)
         return it if generator_style else list(it)
 
-    def _iter_batch(self, b: BaseBackend, kws: list[dict], sp: SglSamplingParams, threads: int,
-                    progress_bar: bool, use_session: bool = True) -> Iterator[ProgramState]:
+    def _iter_batch(
+        self,
+        b: BaseBackend,
+        kws: list[dict],
+        sp: SglSamplingParams,
+        threads: int,
+        progress_bar: bool,
+        use_session: bool = True,
+    ) -> Iterator[ProgramState]:
         bar = None
         if progress_bar:
             from tqdm.auto import tqdm
+
             bar = tqdm(total=len(kws), desc=self.func.__name__)
         try:
             with ThreadPoolExecutor(max(threads, 1)) as pool:

@@ -3,6 +3,7 @@
 ``s += expr`` queues ``expr`` on the state's executor (:mod:`radixrt.lang.interpreter`) and returns at
 once; ``s["name"]``, ``s.text()``, ``s.messages()`` and ``s.error()`` wait for what was queued before.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ class ProgramState:
             self.stream_executor.submit(SglRoleBegin(role))
             yield
             self.stream_executor.submit(SglRoleEnd(role))
+
         return scope()
 
     def system(self, expr: Any = None) -> Any:

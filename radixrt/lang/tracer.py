@@ -6,6 +6,7 @@ it...), the first ``gen``/``select``/``fork`` or variable read stops the trace. 
 prefix every program of the batch shares; it is prefilled once, before the batch, so that every program's
 first request finds it in the radix cache (:func:`radixrt.lang.program.extract_prefix` runs the trace).
 """
+
 from __future__ import annotations
 
 import inspect

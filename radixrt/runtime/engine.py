@@ -9,6 +9,7 @@ The scheduler runs in a background thread; ``generate`` may be called from many 
     for chunk in engine.generate("...", {...}, stream=True): ...   # chunk["text"] is cumulative
     engine.shutdown()
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,14 +40,20 @@ class Engine:
             raise ValueError(f"unknown Engine argument(s) {sorted(unknown)}")
         self.args = ServerArgs(**kwargs)
         if self.args.tp > 1 or self.args.dp > 1:
-            raise ValueError("tp and dp > 1 need processes: use `radixrt serve --tp N` / `--dp N` (the Engine "
-                             "runs one rank in this process)")
+            raise ValueError(
+                "tp and dp > 1 need processes: use `radixrt serve --tp N` / `--dp N` (the Engine "
+                "runs one rank in this process)"
+            )
         self.scheduler = build_scheduler(self.args)
         s = self.scheduler
         self.tokenizer, self.runner, self.grammar_cache = s.tokenizer, s.runner, s.grammar_cache
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.limits = Limits(self.runner.context_length, self.runner.vocab_size,
-                             self.runner.num_pages * self.runner.page_size, max_token_chars(self.tokenizer))
+        self.limits = Limits(
+            self.runner.context_length,
+            self.runner.vocab_size,
+            self.runner.num_pages * self.runner.page_size,
+            max_token_chars(self.tokenizer),
+        )
         self._inbox: queue.Queue = queue.Queue()
         self._outs: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
@@ -118,15 +125,27 @@ class Engine:
             ValidationError: a bad spec (a ValueError; ``param`` is ``kind``).
         """
         from radixrt.runtime.tokenizer.validation import GrammarCheck
+
         check = GrammarCheck(self.grammar_cache)
         spec = check(kind, spec, any_whitespace)
         check.wait()
         return spec
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob: bool = False,
-                 logprob_start_len=None, top_logprobs_num: int = 0, stream: bool = False, rid=None,
-                 cache_salt: str | None = None, return_text_in_logprobs: bool = False,
-                 session_params: dict | None = None, session_id: str | None = None):
+    def generate(
+        self,
+        prompt=None,
+        sampling_params=None,
+        input_ids=None,
+        return_logprob: bool = False,
+        logprob_start_len=None,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid=None,
+        cache_salt: str | None = None,
+        return_text_in_logprobs: bool = False,
+        session_params: dict | None = None,
+        session_id: str | None = None,
+    ):
         """Generate for one prompt (a dict back) or a list (a list back).
 
         ``sampling_params`` keys: max_new_tokens (default 128; None = the room left in the context or the KV pool;
@@ -142,9 +161,22 @@ class Engine:
             ValueError: bad input, before anything is queued; or a ``ValidationError`` once the scheduler
                 refused a request (a bad session field: unknown session or ``rid``, capacity exceeded).
         """
-        reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
-                                      return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
-                                      cache_salt, self.grammar_check, session_params, session_id)
+        reqs, single = build_requests(
+            self.tokenizer,
+            self.limits,
+            prompt,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+            cache_salt,
+            self.grammar_check,
+            session_params,
+            session_id,
+        )
         if stream:
             if not single:
                 raise ValueError("stream=True takes one prompt")
@@ -194,8 +226,9 @@ class Engine:
             if not acc.finished:  # the caller stopped iterating: abort, free its pages
                 self.abort(r.rid)
 
-    def open_session(self, capacity_of_str_len: int = 0, session_id: str | None = None,
-                     timeout: float | None = None) -> str:
+    def open_session(
+        self, capacity_of_str_len: int = 0, session_id: str | None = None, timeout: float | None = None
+    ) -> str:
         """Open an agent session (SGLang's ``open_session``); returns its id.
 
         Args:
@@ -208,6 +241,7 @@ class Engine:
         """
         from radixrt.runtime.errors import ValidationError
         from radixrt.runtime.tokenizer.session_args import check_open_session
+
         r = check_open_session(capacity_of_str_len, session_id, timeout)
         sid = self._call(lambda: self.scheduler.handle(r)).session_id
         if sid is None:
@@ -228,14 +262,23 @@ class Engine:
     def get_server_info(self) -> dict:
         """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths."""
         from radixrt.runtime.scheduler.server_info import queue_stats, server_info
-        return self._call(lambda: server_info(self.args, queue_stats(self.scheduler), self.runner.context_length,
-                                              self.limits.max_total_tokens, self.runner.source.name))
+
+        return self._call(
+            lambda: server_info(
+                self.args,
+                queue_stats(self.scheduler),
+                self.runner.context_length,
+                self.limits.max_total_tokens,
+                self.runner.source.name,
+            )
+        )
 
     def check_invariants(self) -> dict:
         """Run in the scheduler thread: free + evictable + protected + private == total, locks consistent.
 
         Returns the cache stats. Raises AssertionError on a violation.
         """
+
         def check():
             s = self.scheduler
             st = s.cache_stats()
@@ -248,6 +291,7 @@ class Engine:
                 if not s.running and not st["pinned_sessions"]:
                     assert s.tree.all_locks_released(), "a lock_ref is above 0 while idle"
             return st
+
         return self._call(check)
 
     def shutdown(self) -> None:

@@ -4,6 +4,7 @@ Raised where the check is made (``sampling/params.py``, ``validation.py``, the s
 callers never have to guess the field from the message: the HTTP layer answers a 400 whose OpenAI error
 body carries ``param``; Python callers can keep catching ``ValueError``.
 """
+
 from __future__ import annotations
 
 from typing import Optional

@@ -3,6 +3,7 @@
 One request id (``rid``) follows a request through every process:
 tokenizer manager -> scheduler -> detokenizer -> tokenizer manager -> client.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -41,11 +42,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     # the grammar applies only after the output contains these ids (a reasoning parser's end marker)
     reasoning_end_ids: list[int] = []
     # SGLang's keys added for the frontend's wire contract (issue 13)
-    n: int = 1                                  # samples per prompt; expanded into n requests by validation
+    n: int = 1  # samples per prompt; expanded into n requests by validation
     spaces_between_special_tokens: bool = True  # detokenizer: a space around special tokens (with skip off)
-    logit_bias: dict[int, float] = {}           # token id -> added to its logit before sampling
-    stream_interval: int = 1                    # streamed /generate: a chunk every this many tokens
-    speculative: bool = True                    # False: this request never carries draft tokens
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit before sampling
+    stream_interval: int = 1  # streamed /generate: a chunk every this many tokens
+    speculative: bool = True  # False: this request never carries draft tokens
 
 
 class SessionParams(msgspec.Struct, kw_only=True):
@@ -72,7 +73,7 @@ class GenerateReq(msgspec.Struct, tag=True, kw_only=True):
     stream: bool = False
     cache_salt: Optional[str] = None
     session_params: Optional[SessionParams] = None  # append to a session's history (SGLang)
-    session_id: Optional[str] = None                # the prompt holds the history; the session pins it
+    session_id: Optional[str] = None  # the prompt holds the history; the session pins it
 
 
 class OpenSessionReq(msgspec.Struct, tag=True, kw_only=True):
@@ -107,7 +108,7 @@ class InfoOut(msgspec.Struct, tag=True):
     num_running: int
     num_waiting: int
     flushed: Optional[bool] = None
-    session_id: Optional[str] = None   # the answer to an OpenSessionReq (None: the id was taken)
+    session_id: Optional[str] = None  # the answer to an OpenSessionReq (None: the id was taken)
     tree: Optional[dict] = None  # mem/tree_summary.py, when asked with GetInfoReq.top > 0
     memory: Optional[dict] = None  # ModelRunner.memory_stats(): weight and KV pool bytes, RSS (bytes)
 
@@ -150,7 +151,6 @@ class StrOut(msgspec.Struct, kw_only=True):
 
 class BatchStrOut(msgspec.Struct, tag=True):
     outs: list[StrOut]
-
 
 
 # ---- The DSL's socket (ZMQ DEALER -> the server's ROUTER on --zmq-port), msgpack-encoded ----------------

@@ -1,5 +1,6 @@
 """The benchmark suite (benchmarks/, issue 7): the metric code on synthetic timestamps with known values, the
 workload plumbing, and a smoke run of every workload at tiny sizes against radixrt alone (one server)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ import workloads as W  # noqa: E402
 
 
 def rec(t_send, t_first, t_end, out=0, chunks=(), kind="gen", **kw):
-    r = M.Record("w", "s", 0, 0, kind, t_send=t_send, t_end=t_end, t_first=t_first, chunk_times=list(chunks),
-                 output_tokens=out)
+    r = M.Record(
+        "w", "s", 0, 0, kind, t_send=t_send, t_end=t_end, t_first=t_first, chunk_times=list(chunks), output_tokens=out
+    )
     for k, v in kw.items():
         setattr(r, k, v)
     return r
@@ -31,7 +33,7 @@ def test_percentiles_are_numpy_linear():
     s = M.stats(xs)
     assert s["mean"] == pytest.approx(0.3)
     assert s["p50"] == pytest.approx(0.3)
-    assert s["p99"] == pytest.approx(0.496)   # k = 4 * 0.99 = 3.96 -> 0.4 + 0.96 * 0.1
+    assert s["p99"] == pytest.approx(0.496)  # k = 4 * 0.99 = 3.96 -> 0.4 + 0.96 * 0.1
     assert M.stats([])["mean"] is None
     assert M.stats([7.0]) == {"mean": 7.0, "p50": 7.0, "p99": 7.0, "n": 1}
 
@@ -43,11 +45,21 @@ def test_summary_serving_metrics_exact():
         t0 = i * 0.1
         ttft = (i + 1) * 0.1
         first = t0 + ttft
-        chunks = [first, first + 0.1, first + 0.3, first + 0.6]          # ITL 0.1, 0.2, 0.3
-        recs.append(rec(t0, first, first + 0.6, out=4, chunks=chunks, prompt_tokens=100,
-                        reported_prompt_tokens=100, cached_tokens=20 * i))
+        chunks = [first, first + 0.1, first + 0.3, first + 0.6]  # ITL 0.1, 0.2, 0.3
+        recs.append(
+            rec(
+                t0,
+                first,
+                first + 0.6,
+                out=4,
+                chunks=chunks,
+                prompt_tokens=100,
+                reported_prompt_tokens=100,
+                cached_tokens=20 * i,
+            )
+        )
     m = M.summarize(recs, optimal=0.5, optimal_paged=0.4)
-    duration = (0.4 + 0.5 + 0.6) - 0.0                                  # last finish - first send
+    duration = (0.4 + 0.5 + 0.6) - 0.0  # last finish - first send
     assert m["duration_s"] == pytest.approx(duration)
     assert m["completed"] == 5 and m["failed"] == 0
     assert m["request_throughput"] == pytest.approx(5 / duration)
@@ -71,17 +83,17 @@ def test_summary_serving_metrics_exact():
 
 
 def test_summary_tpot_itl_edge_cases_and_failures():
-    one_token = rec(0.0, 0.2, 0.2, out=1, chunks=[0.2])                 # no TPOT, no ITL
-    select = rec(0.0, None, 0.5, kind="select", decision=" a", label=" a")   # TTFT = e2e
+    one_token = rec(0.0, 0.2, 0.2, out=1, chunks=[0.2])  # no TPOT, no ITL
+    select = rec(0.0, None, 0.5, kind="select", decision=" a", label=" a")  # TTFT = e2e
     select2 = rec(0.1, None, 0.3, kind="select", decision=" b", label=" a")
     failed = rec(0.0, None, 9.0, error="boom")
     m = M.summarize([one_token, select, select2, failed])
     assert m["completed"] == 3 and m["failed"] == 1
-    assert m["duration_s"] == pytest.approx(0.5)                        # failed calls do not count
+    assert m["duration_s"] == pytest.approx(0.5)  # failed calls do not count
     assert m["tpot_s"]["n"] == 0 and m["itl_s"]["n"] == 0
     assert sorted(r.ttft for r in (one_token, select, select2)) == pytest.approx([0.2, 0.2, 0.5])
     assert m["ttft_s"]["mean"] == pytest.approx(0.3)
-    assert m["hit_rate"] is None                                        # nobody reported cached tokens
+    assert m["hit_rate"] is None  # nobody reported cached tokens
     assert m["select_accuracy"] == 0.5
 
 
@@ -91,10 +103,10 @@ def test_summary_json_validity_share():
 
 
 def test_optimal_hit_rate_orders_sends_and_finishes():
-    a = list(range(1, 11))                     # 10 tokens, sent at 0, done at 1 with 2 output tokens
-    b = list(range(1, 6)) + [99]               # sent at 0.5, before a finished: shares a's prompt (5)
-    c = list(range(1, 14))                     # sent at 2: shares a's prompt + output (12)
-    d = [7, 8]                                 # sent at 1 exactly when a finishes: nothing in common
+    a = list(range(1, 11))  # 10 tokens, sent at 0, done at 1 with 2 output tokens
+    b = list(range(1, 6)) + [99]  # sent at 0.5, before a finished: shares a's prompt (5)
+    c = list(range(1, 14))  # sent at 2: shares a's prompt + output (12)
+    d = [7, 8]  # sent at 1 exactly when a finishes: nothing in common
     ev = [(0.0, 1.0, [a], a + [11, 12]), (0.5, 3.0, [b], None), (2.0, 3.0, [c], None), (1.0, 1.5, [d], None)]
     assert M.optimal_hit_rate(ev) == pytest.approx((0 + 5 + 12 + 0) / (10 + 6 + 13 + 2))
     assert M.optimal_hit_rate(ev, page=4) == pytest.approx((0 + 4 + 12 + 0) / 31)
@@ -114,13 +126,15 @@ def test_ratio():
 @pytest.fixture(scope="module")
 def tok():
     from radixrt.runtime.models.loader import load_tokenizer
+
     return load_tokenizer()
 
 
 def test_chatml_matches_the_models_chat_template(tok):
     msgs = [("system", "Be brief."), ("user", "hi"), ("assistant", "hello"), ("user", "and?")]
-    want = tok.apply_chat_template([{"role": r, "content": c} for r, c in msgs], tokenize=False,
-                                   add_generation_prompt=True)
+    want = tok.apply_chat_template(
+        [{"role": r, "content": c} for r, c in msgs], tokenize=False, add_generation_prompt=True
+    )
     assert W.chatml(msgs) == want
 
 
@@ -129,13 +143,22 @@ def test_workloads_are_deterministic_and_sized(tok):
     z = W.Sizes()
     a = W.build(list(W.WORKLOADS), words, z)
     b = W.build(list(W.WORKLOADS), words, z)
-    assert [w.name for w in a] == ["shared-prefix", "agent-loop", "multi-turn-chat", "few-shot-select",
-                                   "json-decode", "json-decode-free"]
+    assert [w.name for w in a] == [
+        "shared-prefix",
+        "agent-loop",
+        "multi-turn-chat",
+        "few-shot-select",
+        "json-decode",
+        "json-decode-free",
+    ]
     for wa, wb in zip(a, b):
         ca, cb = next(wa.make_programs()[0]), next(wb.make_programs()[0])
         assert ca == cb
-        assert len(wa.make_programs()) * (z.agent_steps if wa.name == "agent-loop" else
-                                          z.chat_turns if wa.name == "multi-turn-chat" else 1) == wa.n_calls
+        assert (
+            len(wa.make_programs())
+            * (z.agent_steps if wa.name == "agent-loop" else z.chat_turns if wa.name == "multi-turn-chat" else 1)
+            == wa.n_calls
+        )
     prompts = [next(p).prompt for p in a[0].make_programs()]
     n = len(tok.encode(prompts[0], add_special_tokens=False))
     assert abs(n - (z.sp_system_len + z.sp_question_len + 5)) <= 8
@@ -145,6 +168,7 @@ def test_workloads_are_deterministic_and_sized(tok):
 
 def test_continuation_ids_extend_the_previous_call(tok):
     from systems.base import eos_ids_of, prompt_ids
+
     eos = eos_ids_of(tok)
     first = W.Gen(W.chatml([("system", "S"), ("user", "Q")]), 8)
     prev = M.Record("w", "s", 0, 0, "gen", 0.0, 1.0)
@@ -156,7 +180,7 @@ def test_continuation_ids_extend_the_previous_call(tok):
     suffix = "<|im_end|>\n" + W.chatml([("user", "Observation: ok")])
     nxt = W.Gen(first.prompt + answer + suffix, 8, cont=(prev, suffix))
     ids = prompt_ids(tok, nxt, eos)
-    assert ids[:len(prev.sent_ids) + len(prev.output_ids)] == prev.sent_ids + prev.output_ids
+    assert ids[: len(prev.sent_ids) + len(prev.output_ids)] == prev.sent_ids + prev.output_ids
     assert tok.decode(ids) == nxt.prompt
     # stopped by length (no EOS): the EOS text stays in the suffix
     prev.output_ids = prev.output_ids[:-1]
@@ -165,11 +189,16 @@ def test_continuation_ids_extend_the_previous_call(tok):
 
 def test_hf_select_fast_path_matches_full_scoring(tok):
     from systems.hf_generate import HFGenerate
+
     hf = HFGenerate(tok, batch_size=4, threads=None)
     hf.start(1024)
-    calls = [W.Select("Review: The lamp is wonderful and the box is lovely.\nSentiment:", list(W.CHOICES)),
-             W.Select("A much longer context so that the batch has left padding. Review: The chair is flimsy.\n"
-                      "Sentiment:", list(W.CHOICES))]
+    calls = [
+        W.Select("Review: The lamp is wonderful and the box is lovely.\nSentiment:", list(W.CHOICES)),
+        W.Select(
+            "A much longer context so that the batch has left padding. Review: The chair is flimsy.\nSentiment:",
+            list(W.CHOICES),
+        ),
+    ]
     fast, full = hf._select(calls), hf._select(calls, fast=False)
     for a, b in zip(fast, full):
         assert a.decision == b.decision
@@ -184,13 +213,19 @@ def test_hf_select_fast_path_matches_full_scoring(tok):
 
 def test_smoke_every_workload_on_radixrt(tmp_path, capsys):
     import run_all
+
     res = run_all.main(["--preset", "tiny", "--systems", "radixrt", "--out-dir", str(tmp_path), "--no-roofline"])
     out = capsys.readouterr().out
     names = ["shared-prefix", "agent-loop", "multi-turn-chat", "few-shot-select", "json-decode", "json-decode-free"]
     z = W.Sizes(**W.TINY)
-    calls = {"shared-prefix": z.sp_groups * z.sp_per_group, "agent-loop": z.agent_programs * z.agent_steps,
-             "multi-turn-chat": z.chat_convs * z.chat_turns, "few-shot-select": z.select_inputs,
-             "json-decode": z.json_requests, "json-decode-free": z.json_requests}
+    calls = {
+        "shared-prefix": z.sp_groups * z.sp_per_group,
+        "agent-loop": z.agent_programs * z.agent_steps,
+        "multi-turn-chat": z.chat_convs * z.chat_turns,
+        "few-shot-select": z.select_inputs,
+        "json-decode": z.json_requests,
+        "json-decode-free": z.json_requests,
+    }
     for n in names:
         m = res["workloads"][n]["radixrt"]["summary"]
         assert m["completed"] == calls[n] and m["failed"] == 0, (n, res["workloads"][n]["radixrt"]["errors"])
@@ -205,13 +240,15 @@ def test_smoke_every_workload_on_radixrt(tmp_path, capsys):
     assert res["workloads"]["few-shot-select"]["radixrt"]["summary"]["select_accuracy"] is not None
     assert res["workloads"]["agent-loop"]["radixrt"]["summary"]["tpot_s"]["n"] > 0
     # json-decode-free generated as many tokens as json-decode, request by request
-    rec = {n: {r["program"]: r["output_tokens"] for r in res["workloads"][n]["radixrt"]["records"]}
-           for n in ("json-decode", "json-decode-free")}
+    rec = {
+        n: {r["program"]: r["output_tokens"] for r in res["workloads"][n]["radixrt"]["records"]}
+        for n in ("json-decode", "json-decode-free")
+    }
     assert rec["json-decode"] == rec["json-decode-free"]
     assert "== targets" in out and len(res["targets"]) == 7
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert set(saved["workloads"]) == set(names)
-    assert saved["targets"][0]["met"] is None   # radixrt-nocache was not run
+    assert saved["targets"][0]["met"] is None  # radixrt-nocache was not run
 
 
 # ---- the llama.cpp client against a stand-in server (llama-cpp-python builds from source; see README) --------
@@ -224,6 +261,7 @@ def test_llamacpp_client_against_a_fake_server(tok):
     from tqdm import tqdm
 
     from systems.llama_cpp_python import LlamaCpp
+
     bodies = []
 
     class H(BaseHTTPRequestHandler):
@@ -234,9 +272,9 @@ def test_llamacpp_client_against_a_fake_server(tok):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             bodies.append(body)
             g = body.get("grammar")
-            if g and g.startswith('root ::= "'):      # a select: the first option
+            if g and g.startswith('root ::= "'):  # a select: the first option
                 pieces, finish = [g.split('"')[1]], "stop"
-            elif body.get("logit_bias"):                # ignore_eos: exactly max_tokens
+            elif body.get("logit_bias"):  # ignore_eos: exactly max_tokens
                 pieces, finish = [" tok"] * body["max_tokens"], "length"
             else:
                 pieces, finish = [" tok"] * min(3, body["max_tokens"]), "stop"
@@ -245,8 +283,10 @@ def test_llamacpp_client_against_a_fake_server(tok):
             self.end_headers()
             self.wfile.write(b": ping\r\n\r\n")
             for p in pieces + [""]:
-                ch = {"object": "text_completion",
-                      "choices": [{"index": 0, "text": p, "finish_reason": None if p else finish}]}
+                ch = {
+                    "object": "text_completion",
+                    "choices": [{"index": 0, "text": p, "finish_reason": None if p else finish}],
+                }
                 self.wfile.write(f"data: {json.dumps(ch)}\r\n\r\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\r\n\r\n")
@@ -267,7 +307,7 @@ def test_llamacpp_client_against_a_fake_server(tok):
                 else:
                     assert r.output_tokens == z.chat_reply_len and len(r.chunk_times) == z.chat_reply_len
                     assert r.ttft > 0 and r.finish_reason == "length" and r.cached_tokens is None
-            if wl.name == "multi-turn-chat":   # turn 2 carries turn 1's answer, as text
+            if wl.name == "multi-turn-chat":  # turn 2 carries turn 1's answer, as text
                 by_step = sorted(recs, key=lambda r: r.step)
                 assert by_step[1].call.prompt.startswith(by_step[0].call.prompt + by_step[0].output_text)
         chat, sel = bodies[0], bodies[-1]

@@ -1,6 +1,7 @@
 """The llama-server peer (benchmarks/systems/llama_server.py) against a stand-in for its native ``/completion`` stream,
 and issue 12's two target workloads (benchmarks/target_workloads.py). ``make peers`` builds the real server;
 ``make bench`` runs it (not part of ``make test``)."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ import workloads as W  # noqa: E402
 @pytest.fixture(scope="module")
 def tok():
     from radixrt.runtime.models.loader import load_tokenizer
+
     return load_tokenizer()
 
 
@@ -34,8 +36,9 @@ def test_target_workloads_shapes(tok):
     assert first.ignore_eos and first.max_new_tokens == 32 and first.json_schema is None
     system = first.prompt.split("<|im_start|>system\n")[1].split("<|im_end|>")[0]
     tools = system.split("Tools:\n")[1]
-    assert len(tools.splitlines()) == 35 and all(line.startswith(f"- tool_{i}:") for i, line in
-                                                 enumerate(tools.splitlines()))
+    assert len(tools.splitlines()) == 35 and all(
+        line.startswith(f"- tool_{i}:") for i, line in enumerate(tools.splitlines())
+    )
     assert sum(len(line.split(":", 1)[1].split()) for line in tools.splitlines()) == 700
     ss = T.shared_system_16(words, z)
     assert (ss.n_calls, ss.concurrency, ss.max_new_tokens) == (32, 16, 16)
@@ -43,15 +46,25 @@ def test_target_workloads_shapes(tok):
     systems = {c.prompt.split("<|im_end|>")[0] for c in calls}
     assert len(systems) == 4 and all(len(s.split("\n", 1)[1].split()) == 700 for s in systems)
     import run_all
+
     names = [w.name for w in run_all.build_workloads(["all"], words, W.Sizes(**W.TINY))]
-    assert names == ["shared-prefix", "agent-loop", "multi-turn-chat", "few-shot-select", "json-decode",
-                     "json-decode-free", "agent-dependent", "shared-system-16"]
+    assert names == [
+        "shared-prefix",
+        "agent-loop",
+        "multi-turn-chat",
+        "few-shot-select",
+        "json-decode",
+        "json-decode-free",
+        "agent-dependent",
+        "shared-system-16",
+    ]
 
 
 def test_llama_server_client_against_a_fake_server(tok):
     from tqdm import tqdm
 
     from systems.llama_server import LlamaServer
+
     bodies = []
 
     class H(BaseHTTPRequestHandler):
@@ -66,14 +79,22 @@ def test_llama_server_client_against_a_fake_server(tok):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for i in range(n):   # token ids 1000, 1001, ...; text " w0", " w1", ...
+            for i in range(n):  # token ids 1000, 1001, ...; text " w0", " w1", ...
                 ch = {"content": f" w{i}", "tokens": [1000 + i], "stop": False}
                 self.wfile.write(f"data: {json.dumps(ch)}\n\n".encode())
                 self.wfile.flush()
             cached = 5 if len(bodies) > 1 else 0
-            final = {"content": "", "tokens": [], "stop": True, "stop_type": "limit" if body.get("ignore_eos")
-                     else "eos", "timings": {"cache_n": cached, "prompt_n": len(body["prompt"]) - cached,
-                                             "predicted_n": n if body.get("ignore_eos") else n + 1}}
+            final = {
+                "content": "",
+                "tokens": [],
+                "stop": True,
+                "stop_type": "limit" if body.get("ignore_eos") else "eos",
+                "timings": {
+                    "cache_n": cached,
+                    "prompt_n": len(body["prompt"]) - cached,
+                    "predicted_n": n if body.get("ignore_eos") else n + 1,
+                },
+            }
             self.wfile.write(f"data: {json.dumps(final)}\n\n".encode())
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -98,7 +119,7 @@ def test_llama_server_client_against_a_fake_server(tok):
             assert r.output_text == "".join(f" w{i}" for i in range(z.chat_reply_len))
             assert len(r.chunk_times) == z.chat_reply_len and r.finish_reason == "length"
         # turn 2 sends turn 1's ids, the ids the model produced, then the new text tokenized
-        assert recs[1].sent_ids[:len(recs[0].sent_ids) + len(reply)] == recs[0].sent_ids + reply
+        assert recs[1].sent_ids[: len(recs[0].sent_ids) + len(reply)] == recs[0].sent_ids + reply
         assert [r.cached_tokens for r in recs] == [0, 5, 5, 5]
         assert recs[1].reported_prompt_tokens == len(recs[1].sent_ids)
         # a JSON call: the schema goes to the server; it stopped on EOS, which radixrt counts as a token

@@ -7,6 +7,7 @@ Checked: no client that stayed connected lost its request, in any round; the poo
 nothing once idle after every round; each fault is followed by a successful request; the server drains
 and exits 0 on SIGTERM at the end.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,15 +26,30 @@ CONCURRENCY = 16
 
 def test_soak_short(tmp_path_factory, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     d = tmp_path_factory.mktemp("soak-llama")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(cfg).save_pretrained(d)
     tokenizer.save_pretrained(d)
-    report = soak.run(2, CONCURRENCY, list(FAULTS), ["--tp", "2", "--model", str(d), "--max-total-tokens",
-                                                     "8192", "--context-length", "1024"])
+    report = soak.run(
+        2,
+        CONCURRENCY,
+        list(FAULTS),
+        ["--tp", "2", "--model", str(d), "--max-total-tokens", "8192", "--context-length", "1024"],
+    )
     assert report["problems"] == [], report["problems"]
     rows = report["rounds"]
     assert [r["fault"] and r["fault"]["fault"] for r in rows] == [None, None, *FAULTS]

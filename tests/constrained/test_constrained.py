@@ -3,6 +3,7 @@
 Known keyword failures are the tables of docs/grammar_keywords.md, read by the keyword test: a new failure
 and a fix both make it fail, so the page stays true.
 """
+
 from __future__ import annotations
 
 import glob
@@ -15,8 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixrt.runtime.constrained import (GRAMMAR_KINDS, GrammarCache, allocate_token_bitmask,
-                                         apply_token_bitmask_, choices_to_regex, create_backend, validate_spec)
+from radixrt.runtime.constrained import (
+    GRAMMAR_KINDS,
+    GrammarCache,
+    allocate_token_bitmask,
+    apply_token_bitmask_,
+    choices_to_regex,
+    create_backend,
+    validate_spec,
+)
 
 
 CASES = Path(__file__).resolve().parents[1] / "data"  # tests/data: the JSON-schema corpora
@@ -103,11 +111,11 @@ def test_keywords_match_documented_failures(env, backend):
 
 # ---- edge cases 8, 9, 10 (tests/data/edge_cases.md) ----
 ROOTS = {
-    '{"type":"object"}': (['{}', '{"a":[1,{"b":null}]}'], ['[]', '"x"', '1']),
-    '{"type":"string"}': (['""', '"a\\"b"'], ['1', '{}', '"a']),
-    '{"type":"integer"}': (['0', '-12', '7'], ['1.0', '"1"', '1e2']),
-    '{}': (['{"a":1}', '[1,"a",null]', '"s"', '-0.5', 'true', 'null'], ['{', 'nul', "'a'"]),
-    'true': (['{"a":1}', '[]', '"s"', '3'], ['tru', '[1,]']),
+    '{"type":"object"}': (["{}", '{"a":[1,{"b":null}]}'], ["[]", '"x"', "1"]),
+    '{"type":"string"}': (['""', '"a\\"b"'], ["1", "{}", '"a']),
+    '{"type":"integer"}': (["0", "-12", "7"], ["1.0", '"1"', "1e2"]),
+    "{}": (['{"a":1}', '[1,"a",null]', '"s"', "-0.5", "true", "null"], ["{", "nul", "'a'"]),
+    "true": (['{"a":1}', "[]", '"s"', "3"], ["tru", "[1,]"]),
 }
 
 
@@ -116,7 +124,9 @@ def test_root_schemas_without_properties(env, schema):
     good, bad = ROOTS[schema]
     # outlines-core: {"type":"object"} takes ~3 s and {} / true ~1 min to index (a correct index, see
     # outlines_backend.SENTINEL); too slow for this file, documented in docs/grammar_keywords.md.
-    backends = ["xgrammar", "llguidance"] + (["outlines"] if schema in ('{"type":"string"}', '{"type":"integer"}') else [])
+    backends = ["xgrammar", "llguidance"] + (
+        ["outlines"] if schema in ('{"type":"string"}', '{"type":"integer"}') else []
+    )
     for name in backends:
         compiled = env[name].compile("json_schema", schema)
         for text in good:
@@ -126,12 +136,14 @@ def test_root_schemas_without_properties(env, schema):
             assert not accepts(env, compiled, text), (name, schema, text)
 
 
-@pytest.mark.parametrize("backend,limit", [("xgrammar", 40), ("xgrammar", 255), ("outlines", 40),
-                                                   ("llguidance", 40), ("llguidance", 255)])
+@pytest.mark.parametrize(
+    "backend,limit", [("xgrammar", 40), ("xgrammar", 255), ("outlines", 40), ("llguidance", 40), ("llguidance", 255)]
+)
 def test_escapes_in_bounded_strings(env, backend, limit):
     be = env[backend]
-    bounded = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","maxLength":%d}},'
-                                        '"required":["s"]}' % limit)
+    bounded = be.compile(
+        "json_schema", '{"type":"object","properties":{"s":{"type":"string","maxLength":%d}},"required":["s"]}' % limit
+    )
     n = limit - 2
     assert accepts(env, bounded, r'{"s":"a\"b\nc"}')
     assert accepts(env, bounded, '{"s":"%s"}' % (r"\"\n" + "x" * n))  # limit decoded characters
@@ -141,25 +153,30 @@ def test_escapes_in_bounded_strings(env, backend, limit):
     assert accepts(env, bounded, '{"s":"%s"}' % ("x" * (limit - 1) + "\u00e9"))  # raw é: one character
     assert not accepts(env, bounded, '{"s":"%s"}' % ("x" * limit + "\u00e9"))
     assert not accepts(env, bounded, '{"s":"a\tb"}')  # raw control characters are not JSON
-    shorter = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","minLength":2}},'
-                                        '"required":["s"]}')
+    shorter = be.compile(
+        "json_schema", '{"type":"object","properties":{"s":{"type":"string","minLength":2}},"required":["s"]}'
+    )
     assert accepts(env, shorter, r'{"s":"\"\\"}') and not accepts(env, shorter, r'{"s":"\n"}')
     if backend == "outlines":
         return
-    longer = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","minLength":100}},'
-                                       '"required":["s"]}')
+    longer = be.compile(
+        "json_schema", '{"type":"object","properties":{"s":{"type":"string","minLength":100}},"required":["s"]}'
+    )
     assert accepts(env, longer, '{"s":"%s"}' % (r"\"\n" + "y" * 98))
     assert not accepts(env, longer, '{"s":"%s"}' % (r"\"\n" + "y" * 97))
-    pattern = be.compile("json_schema", '{"type":"object","properties":{"s":{"type":"string","pattern":'
-                                        '"^a.b$"}},"required":["s"]}')
+    pattern = be.compile(
+        "json_schema", '{"type":"object","properties":{"s":{"type":"string","pattern":"^a.b$"}},"required":["s"]}'
+    )
     # llguidance refuses the optional "\/" spelling of "/" in a patterned string (incomplete, documented)
-    for text in (r'{"s":"a\"b"}', r'{"s":"a\\b"}', r'{"s":"a\tb"}', r'{"s":"axb"}', r'{"s":"a/b"}') + \
-            ((r'{"s":"a\/b"}',) if backend != "llguidance" else ()):
+    for text in (r'{"s":"a\"b"}', r'{"s":"a\\b"}', r'{"s":"a\tb"}', r'{"s":"axb"}', r'{"s":"a/b"}') + (
+        (r'{"s":"a\/b"}',) if backend != "llguidance" else ()
+    ):
         assert accepts(env, pattern, text), (backend, text)
     # "." does not match a line terminator (ECMA-262), raw or escaped; raw '"' and controls are not JSON
     # (llguidance's "." is Python's: it matches "\r", as jsonschema's own check does)
-    for text in (r'{"s":"a""b"}', r'{"s":"ab"}', '{"s":"a\nb"}', r'{"s":"a\nb"}') + \
-            ((r'{"s":"a\rb"}',) if backend != "llguidance" else ()):
+    for text in (r'{"s":"a""b"}', r'{"s":"ab"}', '{"s":"a\nb"}', r'{"s":"a\nb"}') + (
+        (r'{"s":"a\rb"}',) if backend != "llguidance" else ()
+    ):
         assert not accepts(env, pattern, text), (backend, text)
     if limit == 255 and backend == "xgrammar":  # bounds above 64: escapes among the first 64 only (documented)
         assert accepts(env, bounded, '{"s":"%s"}' % (r"\"" + "z" * 60 + r"\n" + "z" * 150))
@@ -182,23 +199,35 @@ def test_numbers_follow_rfc8259(env, backend):
 
 
 # ---- validate_spec and errors ----
-@pytest.mark.parametrize("kind,spec,needle", [
-    ("json_schema", '{"type": "object"', "json_schema: not valid JSON"),
-    ("json_schema", "[1, 2]", "json_schema: a schema must be a JSON object or a boolean"),
-    ("json_schema", '{"type": "xml"}', "json_schema: invalid schema at /type"),
-    ("json_schema", '{"properties": {"x": {"type": "string", "pattern": "("}}}',
-     "json_schema: 'pattern' at /properties/x is not a valid regex"),
-    ("json_schema", '{"patternProperties": {"[a-": {}}}',
-     "json_schema: 'patternProperties' key at /patternProperties"),
-    ("json_schema", '{"properties": {"pattern": {"items": {"pattern": "a)"}}}}',
-     "json_schema: 'pattern' at /properties/pattern/items is not a valid regex"),
-    ("json_schema", '{"const": NaN}', "json_schema: NaN is not valid JSON"),
-    ("regex", "a(b", "regex: not a valid regex"),
-    ("regex", "", "regex: the pattern is empty"),
-    ("ebnf", "  ", "ebnf: the grammar is empty"),
-    ("structural_tag", "[]", "structural_tag: must be a JSON object"),
-    ("xml", "<a/>", "kind: unknown grammar kind 'xml'"),
-])
+@pytest.mark.parametrize(
+    "kind,spec,needle",
+    [
+        ("json_schema", '{"type": "object"', "json_schema: not valid JSON"),
+        ("json_schema", "[1, 2]", "json_schema: a schema must be a JSON object or a boolean"),
+        ("json_schema", '{"type": "xml"}', "json_schema: invalid schema at /type"),
+        (
+            "json_schema",
+            '{"properties": {"x": {"type": "string", "pattern": "("}}}',
+            "json_schema: 'pattern' at /properties/x is not a valid regex",
+        ),
+        (
+            "json_schema",
+            '{"patternProperties": {"[a-": {}}}',
+            "json_schema: 'patternProperties' key at /patternProperties",
+        ),
+        (
+            "json_schema",
+            '{"properties": {"pattern": {"items": {"pattern": "a)"}}}}',
+            "json_schema: 'pattern' at /properties/pattern/items is not a valid regex",
+        ),
+        ("json_schema", '{"const": NaN}', "json_schema: NaN is not valid JSON"),
+        ("regex", "a(b", "regex: not a valid regex"),
+        ("regex", "", "regex: the pattern is empty"),
+        ("ebnf", "  ", "ebnf: the grammar is empty"),
+        ("structural_tag", "[]", "structural_tag: must be a JSON object"),
+        ("xml", "<a/>", "kind: unknown grammar kind 'xml'"),
+    ],
+)
 def test_validate_spec_errors(kind, spec, needle):
     with pytest.raises(ValueError) as e:
         validate_spec(kind, spec)
@@ -207,8 +236,10 @@ def test_validate_spec_errors(kind, spec, needle):
 
 def test_validate_spec_normalizes():
     assert validate_spec("json_schema", "true") == "true"
-    assert validate_spec("json_schema", '{ "type" : "object" , "properties": {"b": {}, "a": {}}}') == \
-        '{"type":"object","properties":{"b":{},"a":{}}}'  # compact, key order kept
+    assert (
+        validate_spec("json_schema", '{ "type" : "object" , "properties": {"b": {}, "a": {}}}')
+        == '{"type":"object","properties":{"b":{},"a":{}}}'
+    )  # compact, key order kept
     assert validate_spec("json_schema", {"type": "string"}) == '{"type":"string"}'
     assert validate_spec("json_schema", '{"properties": {"pattern": {"type": "string"}}}')  # a property named so
     assert validate_spec("regex", "[a-z]+") == "[a-z]+"
@@ -216,8 +247,12 @@ def test_validate_spec_normalizes():
 
 
 def test_choices_to_regex_errors():
-    for bad, needle in (([], "choices: must be a non-empty list"), ("ab", "choices: must be a non-empty list"),
-                        (["a", 1], "choices[1]: must be a string"), (["a", ""], "choices[1]: must not be empty")):
+    for bad, needle in (
+        ([], "choices: must be a non-empty list"),
+        ("ab", "choices: must be a non-empty list"),
+        (["a", 1], "choices[1]: must be a string"),
+        (["a", ""], "choices[1]: must not be empty"),
+    ):
         with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             choices_to_regex(bad)
 
@@ -235,8 +270,9 @@ def test_backend_errors(env):
     with pytest.raises(ValueError, match="^xgrammar: cannot compile structural_tag: "):
         env["xgrammar"].compile("structural_tag", '{"type": "structural_tag", "format": {"type": "nope"}}')
     for kind in ("ebnf", "structural_tag"):
-        with pytest.raises(ValueError, match=f"^outlines: {kind} is not supported by this backend; "
-                                             "use --grammar-backend xgrammar$"):
+        with pytest.raises(
+            ValueError, match=f"^outlines: {kind} is not supported by this backend; use --grammar-backend xgrammar$"
+        ):
             env["outlines"].compile(kind, 'root ::= "a"')
     with pytest.raises(ValueError, match="^outlines: cannot compile regex: "):
         env["outlines"].compile("regex", "(?=a)b")  # valid for Python, not for outlines-core
@@ -250,30 +286,37 @@ def test_regex_and_choices(env, backend):
     assert accepts(env, phone, "+4915112345678") and accepts(env, phone, "12345678")
     for bad in ("0123456789", "+49 151", "1234567", "+"):
         assert not accepts(env, phone, bad), (backend, bad)
-    choices = ["Yes", "Yes, definitely", "cat", "category", "a+b (c)?", "tab\there", 'quote"s', "back\\slash",
-               "Paris"]
+    choices = ["Yes", "Yes, definitely", "cat", "category", "a+b (c)?", "tab\there", 'quote"s', "back\\slash", "Paris"]
     compiled = be.compile("regex", choices_to_regex(choices))
     for c in choices:
         assert accepts(env, compiled, c), (backend, c)
     for c in ("Ye", "Yes,", "categor", "a+b", "no", "Yes definitely", "tab here"):
         assert not accepts(env, compiled, c), (backend, c)
-    obj = be.compile("json_schema", '{"type":"object","properties":{"name":{"type":"string"},"age":'
-                                    '{"type":"integer"},"tags":{"type":"array","items":{"enum":["a","b"]},'
-                                    '"maxItems":2}},"required":["name","age"],"additionalProperties":false}')
+    obj = be.compile(
+        "json_schema",
+        '{"type":"object","properties":{"name":{"type":"string"},"age":'
+        '{"type":"integer"},"tags":{"type":"array","items":{"enum":["a","b"]},'
+        '"maxItems":2}},"required":["name","age"],"additionalProperties":false}',
+    )
     assert accepts(env, obj, '{"name":"Al","age":3,"tags":["a","b"]}') and accepts(env, obj, '{"name":"","age":-1}')
-    for bad in ('{"name":"Al"}', '{"age":3,"name":"Al"}', '{"name":"Al","age":3,"x":1}',
-                '{"name":"Al","age":3,"tags":["c"]}', '{"name":"Al","age":3,"tags":["a","a","b"]}',
-                '{"name": "Al","age":3}'):
+    for bad in (
+        '{"name":"Al"}',
+        '{"age":3,"name":"Al"}',
+        '{"name":"Al","age":3,"x":1}',
+        '{"name":"Al","age":3,"tags":["c"]}',
+        '{"name":"Al","age":3,"tags":["a","a","b"]}',
+        '{"name": "Al","age":3}',
+    ):
         assert not accepts(env, obj, bad), (backend, bad)
 
 
-ARITH = r'''
+ARITH = r"""
 root   ::= expr
 expr   ::= term (("+" | "-") term)*
 term   ::= factor (("*" | "/") factor)*
 factor ::= number | "(" expr ")"
 number ::= [0-9]+
-'''
+"""
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
@@ -288,9 +331,21 @@ def test_ebnf_arithmetic(env, backend):
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
 def test_structural_tag(env, backend):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    new_form = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool>"], "tags": [
-        {"type": "tag", "begin": "<tool>", "content": {"type": "json_schema", "json_schema": schema},
-         "end": "</tool>"}]}}
+    new_form = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<tool>"],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": "<tool>",
+                    "content": {"type": "json_schema", "json_schema": schema},
+                    "end": "</tool>",
+                }
+            ],
+        },
+    }
     legacy = {"structures": [{"begin": "<tool>", "schema": schema, "end": "</tool>"}], "triggers": ["<tool>"]}
     for spec in (new_form, legacy, new_form["format"]):
         compiled = env[backend].compile("structural_tag", json.dumps(spec))
@@ -378,8 +433,10 @@ def test_grammar_cache_off_thread_and_failures(env):
         assert cache.submit("regex", "a+").result(5) is first and cache.get("regex", "a+") is first
         assert cache.submit("regex", "a+", any_whitespace=True) is not fut
         assert (cache.stats.hits, cache.stats.misses) == (2, 2)
-        for spec, needle in (("bad", "slow: cannot compile regex: bad"),
-                             ("boom", "slow: cannot compile regex: RuntimeError: native failure")):
+        for spec, needle in (
+            ("bad", "slow: cannot compile regex: bad"),
+            ("boom", "slow: cannot compile regex: RuntimeError: native failure"),
+        ):
             for _ in range(2):
                 with pytest.raises(ValueError, match=needle):
                     cache.get("regex", spec)
@@ -398,7 +455,6 @@ def test_grammar_cache_off_thread_and_failures(env):
         assert (real.stats.hits, real.stats.misses, real.stats.failures) == (2, 2, 1)
     finally:
         real.shutdown()
-
 
 
 def test_grammar_cache_backend_built_on_its_thread(env):
@@ -430,14 +486,16 @@ def test_grammar_cache_backend_built_on_its_thread(env):
     bad = GrammarCache.building(broken, "llguidance")
     try:
         for spec in ("a+", "b+"):
-            with pytest.raises(ValueError, match="^llguidance: grammar backend set-up failed: RuntimeError: no "
-                                                 "tokenizer$"):
+            with pytest.raises(
+                ValueError, match="^llguidance: grammar backend set-up failed: RuntimeError: no tokenizer$"
+            ):
                 bad.get("regex", spec, timeout=10)
         assert (bad.stats.misses, bad.stats.failures) == (2, 2)
     finally:
         bad.shutdown()
     with pytest.raises(ValueError, match="max_workers"):
         GrammarCache.building(factory, "xgrammar", max_workers=1)
+
 
 def test_grammar_cache_build_waits_for_start_or_a_compile(env):
     """building(start=False) runs no build until start() or the first compile; compiles (as many as the pool
@@ -512,8 +570,10 @@ def test_dev_corpus_compile_counts(env):
         except ValueError as e:
             assert str(e).startswith("xgrammar: cannot compile json_schema: "), e
             rejected.append(f"{Path(f).name}: {e}")
-    print(f"\ndev corpus: {ok}/{len(files)} compile with xgrammar, {len(rejected)} rejected with ValueError "
-          f"({time.time() - t0:.1f}s)")
+    print(
+        f"\ndev corpus: {ok}/{len(files)} compile with xgrammar, {len(rejected)} rejected with ValueError "
+        f"({time.time() - t0:.1f}s)"
+    )
     for line in rejected:
         print("  ", line[:200])
     assert ok + len(rejected) == len(files) == 120
@@ -552,13 +612,18 @@ def test_patterns_match_python_re(env, backend, count):
     cases += [(_random_regex(rnd), strings) for _ in range(count)]
     wrong = []
     for pattern, texts in cases:
-        compiled = env[backend].compile("json_schema", json.dumps(
-            {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}))
+        compiled = env[backend].compile(
+            "json_schema",
+            json.dumps(
+                {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}
+            ),
+        )
         for s in texts:
             # llguidance matches "pattern" as JSON Schema says (a search); the others anchor it (documented)
             search = pattern == prom or backend == "llguidance"
-            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(re.search(pattern, s) if search
-                                                                    else re.fullmatch(pattern, s)):
+            if accepts(env, compiled, '{"s":"%s"}' % s) != bool(
+                re.search(pattern, s) if search else re.fullmatch(pattern, s)
+            ):
                 wrong.append((pattern, s))
     assert wrong == []
 
@@ -567,9 +632,12 @@ def test_patterns_match_python_re(env, backend, count):
 def test_type_beside_any_of_reaches_the_branches(env, backend):
     """``{"type": "string", "anyOf": [{pattern}, {maxLength}]}`` (dev corpus: Snowplow) is a string: xgrammar
     lowered only the branches, which have no type, and generated ``{"schema": {"": ""}}``."""
-    schema = {"type": "object", "properties": {"schema": {
-        "type": "string", "anyOf": [{"pattern": "^iglu:[a-z]+$"}, {"maxLength": 3}]}},
-        "required": ["schema"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"schema": {"type": "string", "anyOf": [{"pattern": "^iglu:[a-z]+$"}, {"maxLength": 3}]}},
+        "required": ["schema"],
+        "additionalProperties": False,
+    }
     compiled = env[backend].compile("json_schema", json.dumps(schema))
     assert accepts(env, compiled, '{"schema":"iglu:abc"}')
     for text in ('{"schema":{"":""}}', '{"schema":1}', '{"schema":null}'):

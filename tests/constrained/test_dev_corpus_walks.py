@@ -5,6 +5,7 @@ every walk that finishes (EOS accepted) must validate with ``jsonschema``. A ref
 ValueError naming the backend. Counts are pinned so that a change in either direction shows up. outlines-core
 indexes some schemas for minutes, so it runs on the pinned schemas it compiles within a second.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ from radixrt.runtime.constrained.sample_walk import closer_ids, random_walk, sch
 DEV = Path(__file__).resolve().parents[1] / "data" / "jsonschema" / "dev"
 # compiled / refused on the dev corpus (benchmarks/results/grammar_backends.md has the full table)
 PINNED = {"llguidance": 108, "xgrammar": 98}
-OUTLINES_FAST = ("Github_trivial__o17681", "Glaiveai2K__book_flight_f6de227e", "Glaiveai2K__calculate_area_033607ff",
-                 "Glaiveai2K__search_hotels_d2c27c8f", "Snowplow__sp_100_Normalized")
+OUTLINES_FAST = (
+    "Github_trivial__o17681",
+    "Glaiveai2K__book_flight_f6de227e",
+    "Glaiveai2K__calculate_area_033607ff",
+    "Glaiveai2K__search_hotels_d2c27c8f",
+    "Snowplow__sp_100_Normalized",
+)
 WALKS, MAX_TOKENS = 2, 160
 
 
@@ -49,8 +55,9 @@ def _walk_corpus(env, backend: str, names=None, **kw):
             continue
         compiled += 1
         for i in range(WALKS):
-            w = random_walk(grammar, tok, vocab, be.eos_token_id, random.Random(f"{path.stem}/{i}"), closers,
-                            MAX_TOKENS)
+            w = random_walk(
+                grammar, tok, vocab, be.eos_token_id, random.Random(f"{path.stem}/{i}"), closers, MAX_TOKENS
+            )
             if w.finished:
                 finished += 1
                 why = schema_violation(w.text, json.loads(text))

@@ -5,6 +5,7 @@ Matcher-level checks (keyword groups, edge cases 9/10 on fixed strings, compile 
 test_constrained.py; edge case 11 (malformed ``response_format``) is covered by test_server.py's
 ``test_bad_requests_are_400``; this file generates.
 """
+
 from __future__ import annotations
 
 import ast
@@ -59,19 +60,28 @@ def validator(schema):
 # (overlapping oneOf, unimplemented keywords such as uniqueItems, a length beside a format...).
 # Pinned exactly, so that a change in either direction shows up.
 REJECTED_DEFAULT: list[str] = [
-    "Github_easy__o90249.json", "Github_easy__o9369.json", "Github_medium__o12296.json", "Github_medium__o26217.json", "Github_medium__o73996.json",
-    "JsonSchemaStore__drupal-services.json", "JsonSchemaStore__lego.json",
-    "JsonSchemaStore__pocketmine-plugin.json", "JsonSchemaStore__prometheus.rules.json", "JsonSchemaStore__sergen.json",
-    "MCPspec__ServerRequest.json", "Snowplow__sp_247_Normalized.json"]
+    "Github_easy__o90249.json",
+    "Github_easy__o9369.json",
+    "Github_medium__o12296.json",
+    "Github_medium__o26217.json",
+    "Github_medium__o73996.json",
+    "JsonSchemaStore__drupal-services.json",
+    "JsonSchemaStore__lego.json",
+    "JsonSchemaStore__pocketmine-plugin.json",
+    "JsonSchemaStore__prometheus.rules.json",
+    "JsonSchemaStore__sergen.json",
+    "MCPspec__ServerRequest.json",
+    "Snowplow__sp_247_Normalized.json",
+]
 # Schemas that compile but whose grammar is looser than the schema (a finished output can fail validation).
 # Each is a backend bug to fix (or to reject at compile time); listed so that the test keeps guarding the rest.
 KNOWN_UNSOUND: set[str] = set()  # none: the overlapping-oneOf schema (o90249) is refused now
 CORPUS_PROMPT = "Generate a JSON object that matches the schema:\n{schema}\nJSON:"
-CORPUS_SCHEMA_TOKENS = 48    # the schema text in the prompt is cut to this many tokens
+CORPUS_SCHEMA_TOKENS = 48  # the schema text in the prompt is cut to this many tokens
 CORPUS_MAX_NEW = 256
 CORPUS_GENS = 3
-CORPUS_EVERY = 6             # generate for every 6th compiled schema (RADIXRT_CORPUS_EVERY=1: all of them)
-MAX_CUT_SHARE = 0.5          # llguidance default: 25 of 54 cut (another subset of the corpus than xgrammar's 60)
+CORPUS_EVERY = 6  # generate for every 6th compiled schema (RADIXRT_CORPUS_EVERY=1: all of them)
+MAX_CUT_SHARE = 0.5  # llguidance default: 25 of 54 cut (another subset of the corpus than xgrammar's 60)
 
 
 def corpus_files() -> list[Path]:
@@ -114,8 +124,9 @@ def test_dev_corpus_outputs_validate(engine):
         cut = tok.decode(tok.encode(text, add_special_tokens=False)[:CORPUS_SCHEMA_TOKENS])
         for k in range(CORPUS_GENS):
             prompts.append(CORPUS_PROMPT.format(schema=cut))
-            sps.append({"json_schema": f.read_text(), "temperature": 1.0, "seed": 1234 + k,
-                        "max_new_tokens": CORPUS_MAX_NEW})
+            sps.append(
+                {"json_schema": f.read_text(), "temperature": 1.0, "seed": 1234 + k, "max_new_tokens": CORPUS_MAX_NEW}
+            )
             which.append(f)
     t1 = time.time()
     outs = engine.generate(prompts, sps)
@@ -132,10 +143,12 @@ def test_dev_corpus_outputs_validate(engine):
         except (ValueError, jsonschema.ValidationError) as e:
             invalid.append((f.name, f"{o['text'][:120]!r}: {str(e).splitlines()[0][:160]}"))
     n_tok = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    print(f"\ndev corpus ({backend_name(engine)}): {len(files)} schemas: compiled {len(compiled)}, rejected {len(rejected)} "
-          f"({t_compile:.1f}s). Generated {CORPUS_GENS} x {len(picked)} (every {every}th): valid {valid}, "
-          f"cut by max_new_tokens={CORPUS_MAX_NEW} {len(cut_off)}, invalid {len(invalid)} "
-          f"({n_tok} tokens in {t_gen:.1f}s)")
+    print(
+        f"\ndev corpus ({backend_name(engine)}): {len(files)} schemas: compiled {len(compiled)}, rejected {len(rejected)} "
+        f"({t_compile:.1f}s). Generated {CORPUS_GENS} x {len(picked)} (every {every}th): valid {valid}, "
+        f"cut by max_new_tokens={CORPUS_MAX_NEW} {len(cut_off)}, invalid {len(invalid)} "
+        f"({n_tok} tokens in {t_gen:.1f}s)"
+    )
     for name in rejected:
         print("  rejected:", name)
     for name in sorted(set(cut_off)):
@@ -166,8 +179,13 @@ def chat_prompt(tok, question: str, examples=(), system: str | None = None) -> s
 INT_SHOTS = [("2+2", "4"), ("3+5", "8"), ("10-3", "7")]
 NUM_SHOTS = [("1.5+1", "2.5"), ("half of 3", "1.5"), ("Avogadro's number", "6.022e23")]
 NUMBER_ONLY = "Answer with a number only."
-ROOT_SCHEMAS = [({"type": "object"}, dict), ({"type": "string"}, str), ({"type": "integer"}, int),
-                ({}, object), (True, object)]
+ROOT_SCHEMAS = [
+    ({"type": "object"}, dict),
+    ({"type": "string"}, str),
+    ({"type": "integer"}, int),
+    ({}, object),
+    (True, object),
+]
 
 
 def root_prompt(tok, schema) -> str:
@@ -184,8 +202,10 @@ def test_edge8_root_schemas_generate(any_engine):
     docs/grammar_keywords.md; test_constrained.py checks them on xgrammar only, too), so they run on xgrammar."""
     e = any_engine
     cases = ROOT_SCHEMAS if backend_name(e) != "outlines" else ROOT_SCHEMAS[:3]
-    outs = e.generate([root_prompt(e.tokenizer, s) for s, _ in cases],
-                      [{"json_schema": s, "temperature": 0, "max_new_tokens": 128} for s, _ in cases])
+    outs = e.generate(
+        [root_prompt(e.tokenizer, s) for s, _ in cases],
+        [{"json_schema": s, "temperature": 0, "max_new_tokens": 128} for s, _ in cases],
+    )
     for (schema, typ), o in zip(cases, outs):
         assert finished_by_grammar(o), (backend_name(e), schema, o)
         value = json.loads(o["text"])
@@ -200,8 +220,9 @@ def test_edge9_escapes_in_bounded_string(any_engine):
     e = any_engine
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 40}}, "required": ["s"]}
     prompt = 'Write a JSON object whose "s" is a quote with "double quotes" and a line break:\n'
-    outs = e.generate([prompt] * 4, [{"json_schema": schema, "temperature": 1.0, "seed": s, "max_new_tokens": 64}
-                                     for s in range(4)])
+    outs = e.generate(
+        [prompt] * 4, [{"json_schema": schema, "temperature": 1.0, "seed": s, "max_new_tokens": 64} for s in range(4)]
+    )
     for o in outs:
         assert finished_by_grammar(o), o
         value = json.loads(o["text"])
@@ -216,13 +237,17 @@ def test_edge9_escapes_in_bounded_string(any_engine):
 def test_edge10_numbers_generate(any_engine):
     """Generated numbers follow RFC 8259 exactly; integers have no fraction or exponent."""
     e = any_engine
-    schemas = [{"type": "number"}, {"type": "integer"},
-               {"type": "object", "properties": {"x": {"type": "number"}, "n": {"type": "integer"}},
-                "required": ["x", "n"]}]
+    schemas = [
+        {"type": "number"},
+        {"type": "integer"},
+        {"type": "object", "properties": {"x": {"type": "number"}, "n": {"type": "integer"}}, "required": ["x", "n"]},
+    ]
     tok = e.tokenizer
-    questions = [chat_prompt(tok, "pi to two decimals", NUM_SHOTS, NUMBER_ONLY),
-                 chat_prompt(tok, "How many legs does a cat have?", INT_SHOTS, NUMBER_ONLY),
-                 chat_prompt(tok, "Give pi as x and the number of legs of a cat as n, in JSON.")]
+    questions = [
+        chat_prompt(tok, "pi to two decimals", NUM_SHOTS, NUMBER_ONLY),
+        chat_prompt(tok, "How many legs does a cat have?", INT_SHOTS, NUMBER_ONLY),
+        chat_prompt(tok, "Give pi as x and the number of legs of a cat as n, in JSON."),
+    ]
     prompts, sps = [], []
     for s, q in zip(schemas, questions):
         for seed in range(4):
@@ -245,10 +270,13 @@ def test_edge10_numbers_generate(any_engine):
 
 
 # ---- regex, choices, EBNF ---------------------------------------------------------------------------------
-REGEXES = [r"\d{3}-\d{4}", r"(cat|dog)s? and (mouse|bird)", r"[A-Z][a-z]{2,8}, [A-Z]{2}",
-           r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"]
-CHOICES = [["Paris", "London", "Antidisestablishmentarianism"], ["Yes", "Yes, definitely", "No"],
-           ["cat", "category"]]
+REGEXES = [
+    r"\d{3}-\d{4}",
+    r"(cat|dog)s? and (mouse|bird)",
+    r"[A-Z][a-z]{2,8}, [A-Z]{2}",
+    r"(19|20)\d{2}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
+]
+CHOICES = [["Paris", "London", "Antidisestablishmentarianism"], ["Yes", "Yes, definitely", "No"], ["cat", "category"]]
 
 
 def test_regex_and_choices(any_engine):
@@ -270,19 +298,22 @@ def test_regex_and_choices(any_engine):
             assert o["text"] in sp["choices"], (backend_name(e), sp["choices"], o["text"])
 
 
-ARITH = r'''
+ARITH = r"""
 root   ::= expr
 expr   ::= term (("+" | "-") term)*
 term   ::= factor (("*" | "/") factor)*
 factor ::= number | "(" expr ")"
 number ::= [0-9]{1,6}
-'''
+"""
 
 
 def test_ebnf_arithmetic(engine):
     tok = engine.tokenizer
-    prompts = [chat_prompt(tok, "Write 3 plus 4 as an arithmetic expression."), "Expression: (1+2)*3\nExpression: ",
-               chat_prompt(tok, "What is 6 times 7? Answer with an arithmetic expression.")]
+    prompts = [
+        chat_prompt(tok, "Write 3 plus 4 as an arithmetic expression."),
+        "Expression: (1+2)*3\nExpression: ",
+        chat_prompt(tok, "What is 6 times 7? Answer with an arithmetic expression."),
+    ]
     outs = engine.generate(prompts, [{"ebnf": ARITH, "temperature": 0, "max_new_tokens": 48}] * 3)
     for o in outs:
         assert finished_by_grammar(o), o
@@ -290,14 +321,18 @@ def test_ebnf_arithmetic(engine):
         assert re.fullmatch(r"[0-9+\-*/()]+", text), text
         tree = ast.parse(text, mode="eval")  # parses as an expression of numbers and + - * /
         for node in ast.walk(tree):
-            assert isinstance(node, (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub, ast.Mult,
-                                     ast.Div)), (text, node)
+            assert isinstance(node, (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div)), (
+                text,
+                node,
+            )
 
 
 def test_unsupported_spec_names_the_backend(outlines_engine):
     """A spec the chosen backend cannot take is a clear ValueError naming it, before anything is queued."""
-    for kind, spec in (("ebnf", ARITH), ("structural_tag", json.dumps(
-            {"type": "structural_tag", "format": {"type": "any_text"}}))):
+    for kind, spec in (
+        ("ebnf", ARITH),
+        ("structural_tag", json.dumps({"type": "structural_tag", "format": {"type": "any_text"}})),
+    ):
         with pytest.raises(ValueError, match=rf"outlines.*{kind}"):
             outlines_engine.generate("x", {kind: spec, "max_new_tokens": 4})
     assert outlines_engine.get_server_info()["num_waiting"] == 0
@@ -315,9 +350,12 @@ def test_grammar_backend_none_rejects_grammars():
 
 
 def test_bad_specs_rejected_before_queueing(engine):
-    for sp, needle in (({"json_schema": '{"type": "object"'}, "json_schema"), ({"regex": "("}, "regex"),
-                       ({"json_schema": {"properties": {"x": {"pattern": "("}}}}, "pattern"),
-                       ({"ebnf": 'root ::= "a" undefined_rule'}, "ebnf")):
+    for sp, needle in (
+        ({"json_schema": '{"type": "object"'}, "json_schema"),
+        ({"regex": "("}, "regex"),
+        ({"json_schema": {"properties": {"x": {"pattern": "("}}}}, "pattern"),
+        ({"ebnf": 'root ::= "a" undefined_rule'}, "ebnf"),
+    ):
         with pytest.raises(ValueError, match=needle):
             engine.generate("x", {**sp, "max_new_tokens": 4})
 
@@ -326,8 +364,11 @@ def test_grammars_that_accept_nothing(engine):
     """An empty regex or a rule that only recurses is refused at compile time naming the field; a grammar that
     dead-ends only later (llguidance's lexer limit on ``a{1000000}``) ends the request as an abort naming the
     grammar, never as a proper ``stop`` after an EOS the dead end allowed."""
-    for sp, field in (({"regex": "[^\\s\\S]"}, "regex"), ({"ebnf": "root ::= root"}, "ebnf"),
-                      ({"ebnf": "root ::= a\na ::= root"}, "ebnf")):
+    for sp, field in (
+        ({"regex": "[^\\s\\S]"}, "regex"),
+        ({"ebnf": "root ::= root"}, "ebnf"),
+        ({"ebnf": "root ::= a\na ::= root"}, "ebnf"),
+    ):
         with pytest.raises(ValueError, match=f"{field}: the grammar accepts no string"):
             engine.generate("x", {**sp, "max_new_tokens": 4})
     out = engine.generate("Hi", {"regex": "a{1000000}", "max_new_tokens": 8, "temperature": 0})
@@ -341,16 +382,24 @@ def test_termination_and_no_whitespace_loops(any_engine):
     JSON output is compact, so it never loops on whitespace, even after a prompt full of indentation."""
     e = any_engine
     fixed = {"type": "object", "properties": {"a": {"const": 1}, "b": {"enum": ["x"]}}, "required": ["a", "b"]}
-    free = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                             "tags": {"type": "array", "items": {"type": "integer"},
-                                                      "maxItems": 3}},
-            "required": ["name", "tags"]}
+    free = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "tags": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+        },
+        "required": ["name", "tags"],
+    }
     indented = 'Here is the pretty-printed JSON:\n{\n    "name": "x",\n    \n    \n        '
-    outs = e.generate([indented, indented, indented, "Pick: "],
-                      [{"json_schema": fixed, "temperature": 0, "max_new_tokens": 2000},
-                       {"json_schema": free, "temperature": 0, "max_new_tokens": 2000},
-                       {"json_schema": free, "temperature": 1.0, "seed": 5, "max_new_tokens": 2000},
-                       {"regex": "(ab|cd)", "temperature": 0, "max_new_tokens": 2000}])
+    outs = e.generate(
+        [indented, indented, indented, "Pick: "],
+        [
+            {"json_schema": fixed, "temperature": 0, "max_new_tokens": 2000},
+            {"json_schema": free, "temperature": 0, "max_new_tokens": 2000},
+            {"json_schema": free, "temperature": 1.0, "seed": 5, "max_new_tokens": 2000},
+            {"regex": "(ab|cd)", "temperature": 0, "max_new_tokens": 2000},
+        ],
+    )
     assert outs[0]["text"] == '{"a":1,"b":"x"}'
     assert outs[3]["text"] in ("ab", "cd")
     for o in outs:
@@ -363,26 +412,54 @@ def test_termination_and_no_whitespace_loops(any_engine):
 
 
 # ---- tools through the openai client --------------------------------------------------------------------------
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 30},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Get the current time in a timezone",
-    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 30}},
-                   "required": ["timezone"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 30}},
+            "required": ["timezone"],
+        },
+    },
+}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 # One earlier turn with a call makes the small model open a call itself under tool_choice "auto".
 FEW_SHOT = [
     {"role": "user", "content": "What is the weather in London?"},
-    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-        "name": "get_weather", "arguments": '{"city": "London", "unit": "celsius"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "London", "unit": "celsius"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 14}'},
     {"role": "assistant", "content": "It is 14°C in London."},
-    {"role": "user", "content": "What is the weather in Paris?"}]
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
 NAMED = {"type": "function", "function": {"name": "get_time"}}
 
 
@@ -400,8 +477,9 @@ def oai(tool_server):
 
 def chat(oai, messages, tool_choice, stream=False, **kw):
     kw = {"temperature": 0, "max_tokens": 80, **kw}
-    return oai.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice=tool_choice,
-                                       stream=stream, **kw)
+    return oai.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice=tool_choice, stream=stream, **kw
+    )
 
 
 def collect_stream(stream) -> dict:
@@ -424,8 +502,12 @@ def collect_stream(stream) -> dict:
                 n_arg_chunks += 1
         if c.finish_reason is not None:
             finish = c.finish_reason
-    return {"content": content or None, "calls": [calls[i] for i in sorted(calls)], "finish": finish,
-            "arg_chunks": n_arg_chunks}
+    return {
+        "content": content or None,
+        "calls": [calls[i] for i in sorted(calls)],
+        "finish": finish,
+        "arg_chunks": n_arg_chunks,
+    }
 
 
 def check_calls(calls, allowed=None) -> list[dict]:
@@ -471,8 +553,9 @@ def test_tool_auto_may_answer_in_text(oai):
     r = oai.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=40)
     c = r.choices[0]
     assert c.message.tool_calls is None and c.message.content and c.finish_reason in ("stop", "length")
-    s = collect_stream(oai.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0,
-                                                   max_tokens=40, stream=True))
+    s = collect_stream(
+        oai.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=40, stream=True)
+    )
     assert s["content"] == c.message.content and not s["calls"] and s["finish"] == c.finish_reason
 
 
@@ -484,10 +567,13 @@ def test_tool_required_single_call_and_history(oai):
     assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
     check_calls(c.message.tool_calls)
     call = c.message.tool_calls[0]
-    follow = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                    {"role": "tool", "tool_call_id": call.id, "content": '{"result": "sunny, 22 C"}'}]
-    r2 = oai.chat.completions.create(model=MODEL, messages=follow, tools=TOOLS, tool_choice="none",
-                                     temperature=0, max_tokens=16)
+    follow = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"result": "sunny, 22 C"}'},
+    ]
+    r2 = oai.chat.completions.create(
+        model=MODEL, messages=follow, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=16
+    )
     assert r2.choices[0].message.content and r2.choices[0].message.tool_calls is None
 
 
@@ -500,12 +586,28 @@ BAD_TOOLS = [
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}}}]}, "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]},
-     "tools[0].function.parameters"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]},
+        "tools[0].function.parameters",
+    ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}},
+                    },
+                }
+            ]
+        },
+        "tools[0].function.parameters",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]},
+        "tools[0].function.parameters",
+    ),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),

@@ -1,4 +1,5 @@
 """Masks filled ahead on a worker thread and in one parallel llguidance call equal the per-row fills."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,13 @@ from radixrt.runtime.constrained import allocate_token_bitmask, create_backend
 from radixrt.runtime.constrained.grammar_step import advance_matchers, build_grammar_mask
 from radixrt.runtime.constrained.mask_fill import MaskPrefetcher, fill_rows
 
-SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                                      "age": {"type": "integer"}}, "required": ["name", "age"]})
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +64,7 @@ def test_parallel_fill_equals_row_fill(env):
     be = create_backend("llguidance", tok, vocab)
     ms = [be.compile("json_schema", SCHEMA).matcher() for _ in range(5)] + [be.compile("regex", "[0-9]+").matcher()]
     for i, m in enumerate(ms[:5]):
-        for t in tok.encode('{"name":"Al","age":3'[:3 * i + 1], add_special_tokens=False):
+        for t in tok.encode('{"name":"Al","age":3'[: 3 * i + 1], add_special_tokens=False):
             assert m.accept_token(t)
     par, one = allocate_token_bitmask(len(ms), vocab), allocate_token_bitmask(len(ms), vocab)
     fill_rows([(m, j) for j, m in enumerate(ms)], par)
@@ -81,6 +87,8 @@ def test_overlap_engine_outputs_match(engine):
     finally:
         close_engine(on_engine)
     assert [o["text"] for o in on] == [o["text"] for o in off]
-    assert all(json.loads(o["text"])["age"] is not None for o in off if o["meta_info"]["finish_reason"]["type"] == "stop")
+    assert all(
+        json.loads(o["text"])["age"] is not None for o in off if o["meta_info"]["finish_reason"]["type"] == "stop"
+    )
     assert prefetch is not None, "grammar_overlap=True built no mask prefetcher"
     assert prefetch.used > 0

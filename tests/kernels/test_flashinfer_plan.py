@@ -3,6 +3,7 @@
 No GPU and no flashinfer needed: the planning functions are pure torch, and so is the CUDA-graph
 bucket arithmetic.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +13,13 @@ import pytest
 import torch
 
 from radixrt.kernels.attention import get_backend
-from radixrt.kernels.attention.flashinfer import (DUMMY_PAGE, pad_decode_plan, pad_out_cache_loc, plan_args,
-                                                  slots_from_plan)
+from radixrt.kernels.attention.flashinfer import (
+    DUMMY_PAGE,
+    pad_decode_plan,
+    pad_out_cache_loc,
+    plan_args,
+    slots_from_plan,
+)
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.executor.cuda_graph_runner import capture_bucket_sizes, pad_tokens, padded_batch_size
@@ -28,7 +34,7 @@ def make_batch(q_lens, kv_lens, page_size, seed=0):
     perm = torch.randperm(sum(need) + 7, generator=g).tolist()
     tables, at = [], 0
     for n in need:
-        tables.append(perm[at:at + n])
+        tables.append(perm[at : at + n])
         at += n
     return AttentionMetadata.build(tables, q_lens, kv_lens, page_size)
 
@@ -36,7 +42,7 @@ def make_batch(q_lens, kv_lens, page_size, seed=0):
 BATCHES = {
     "prefill": ([5, 17], [5, 17]),
     "decode": ([1, 1, 1, 1, 1], [1, 16, 17, 33, 100]),
-    "mixed": ([1, 9, 1, 32, 3], [40, 9, 16, 48, 3]),     # decodes, a fresh prefill, cached-prefix extends
+    "mixed": ([1, 9, 1, 32, 3], [40, 9, 16, 48, 3]),  # decodes, a fresh prefill, cached-prefix extends
     "extend_on_prefix": ([4, 16], [36, 16]),
 }
 
@@ -159,12 +165,15 @@ def test_registry_on_cpu():
 
 def test_backend_constructor_refuses_cpu():
     from radixrt.kernels.attention.flashinfer import FlashInferBackend
+
     with pytest.raises(ValueError, match="CUDA"):
         FlashInferBackend("cpu")
 
 
 def test_importing_attention_does_not_import_flashinfer():
-    code = ("import sys, radixrt.kernels.attention, radixrt.kernels.attention.flashinfer, "
-            "radixrt.runtime.executor.cuda_graph_runner; print('flashinfer' in sys.modules)")
+    code = (
+        "import sys, radixrt.kernels.attention, radixrt.kernels.attention.flashinfer, "
+        "radixrt.runtime.executor.cuda_graph_runner; print('flashinfer' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -3,6 +3,7 @@
 decode tile), as the many-row tiles (``RADIXRT_GGML_MID_ROWS=0``) and as the AVX2 tiles
 (``RADIXRT_DISABLE_AVX512=1``), with K and N that no tile divides; and agree with gguf's dequantize + fp32
 matmul within the int8-activation bound."""
+
 from __future__ import annotations
 
 import os
@@ -40,15 +41,15 @@ def cases():
 def test_rows_equal_rows_alone(ops, cases, t):  # noqa: F811
     """Rows 1..24 of a product, at any offset in x: each the bits of that row alone; threads 1 and 2."""
     x, w = cases[t.name]
-    alone = torch.cat([ops.mm(x[i:i + 1].contiguous(), w, t.ggml_type) for i in range(x.shape[0])])
+    alone = torch.cat([ops.mm(x[i : i + 1].contiguous(), w, t.ggml_type) for i in range(x.shape[0])])
     threads = torch.get_num_threads()
     try:
         for nt in (1, 2):
             torch.set_num_threads(nt)
             for m in ROWS:
                 for off in (0, 3):
-                    out = ops.mm(x[off:off + m].contiguous(), w, t.ggml_type)
-                    assert torch.equal(out, alone[off:off + m]), (nt, m, off)
+                    out = ops.mm(x[off : off + m].contiguous(), w, t.ggml_type)
+                    assert torch.equal(out, alone[off : off + m]), (nt, m, off)
     finally:
         torch.set_num_threads(threads)
     # a weight row's output does not depend on the rows beside it (tiles of 2 and 4 weight rows, odd tails)
@@ -83,15 +84,19 @@ torch.save(out, sys.argv[2])
 """
 
 
-@pytest.mark.parametrize("env", [{"RADIXRT_GGML_MID_ROWS": "0"}, {"RADIXRT_DISABLE_AVX512": "1"}],
-                         ids=["many-row tiles", "avx2 tiles"])
+@pytest.mark.parametrize(
+    "env", [{"RADIXRT_GGML_MID_ROWS": "0"}, {"RADIXRT_DISABLE_AVX512": "1"}], ids=["many-row tiles", "avx2 tiles"]
+)
 def test_mid_rows_equal_other_tiles(ops, cases, tmp_path, env):  # noqa: F811
     """The same products in a process where 3+ rows run gemm512.h's tiles, or where every row count runs the
     AVX2 tiles (each setting is read once per process): the same bits at every row count and type. On a CPU
     without AVX-512 VNNI all three processes run the AVX2 tiles."""
     torch.save(cases, tmp_path / "cases.pt")
-    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "cases.pt"), str(tmp_path / "other.pt")],
-                   env=dict(os.environ, **env), check=True)
+    subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "cases.pt"), str(tmp_path / "other.pt")],
+        env=dict(os.environ, **env),
+        check=True,
+    )
     other = torch.load(tmp_path / "other.pt")
     for t in TYPES:
         x, w = cases[t.name]

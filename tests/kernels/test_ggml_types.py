@@ -1,6 +1,7 @@
 """radixrt_ggml.mm over every supported GGUF type: agreement with gguf's dequantize + fp32 matmul, within the
 int8-activation error and to fp32 rounding against the same int8 rounding done in torch; batch invariance
 (M, row position, threads); the older Q4_1/Q8_0 ops; bad inputs."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,16 @@ from radixrt.runtime.layers.gguf_blocks import repack_q4_1_x8
 
 TYPES = list(quant.TYPES.values())
 # byte offsets of each type's fp16 scales/minimums (ggml-common.h); the other bytes are random
-F16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
-          "Q5_K": [0, 2], "Q6_K": [208]}
+F16_AT = {
+    "Q4_0": [0],
+    "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
+    "Q8_0": [0],
+    "Q4_K": [0, 2],
+    "Q5_K": [0, 2],
+    "Q6_K": [208],
+}
 K = 512
 N = 37  # not a multiple of any row tile (4, 2) nor of 8
 MS = [1, 2, 3, 4, 5, 6, 7, 8, 64, 65, 130]
@@ -27,6 +36,7 @@ def ops():
     RADIXRT_DISABLE_CPP_KERNELS set: the torch fallback is tested below either way); a failed build on a
     capable CPU is a failure, not a skip."""
     from radixrt.kernels import cpp
+
     if not cpp.cpu_ok() or os.environ.get("RADIXRT_DISABLE_CPP_KERNELS"):
         pytest.skip("no AVX2/FMA/F16C, or RADIXRT_DISABLE_CPP_KERNELS is set: the C++ kernels cannot run here")
     ops = quant.ggml_gemv()
@@ -40,7 +50,7 @@ def random_blocks(t: quant.GGMLType, n: int, k: int, seed: int) -> torch.Tensor:
     for i, off in enumerate(F16_AT[t.name]):
         scale = 0.01 if t.block_size == 32 else 0.001
         v = rng.uniform(0.5, 1.5, size=b.shape[:2]) * scale * (1 if i == 0 else rng.choice([-1, 1], size=b.shape[:2]))
-        b[..., off:off + 2] = v.astype(np.float16).view(np.uint8).reshape(*b.shape[:2], 2)
+        b[..., off : off + 2] = v.astype(np.float16).view(np.uint8).reshape(*b.shape[:2], 2)
     return torch.from_numpy(b.reshape(n, -1))
 
 
@@ -138,27 +148,33 @@ def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
     and type; elsewhere both processes run the AVX2 tiles."""
     import subprocess
     import sys
+
     x, ws = case
     torch.save({"x": x, "ws": ws}, tmp_path / "case.pt")
-    script = ("import sys, torch\nfrom radixrt.kernels import quant\nops = quant.ggml_gemv()\n"
-              "c = torch.load(sys.argv[1])\nout = {}\n"
-              "for t in quant.TYPES.values():\n"
-              "    w = c['ws'][t.name]\n"
-              "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (1, 2, 3, 8, 65, 130)]\n"
-              "out['enabled'] = ops.gemm512_enabled()\ntorch.save(out, sys.argv[2])\n")
+    script = (
+        "import sys, torch\nfrom radixrt.kernels import quant\nops = quant.ggml_gemv()\n"
+        "c = torch.load(sys.argv[1])\nout = {}\n"
+        "for t in quant.TYPES.values():\n"
+        "    w = c['ws'][t.name]\n"
+        "    out[t.name] = [ops.mm(c['x'][:m].contiguous(), w, t.ggml_type) for m in (1, 2, 3, 8, 65, 130)]\n"
+        "out['enabled'] = ops.gemm512_enabled()\ntorch.save(out, sys.argv[2])\n"
+    )
     env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "avx2.pt")],
-                   env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "avx2.pt")], env=env, check=True
+    )
     avx2 = torch.load(tmp_path / "avx2.pt")
     assert avx2["enabled"] is False
     # 1 row runs the AVX2 tile by default; gemv512.h's 1-row tiles only with RADIXRT_GGML_DECODE512=1
     env = dict(os.environ, RADIXRT_GGML_DECODE512="1")
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "d512.pt")],
-                   env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "d512.pt")], env=env, check=True
+    )
     d512 = torch.load(tmp_path / "d512.pt")
     flags = open("/proc/cpuinfo").read()
-    assert ops.gemm512_enabled() == all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq",
-                                                               "avx512_vnni"))
+    assert ops.gemm512_enabled() == all(
+        f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+    )
     for t in TYPES:
         for m, ref, other in zip((1, 2, 3, 8, 65, 130), avx2[t.name], d512[t.name]):
             assert torch.equal(ops.mm(x[:m].contiguous(), ws[t.name], t.ggml_type), ref), (t.name, m)

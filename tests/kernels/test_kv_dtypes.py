@@ -3,6 +3,7 @@ kernels and the torch path, against an fp32 reference on the dequantized pages; 
 order: a row's attention output has the same bits as a decode row, as an extend row, in any chunking of its
 prefill, and in any batch.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,7 +20,7 @@ from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 
 HQ, HKV, D, P = 8, 2, 64, 16  # GQA: 4 query heads per KV head
-SCALE = D ** -0.5
+SCALE = D**-0.5
 DTYPES = list(KV_DTYPES)
 needs_kernels = needs_cpp  # a failed build on a capable CPU fails (_kernels_built), never skips
 
@@ -36,8 +37,14 @@ def _reference(pool: KVPool, tables, q_lens, kv_lens, q) -> torch.Tensor:
     for table, n, kv in zip(tables, q_lens, kv_lens):
         slots = (torch.tensor(table)[:, None] * P + torch.arange(P)).reshape(-1)[:kv]
         mask = torch.arange(kv)[None, :] <= torch.arange(n)[:, None] + (kv - n)
-        o = F.scaled_dot_product_attention(q[at:at + n].transpose(0, 1), k[slots].transpose(0, 1),
-                                           v[slots].transpose(0, 1), attn_mask=mask, scale=SCALE, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q[at : at + n].transpose(0, 1),
+            k[slots].transpose(0, 1),
+            v[slots].transpose(0, 1),
+            attn_mask=mask,
+            scale=SCALE,
+            enable_gqa=True,
+        )
         out.append(o.transpose(0, 1))
         at += n
     return torch.cat(out)
@@ -82,7 +89,11 @@ def test_attention_matches_fp32_on_dequantized_pages(dtype, kernel):
 def test_kernel_writes_the_bytes_of_the_torch_path(dtype):
     """The C++ write rounds as ``write_kv`` does (fp16/bf16 round-to-nearest-even; int8's scale and codes)."""
     g = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(40, HQ, D, generator=g), torch.randn(40, HKV, D, generator=g) * 3, torch.randn(40, HKV, D, generator=g)
+    q, k, v = (
+        torch.randn(40, HQ, D, generator=g),
+        torch.randn(40, HKV, D, generator=g) * 3,
+        torch.randn(40, HKV, D, generator=g),
+    )
     k[5] = 0.0  # an all-zero vector: scale 0
     a, b = _pool(dtype, 4), _pool(dtype, 4)
     _step(a, [[0, 1, 2]], [40], [40], q, k, v, kernel=True)
@@ -117,8 +128,16 @@ def _run_chunked(dtype: str, n: int, chunk: int, others: int = 0) -> torch.Tenso
             kv_lens.append(total)
         T = sum(q_lens)
         oq, ok, ov = _sequence(T - c, done + 1000 * c)
-        o = _step(pool, tables, q_lens, kv_lens, torch.cat([q[done:done + c], oq]), torch.cat([k[done:done + c], ok]),
-                  torch.cat([v[done:done + c], ov]), kernel=True)
+        o = _step(
+            pool,
+            tables,
+            q_lens,
+            kv_lens,
+            torch.cat([q[done : done + c], oq]),
+            torch.cat([k[done : done + c], ok]),
+            torch.cat([v[done : done + c], ov]),
+            kernel=True,
+        )
         out.append(o[:c])
         done += c
     return torch.cat(out)

@@ -2,6 +2,7 @@
 float(d_w * d_x), acc) from 0, S_b the block's exact integer dot product of (q - 8) and the int8 activations.
 Every path (AVX-512 decode tiles for M <= 8, the scratch-panel prefill tiles above, the AVX2 tiles) must give
 exactly these bits; test_ggml_types.py checks the paths against each other and the error bounds."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,17 +21,17 @@ def emulate(x: torch.Tensor, w: torch.Tensor) -> np.ndarray:
     amax / 127 in fp32); the fp32 FMA as float64 (S_b * p is exact there: 16 + 24 bits) rounded to fp32."""
     m, n, nb = x.shape[0], w.shape[0], K // 32
     xb = x.reshape(m, nb, 32)
-    d = (xb.abs().amax(-1) / 127).numpy().astype(np.float32)                        # [M, nb]
+    d = (xb.abs().amax(-1) / 127).numpy().astype(np.float32)  # [M, nb]
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    y = np.rint(xb.numpy() * inv[..., None]).astype(np.int64)                       # [M, nb, 32]
+    y = np.rint(xb.numpy() * inv[..., None]).astype(np.int64)  # [M, nb, 32]
     blk = w.numpy().reshape(n, nb, 18)
-    dw = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)            # [N, nb]
+    dw = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, nb]
     qs = blk[..., 2:].astype(np.int64)
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) - 8                            # [N, nb, 32]
-    s = np.einsum("mbj,nbj->mnb", y, q).astype(np.float64)                           # exact block sums
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) - 8  # [N, nb, 32]
+    s = np.einsum("mbj,nbj->mnb", y, q).astype(np.float64)  # exact block sums
     acc = np.zeros((m, n), np.float32)
     for b in range(nb):
-        p = (dw[None, :, b] * d[:, None, b]).astype(np.float32)                      # rounded once, fp32
+        p = (dw[None, :, b] * d[:, None, b]).astype(np.float32)  # rounded once, fp32
         acc = (s[:, :, b] * p.astype(np.float64) + acc.astype(np.float64)).astype(np.float32)
     return acc
 
@@ -38,6 +39,7 @@ def emulate(x: torch.Tensor, w: torch.Tensor) -> np.ndarray:
 @pytest.fixture(scope="module")
 def ops():
     from radixrt.kernels import cpp
+
     if not cpp.cpu_ok():
         pytest.skip("no AVX2/FMA/F16C: the C++ kernels cannot run here")
     ops = quant.ggml_gemv()

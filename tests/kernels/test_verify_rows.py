@@ -3,6 +3,7 @@ block kernel: the same bits as those tokens decoded one at a time by the paged k
 other requests, on 1 or 2 threads, at every KV dtype (SmolLM2's GQA: 9 query heads on 3 KV heads). Its cost
 (each K/V chunk read once for all (k + 1) x 3 queries of a KV head) is measured by benchmarks/verify_rows.py.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,7 +20,7 @@ from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 
 pytestmark = needs_cpp  # a failed build on a capable CPU fails (_kernels_built), never skips
 HQ, HKV, D, P = 9, 3, 64, 16
-SCALE = D ** -0.5
+SCALE = D**-0.5
 PAGES = 420
 
 
@@ -48,8 +49,9 @@ def _verify(dtype: str, context: int, T: int, mode: str) -> torch.Tensor:
     pool = _pool(dtype, 1)
     table = list(range(-(-(context + T) // P)))
     if mode == "decode":
-        return torch.cat([_step(pool, [(table, 1, context + j + 1)], q[j:j + 1], k[j:j + 1], v[j:j + 1])
-                          for j in range(T)])
+        return torch.cat(
+            [_step(pool, [(table, 1, context + j + 1)], q[j : j + 1], k[j : j + 1], v[j : j + 1]) for j in range(T)]
+        )
     reqs, others = [(table, T, context + T)], []
     if mode == "batch":
         rng, free = random.Random(T), list(range(len(table), PAGES))

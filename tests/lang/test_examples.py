@@ -1,4 +1,5 @@
 """Each example end to end against a real ``radixrt serve`` (over ZMQ), with its --small bound."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -55,9 +56,12 @@ def test_tool_agent_tools():
         ex.convert(1, "kg", "m")
     assert ex.run_tool({"tool": "lookup", "key": "france_capital"}) == "The capital of France is Paris."
     assert ex.run_tool({"tool": "calculator", "expression": "1/0"}).startswith("error:")
-    longest = [{"tool": "calculator", "expression": "1" * ex.EXPR_MAX},
-               {"tool": "convert", "value": "-1234567.123", "from_unit": "day", "to_unit": "min"},
-               {"tool": "lookup", "key": max(ex.KNOWLEDGE, key=len)}, {"tool": "final_answer", "answer": "x" * 48}]
+    longest = [
+        {"tool": "calculator", "expression": "1" * ex.EXPR_MAX},
+        {"tool": "convert", "value": "-1234567.123", "from_unit": "day", "to_unit": "min"},
+        {"tool": "lookup", "key": max(ex.KNOWLEDGE, key=len)},
+        {"tool": "final_answer", "answer": "x" * 48},
+    ]
     for call in longest:  # the longest calls the schema admits still fit the token bound (1 token >= 1 char)
         jsonschema.validate(call, ex.CALL_SCHEMA)
         assert len(json.dumps(call, separators=(",", ":"))) < ex.CALL_MAX_TOKENS

@@ -1,6 +1,7 @@
 """The frontend DSL (issue 6): every primitive over ZMQ, HTTP and the in-process Engine against a real
 server; fork/join; select parity with independent forward passes (edge case 12); streaming; run_batch
 prefix caching; errors."""
+
 from __future__ import annotations
 
 import re
@@ -85,7 +86,7 @@ def primitives_oracle(tokenizer, hf_model):
     first = tokenizer.apply_chat_template(st.messages()[:2], tokenize=False, add_generation_prompt=True)
     ids = hf_greedy(hf_model, tokenizer.encode(first, add_special_tokens=False), 6)
     if tokenizer.eos_token_id in ids:
-        ids = ids[:ids.index(tokenizer.eos_token_id)]
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
     fruit = _stop_trimmed(tokenizer.decode(ids, skip_special_tokens=True), ["\n", "."])
     return got, st.get_meta_info("yn")["scores"], fruit
 
@@ -186,9 +187,11 @@ def _hf_logprobs(hf_model, ids: list[int]) -> list[float]:
     return [lp[t - 1, ids[t]].item() for t in range(1, len(ids))]
 
 
-EDGE12 = [("The capital of France is ", ["Paris", "Antidisestablishmentarianism"]),
-          ("Question: Is the sun hot?\nAnswer: ", ["Yes", "Yes, definitely"]),
-          ("My favourite pet is a ", ["cat", "category"])]
+EDGE12 = [
+    ("The capital of France is ", ["Paris", "Antidisestablishmentarianism"]),
+    ("Question: Is the sun hot?\nAnswer: ", ["Yes", "Yes, definitely"]),
+    ("My favourite pet is a ", ["cat", "category"]),
+]
 
 
 def _greedy(cond: list[list[float]]) -> int:
@@ -214,8 +217,9 @@ def pick(s, context, choices, method):
     s += rt.select("c", choices, choices_method=method)
 
 
-@pytest.mark.parametrize("method", ["token_length_normalized", "greedy_token_selection",
-                                    "unconditional_likelihood_normalized"])
+@pytest.mark.parametrize(
+    "method", ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"]
+)
 @pytest.mark.parametrize("context,choices", EDGE12)
 def test_select_parity_edge12(engine, hf_model, tokenizer, context, choices, method):
     b = as_backend(engine)
@@ -234,7 +238,7 @@ def test_select_parity_edge12(engine, hf_model, tokenizer, context, choices, met
         full = tokenizer.encode(context + c, add_special_tokens=False)
         k = common_prefix(ctx, full)
         assert meta["choice_token_ids"][i] == full[k:]  # scored on exactly its own tokens
-        ref = _hf_logprobs(hf_model, full)[k - 1:]
+        ref = _hf_logprobs(hf_model, full)[k - 1 :]
         assert [t[0] for t in meta["input_token_logprobs"][i]] == pytest.approx(ref, abs=2e-3)
         assert meta["normalized_prompt_logprobs"][i] == pytest.approx(sum(ref) / len(ref), abs=2e-3)
         assert meta["sum_logprobs"][i] == pytest.approx(sum(ref), abs=5e-3)
@@ -330,6 +334,7 @@ def test_gen_speculative_opt_out():
     """``gen(speculative=False)``: that call verifies no drafts (its sampling_params carry the opt-out);
     the same tokens as with the engine's speculation (without the cost model, which decides from measured
     step times whether a draft is verified at all)."""
+
     @rt.function
     def repeat(s, spec):
         s += "Repeat: one two three four five six seven eight. Repeat: one two three four five six seven eight. Repeat:"

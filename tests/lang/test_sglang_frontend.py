@@ -2,6 +2,7 @@
 ``radixrt serve`` through ``sgl.RuntimeEndpoint``: the wire contract of ``/generate`` as SGLang's client
 speaks it (it sends ``n``, ``spaces_between_special_tokens`` and ``None`` for unset keys on every call).
 Greedy outputs of SmolLM2-135M-Instruct are asserted exactly."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,11 @@ def test_regex(backend):
     assert legs.run()["n"] == "1000"
 
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
-          "required": ["name", "age"]}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 @sgl.function

@@ -1,4 +1,5 @@
 """Eviction policies: exact victims on small trees (page size 1, so pages are tokens). CPU only."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def put(cache: RadixCache, alloc: PageAllocator, key: list[int]) -> None:
         cache.evict(len(key) - alloc.num_free)
     pages = alloc.allocate(len(key))
     assert pages is not None
-    alloc.free(pages[:cache.insert(key, pages)])
+    alloc.free(pages[: cache.insert(key, pages)])
     cache.check_invariants()
 
 

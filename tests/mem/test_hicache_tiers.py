@@ -1,5 +1,6 @@
 """Issue 30, the tiers' parts without a model: pages as rows of bytes (every KV dtype), tier 2's eviction
 order and accounting, tier 3's file checks."""
+
 from __future__ import annotations
 
 import os
@@ -80,29 +81,39 @@ def test_disk_tier_checks_every_field(tmp_path):
     other.close()
 
 
-@pytest.mark.parametrize("kw,field", [({"hicache_storage": "/tmp/x"}, "hicache_storage"),
-                                      ({"hicache_storage": "file:"}, "hicache_storage"),
-                                      ({"hicache_size": -1.0}, "hicache_size"),
-                                      ({"hicache_ratio": 0.0}, "hicache_ratio"),
-                                      ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
-                                      ({"hicache_prefetch_threshold": 0}, "hicache_prefetch_threshold"),
-                                      ({"hicache_storage_size": 1e-12}, "hicache_storage_size: 1e-12 GB holds no page"),
-                                      ({"hicache_size": 0.5, "tp": 3},
-                                       "enable_hierarchical_cache is not supported with --tp > 1")])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"hicache_storage": "/tmp/x"}, "hicache_storage"),
+        ({"hicache_storage": "file:"}, "hicache_storage"),
+        ({"hicache_size": -1.0}, "hicache_size"),
+        ({"hicache_ratio": 0.0}, "hicache_ratio"),
+        ({"hicache_write_policy": "write_around"}, "hicache_write_policy"),
+        ({"hicache_prefetch_threshold": 0}, "hicache_prefetch_threshold"),
+        ({"hicache_storage_size": 1e-12}, "hicache_storage_size: 1e-12 GB holds no page"),
+        ({"hicache_size": 0.5, "tp": 3}, "enable_hierarchical_cache is not supported with --tp > 1"),
+    ],
+)
 def test_bad_tier_flags_name_the_field(kw, field):
     from radixrt.runtime.config import ServerArgs
+
     with pytest.raises(ValueError, match=field):
         ServerArgs(**kw)
 
 
 def test_storage_dir_checked_before_the_model_loads(tmp_path):
     from radixrt.runtime.config import ServerArgs
+
     afile = tmp_path / "afile"
     afile.write_text("x")
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "gone")
-    for d, why in ((afile, "exists and is not a directory"), (afile / "sub", "cannot be created"),
-                   ("/proc/radixrt-x", "cannot be created"), (dangling, "is a symbolic link to .*gone.*does not exist")):
+    for d, why in (
+        (afile, "exists and is not a directory"),
+        (afile / "sub", "cannot be created"),
+        ("/proc/radixrt-x", "cannot be created"),
+        (dangling, "is a symbolic link to .*gone.*does not exist"),
+    ):
         with pytest.raises(ValueError, match=f"hicache_storage: .*{why}"):
             ServerArgs(hicache_storage=f"file:{d}")
     assert ServerArgs(hicache_storage=f"file:{tmp_path / 'new' / 'dir'}").hicache_storage  # made later, 0700
@@ -117,6 +128,7 @@ def test_host_tier_evicts_a_nodes_tail_before_its_head():
 
 def test_disk_tier_recreates_a_deleted_directory(tmp_path):
     import shutil
+
     d = DiskTier(str(tmp_path / "kv"), bytes(16), ("fp16", 16, 2, 3, 8), 10)
     assert d.write(None, 1, bytes(10)) and d.flush()
     shutil.rmtree(d.dir)
@@ -131,6 +143,7 @@ def test_disk_tier_recreates_a_deleted_directory(tmp_path):
 
 def test_disk_tier_forgets_the_files_of_a_deleted_directory(tmp_path):
     import shutil
+
     d = DiskTier(str(tmp_path / "kv"), bytes(16), ("fp16", 16, 2, 3, 8), 10)
     assert all(d.write(None, h, bytes(10)) for h in (1, 3, 4)) and d.flush()
     shutil.rmtree(d.dir)
@@ -142,6 +155,7 @@ def test_disk_tier_forgets_the_files_of_a_deleted_directory(tmp_path):
 
 def test_server_args_report_the_tiers_on(tmp_path):
     from radixrt.runtime.config import ServerArgs
+
     assert ServerArgs().enable_hierarchical_cache is False
     assert ServerArgs(hicache_size=0.5).enable_hierarchical_cache is True
     assert ServerArgs(hicache_storage=f"file:{tmp_path / 'kv'}").enable_hierarchical_cache is True

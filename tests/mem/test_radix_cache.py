@@ -1,4 +1,5 @@
 """RadixCache: exact unit tests (the hypothesis state machine is in test_radix_machine.py). CPU only."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,7 @@ def put(cache: RadixCache, alloc: PageAllocator, key: list[int], salt: str | Non
     pages = alloc.allocate(len(key) // cache.page_size)
     assert pages is not None
     present = cache.insert(key, pages, salt)
-    alloc.free(pages[:present // cache.page_size])
+    alloc.free(pages[: present // cache.page_size])
     cache.check_invariants()
     return cache.match_prefix(key, salt).pages
 
@@ -56,8 +57,8 @@ def test_insert_then_match_exact_longer_shorter(ps: int) -> None:
     cache.check_invariants()
     assert cache.match_prefix(key).pages == [0, 1, 2]
     assert cache.match_prefix(key + [999] * (ps + 1)).pages == [0, 1, 2]  # longer
-    assert cache.match_prefix(key[:2 * ps]).pages == [0, 1]  # shorter, page-aligned
-    assert cache.match_prefix(key[:2 * ps + ps - 1]).pages == [0, 1]  # shorter, cut to pages
+    assert cache.match_prefix(key[: 2 * ps]).pages == [0, 1]  # shorter, page-aligned
+    assert cache.match_prefix(key[: 2 * ps + ps - 1]).pages == [0, 1]  # shorter, cut to pages
     assert cache.match_prefix([999] + key).pages == []
     assert (cache.evictable_pages, cache.protected_pages, cache.total_pages_in_tree) == (3, 0, 3)
     assert balanced(cache, alloc)

@@ -1,12 +1,21 @@
 """RadixCache against a naive reference model: a hypothesis state machine, run once per eviction policy.
 The reference tracks every cached page-aligned prefix, its last access time and its hit count. CPU only."""
+
 from __future__ import annotations
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from radixrt.runtime.mem.allocator import PageAllocator
 from radixrt.runtime.mem.eviction import POLICIES
@@ -44,7 +53,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     # -- reference helpers
     def prefixes(self, key: list[int], salt: str | None) -> list[Prefix]:
-        return [(salt, tuple(key[:k * self.ps])) for k in range(1, len(key) // self.ps + 1)]
+        return [(salt, tuple(key[: k * self.ps])) for k in range(1, len(key) // self.ps + 1)]
 
     def ref_match(self, key: list[int], salt: str | None) -> list[int]:
         pages = []
@@ -65,7 +74,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
             while stack:
                 node, toks = stack.pop()
                 for i in range(len(node.value)):
-                    out[(salt, toks + tuple(node.key[:(i + 1) * self.ps]))] = node
+                    out[(salt, toks + tuple(node.key[: (i + 1) * self.ps]))] = node
                 toks = toks + tuple(node.key)
                 stack.extend((c, toks) for c in node.children.values())
         return out
@@ -89,7 +98,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         res = self.cache.match_prefix(key, salt, hit=hit)
         assert res.pages == expected
         self.clock += 1
-        for p in self.prefixes(key, salt)[:len(expected)]:
+        for p in self.prefixes(key, salt)[: len(expected)]:
             self.times[p] = self.clock
             self.hits[p] += hit
         path: list[int] = []  # last_node covers exactly the match
@@ -123,7 +132,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         assert got >= min(n, evictable_before) and (got >= n or self.cache.evictable_pages == 0)
         locked = self.locked_prefixes()
         assert not gone & locked, "a locked path was evicted"
-        parents = {(salt, toks[:-self.ps]) for salt, toks in now}
+        parents = {(salt, toks[: -self.ps]) for salt, toks in now}
         leaves = [p for p in now if p not in parents and p not in locked]
         if gone and leaves and self.policy == "lru":  # nothing evicted is newer than a surviving evictable leaf
             assert max(self.times[p] for p in gone) <= min(self.times[p] for p in leaves)
@@ -177,7 +186,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         key, salt = known[0][:cut] + tail, known[1]
         node, pages = self.do_match(key, salt)
         self.cache.inc_lock_ref(node)
-        self.locks.append((node, salt, tuple(key[:len(pages) * self.ps]), pages))
+        self.locks.append((node, salt, tuple(key[: len(pages) * self.ps]), pages))
 
     @precondition(lambda self: self.locks)
     @rule(i=st.integers(0, 100), cut=st.integers(0, 10))
@@ -207,8 +216,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def consistent(self) -> None:
         self.cache.check_invariants()
         held = sum(len(pages) for _, _, pages in self.requests)
-        assert self.alloc.num_free + self.cache.evictable_pages + self.cache.protected_pages + held \
-            == TOTAL_PAGES
+        assert self.alloc.num_free + self.cache.evictable_pages + self.cache.protected_pages + held == TOTAL_PAGES
         assert self.tree_map() == self.ref
         nodes = self.tree_nodes()
         assert {p: n.hit_count for p, n in nodes.items()} == self.hits
@@ -217,7 +225,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
             assert node.lock_ref >= 1 or not pages
             path: list[int] = []
             while node.parent is not None:
-                assert node.parent.children[tuple(node.key[:self.ps])] is node
+                assert node.parent.children[tuple(node.key[: self.ps])] is node
                 path[:0] = node.value
                 node = node.parent
             assert path == pages and (not pages or node is self.cache.roots[salt])
@@ -235,5 +243,6 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_radix_cache_machine(policy: str) -> None:
-    run_state_machine_as_test(lambda: RadixCacheMachine(policy),
-                              settings=settings(max_examples=200, stateful_step_count=40, deadline=None))
+    run_state_machine_as_test(
+        lambda: RadixCacheMachine(policy), settings=settings(max_examples=200, stateful_step_count=40, deadline=None)
+    )

@@ -9,6 +9,7 @@ and safetensors directories under ``--tp`` load.
   (+1304 MB there, against this bound's 620).
 - A safetensors directory missing a tensor is a ValueError naming it.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,7 @@ def reference(model: str, dtype: torch.dtype, tp: TPGroup | None) -> dict[str, t
 
 def streamed(model: str, dtype: torch.dtype, tp: TPGroup | None) -> dict[str, torch.Tensor]:
     src = resolve_model(model)
-    m = build_dense(src.directory, src.gguf_file, ModelArgs.from_hf(load_config(model)), torch.device("cpu"),
-                    dtype, tp)
+    m = build_dense(src.directory, src.gguf_file, ModelArgs.from_hf(load_config(model)), torch.device("cpu"), dtype, tp)
     assert not any(p.is_meta for p in m.parameters())
     return {k: v for k, v in m.state_dict().items() if not k.startswith("rotary")}
 
@@ -86,8 +86,9 @@ def test_missing_tensor_names_it(family_dirs, tmp_path):
     save_file(sd, str(tmp_path / "model.safetensors"))
     src_t = resolve_model(str(tmp_path))
     with pytest.raises(ValueError, match=r"missing model\.layers\.1\.mlp\.down_proj\.weight"):
-        build_dense(src_t.directory, None, ModelArgs.from_hf(load_config(str(tmp_path))), torch.device("cpu"),
-                    torch.bfloat16)
+        build_dense(
+            src_t.directory, None, ModelArgs.from_hf(load_config(str(tmp_path))), torch.device("cpu"), torch.bfloat16
+        )
 
 
 PEAK = """
@@ -106,8 +107,13 @@ print(json.dumps({'base': base, 'peak': status('VmHWM'), 'weights': sum(p.numel(
 
 
 def test_peak_memory_is_the_model_plus_one_fp32_tensor():
-    out = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     grown = r["peak"] - r["base"]

@@ -2,6 +2,7 @@
 kernel widens in registers), exactly the file's tensor bytes plus the rotary tables, a tied table once
 (the embedding reads the head's panels), and gives transformers' greedy tokens on the same weights
 (fp16-rounded, widened exactly to fp32)."""
+
 from __future__ import annotations
 
 import pytest

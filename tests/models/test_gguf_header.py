@@ -1,5 +1,6 @@
 """The GGUF header parser (issue 26's load time): the same tensors as ``gguf.GGUFReader`` without parsing
 the vocabulary, and a metadata cache keyed on the file's header bytes, not its name and mtime alone."""
+
 from __future__ import annotations
 
 import os

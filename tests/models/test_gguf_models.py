@@ -1,6 +1,7 @@
 """GGUF files of the supported families (issue 14) load through transformers' GGUF support: a random-weight
 Qwen3, Qwen2 and Mistral model written as fp32 GGUF with the ``gguf`` package (tests/gguf_writer.py)
 gives the same greedy tokens in radixrt as transformers does on the original model."""
+
 from __future__ import annotations
 
 import pytest

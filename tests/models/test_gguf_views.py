@@ -1,6 +1,7 @@
 """At ``--quantization auto`` a GGUF block tensor used as stored is a read-only view of the file's memory map
 (no copy: gguf_load's module doc); stacked parts are our own copy. Checked exactly: the bytes against
 ``gguf.GGUFReader``'s tensors of the SmolLM2 file, and where they live from ``/proc/self/maps``."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ def _file_offset(addr: int) -> tuple[str, int] | None:
             parts = line.split()
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
             if lo <= addr < hi:
-                return (parts[5], addr - lo + int(parts[2], 16)) if len(parts) > 5 and parts[5].startswith("/") \
-                    else None
+                return (
+                    (parts[5], addr - lo + int(parts[2], 16)) if len(parts) > 5 and parts[5].startswith("/") else None
+                )
     raise AssertionError(f"address {addr:#x} is not mapped")
 
 
@@ -31,9 +33,11 @@ def test_stored_blocks_are_views_of_the_map_and_stacked_parts_are_copies():
     raw = {t.name: t for t in gguf.GGUFReader(path).tensors}
     out = _load(path, ModelArgs.from_hf(load_config(path)), "auto")
     real = os.path.realpath(path)
-    for module, name in (("layers.0.mlp.down_proj", "blk.0.ffn_down.weight"),
-                         ("layers.3.self_attn.o_proj", "blk.3.attn_output.weight"),
-                         ("embed_tokens", "token_embd.weight")):
+    for module, name in (
+        ("layers.0.mlp.down_proj", "blk.0.ffn_down.weight"),
+        ("layers.3.self_attn.o_proj", "blk.3.attn_output.weight"),
+        ("embed_tokens", "token_embd.weight"),
+    ):
         blocks = out[module].blocks
         assert blocks.numpy().tobytes() == np.asarray(raw[name].data).tobytes(), module
         assert _file_offset(blocks.data_ptr()) == (real, int(raw[name].data_offset)), module

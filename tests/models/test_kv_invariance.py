@@ -3,6 +3,7 @@ and KV dtype. The model (SmolLM2) runs its real fused layers over a pool of each
 kernels, whose attention reduces each row over 64-token chunks of absolute positions in a fixed order
 (``kernels/attention/kv_chunk.h``) and whose products are the same for a row at every row count.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -29,7 +30,7 @@ def model(request):
 @pytest.fixture(scope="module")
 def seqs(passage_ids):
     """Request 0: the prompt under test; 1-7: others of ragged lengths (with tokens to decode after)."""
-    return [passage_ids[:N]] + [passage_ids[100 + 40 * i:100 + 40 * i + 5 + 9 * i] for i in range(7)]
+    return [passage_ids[:N]] + [passage_ids[100 + 40 * i : 100 + 40 * i + 5 + 9 * i] for i in range(7)]
 
 
 def _run(model, kv: str, seqs, steps) -> torch.Tensor:
@@ -41,7 +42,7 @@ def _run(model, kv: str, seqs, steps) -> torch.Tensor:
     for step in steps:
         ids, pos, tables, q_lens, kv_lens = [], [], [], [], []
         for r, n in step:
-            ids += seqs[r][done[r]:done[r] + n]
+            ids += seqs[r][done[r] : done[r] + n]
             pos += range(done[r], done[r] + n)
             tables.append(list(range(8 * r, 8 * r + 8)))
             q_lens.append(n)
@@ -51,7 +52,7 @@ def _run(model, kv: str, seqs, steps) -> torch.Tensor:
         with torch.inference_mode():
             logits = model.compute_logits(model(torch.tensor(ids), torch.tensor(pos), attn, pool))
         if step[0][0] == 0:
-            out.append(logits[:step[0][1]])
+            out.append(logits[: step[0][1]])
     return torch.cat(out)
 
 

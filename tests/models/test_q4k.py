@@ -1,5 +1,6 @@
 """``--quantization q4_k``'s quantizer (issue 26): our Q4_K blocks read back through gguf-py's reference
 dequantizer (llama.cpp's layout) within the stated error, and the Q4_K kernel runs them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,7 +41,7 @@ def test_q4_k_round_trip_through_ggufs_dequantizer(monkeypatch):
     q41 = _rel(dequantize_legacy("Q4_1", quantize_q4_1(w)), w)
     print(f"relative RMS error: q4_k {searched:.4f}, min/max only {plain:.4f}, q4_1 {q41:.4f}")
     assert searched < 0.075 and searched < plain < 0.082
-    span = (w.reshape(64, 32, 32).amax(-1) - w.reshape(64, 32, 32).amin(-1).clamp(max=0))
+    span = w.reshape(64, 32, 32).amax(-1) - w.reshape(64, 32, 32).amin(-1).clamp(max=0)
     assert ((r - w).abs().reshape(64, 32, 32) <= span[..., None] / 15 * 1.6 + 1e-6).all()
 
 

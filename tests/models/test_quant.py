@@ -1,6 +1,7 @@
 """Weight formats (issue 26): a GGUF read straight from its memory map equals transformers' weights; every
 format holds one copy of each weight and one kernel for every row count, so greedy tokens do not depend
 on the batch or the cache; each format's agreement with HF fp32; bad files are refused naming the file."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ NEW = 32
 
 @pytest.fixture(scope="module")
 def prompts(passage_ids):
-    return [passage_ids[11 * i:11 * i + n] for i, n in enumerate(LENGTHS)]
+    return [passage_ids[11 * i : 11 * i + n] for i, n in enumerate(LENGTHS)]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def hf_logits(prompts, hf_model):
     for p in prompts:
         cont = hf_greedy(hf_model, p, NEW)
         with torch.no_grad():
-            logits = hf_model(torch.tensor([p + cont])).logits[0, len(p) - 1:len(p) - 1 + NEW].float()
+            logits = hf_model(torch.tensor([p + cont])).logits[0, len(p) - 1 : len(p) - 1 + NEW].float()
         out.append((cont, logits))
     return out
 
@@ -47,8 +48,7 @@ def test_gguf_weights_equal_transformers(hf_model):
     for k, v in sd.items():
         assert torch.equal(v, ref[k]), k
     qkv, _ = w.projection(0, "self_attn.qkv_proj")
-    assert [t.type_name for t in qkv] == ["Q4_1"] * 3 and [t.shape for t in qkv] == [(576, 576), (192, 576),
-                                                                                      (192, 576)]
+    assert [t.type_name for t in qkv] == ["Q4_1"] * 3 and [t.shape for t in qkv] == [(576, 576), (192, 576), (192, 576)]
     assert w.get("token_embd.weight").type_name == "Q8_0"
 
 
@@ -87,8 +87,15 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
 # llama.cpp does. q4_k (2026-12-03): (246, 2.53): on SmolLM2 only down_proj (1536 columns) is Q4_K,
 # re-quantized from the file's Q4_1 values; the 576-column matrices keep the file's Q4_1 (the fallback).
 # Asserted with a small margin: at least the first figure, at most the second.
-MEASURED = {"none": (256, 3e-4), "bf16": (251, 0.25), "fp16": (253, 0.08), "int8": (242, 1.9), "q4": (247, 1.7),
-            "auto": (247, 1.7), "q4_k": (244, 2.8)}
+MEASURED = {
+    "none": (256, 3e-4),
+    "bf16": (251, 0.25),
+    "fp16": (253, 0.08),
+    "int8": (242, 1.9),
+    "q4": (247, 1.7),
+    "auto": (247, 1.7),
+    "q4_k": (244, 2.8),
+}
 
 
 @pytest.mark.parametrize("fmt", list(MEASURED))
@@ -98,7 +105,7 @@ def test_format_agreement_with_hf(fmt, prompts, hf_logits):
         assert e.runner.quantization == ("gguf" if fmt == "auto" else fmt)
         agree, worst = 0, 0.0
         for p, (cont, ref) in zip(prompts, hf_logits):
-            ours = _logits(e.runner.model, p + cont)[len(p) - 1:len(p) - 1 + NEW]
+            ours = _logits(e.runner.model, p + cont)[len(p) - 1 : len(p) - 1 + NEW]
             agree += int((ours.argmax(-1) == torch.tensor(cont)).sum())
             worst = max(worst, (ours - ref).abs().max().item())
         min_agree, max_diff = MEASURED[fmt]
@@ -124,16 +131,34 @@ def test_auto_runs_the_files_blocks_with_one_copy():
         close_engine(e)
 
 
-INVARIANCE_PROMPTS = ["The capital of France is", "def fib(n):", "List three colors:", "Once upon a time",
-                      "Translate to French: good morning", "2 + 2 =", "The quick brown fox",
-                      "Write a haiku about the sea."]
+INVARIANCE_PROMPTS = [
+    "The capital of France is",
+    "def fib(n):",
+    "List three colors:",
+    "Once upon a time",
+    "Translate to French: good morning",
+    "2 + 2 =",
+    "The quick brown fox",
+    "Write a haiku about the sea.",
+]
 
 
 # (weight format, KV dtype): every format at its auto KV dtype (fp16 for auto/q4/int8, fp32 for none),
 # and each KV dtype with at least two formats
-@pytest.mark.parametrize("fmt,kv", [("auto", "auto"), ("q4", "auto"), ("int8", "auto"), ("none", "auto"),
-                                    ("auto", "int8"), ("none", "int8"), ("q4", "fp32"), ("none", "fp16"),
-                                    ("q4_k", "auto")])
+@pytest.mark.parametrize(
+    "fmt,kv",
+    [
+        ("auto", "auto"),
+        ("q4", "auto"),
+        ("int8", "auto"),
+        ("none", "auto"),
+        ("auto", "int8"),
+        ("none", "int8"),
+        ("q4", "fp32"),
+        ("none", "fp16"),
+        ("q4_k", "auto"),
+    ],
+)
 def test_greedy_tokens_do_not_depend_on_batch_or_cache(fmt, kv):
     """Alone, batched, and again with every prompt cached: the same greedy ids at every format and KV dtype."""
     e = make_engine(quantization=fmt, kv_cache_dtype=kv, max_total_tokens=4096, chunked_prefill_size=8)
@@ -166,7 +191,7 @@ def test_bad_files_are_refused_naming_the_file(tmp_path):
 
     src = open(default_gguf_path(), "rb").read()
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(src[:len(src) // 3])
+    cut.write_bytes(src[: len(src) // 3])
     with pytest.raises(ValueError, match="cut.gguf"):
         Engine(model=str(cut), max_total_tokens=256)
     junk = tmp_path / "junk.gguf"
@@ -176,8 +201,13 @@ def test_bad_files_are_refused_naming_the_file(tmp_path):
     # the server says so in one line and exits 2, before starting any child process
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "serve", "--model", str(cut)],
-                       capture_output=True, text=True, timeout=300)
+
+    r = subprocess.run(
+        [sys.executable, "-m", "radixrt.runtime.server.launch", "serve", "--model", str(cut)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert last.startswith("radixrt: error: ") and "cut.gguf: not a readable GGUF file (truncated or corrupt?" in last

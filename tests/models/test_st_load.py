@@ -1,6 +1,7 @@
 """Safetensors directories load tensor by tensor into their format (issue 26): a bf16 directory stays 2
 bytes per parameter and gives HF fp32's greedy tokens on the same (exactly widened) weights; ``none``
 widens to fp32; ``q4_k`` quantizes while loading (Q4_1 for rows Q4_K cannot split)."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,13 @@ GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def prompts(passage_ids):
-    return [passage_ids[13 * i:13 * i + n] for i, n in enumerate([3, 9, 20, 37])]
+    return [passage_ids[13 * i : 13 * i + n] for i, n in enumerate([3, 9, 20, 37])]
 
 
 def _stored(d) -> tuple[int, int]:
     """(parameters in 2-D tensors, parameters in 1-D tensors) of a directory's safetensors files."""
     raw = (d / "model.safetensors").read_bytes()
-    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
     mats = vecs = 0
     for k, v in header.items():
         if k != "__metadata__":
@@ -40,8 +41,7 @@ def _stored(d) -> tuple[int, int]:
 def bf16_dir(request, tmp_path_factory, tokenizer, prompts):
     from radixrt.runtime.models.loader import load_hf_model
 
-    d = make_model_dir(request.param, tmp_path_factory.mktemp(f"bf16-{request.param}"), tokenizer,
-                       dtype=torch.bfloat16)
+    d = make_model_dir(request.param, tmp_path_factory.mktemp(f"bf16-{request.param}"), tokenizer, dtype=torch.bfloat16)
     hf = load_hf_model(str(d), dtype=torch.float32)  # the same bf16 values, widened exactly
     ref = [hf_greedy(hf, p, GREEDY["max_new_tokens"]) for p in prompts]
     del hf
@@ -78,8 +78,16 @@ def test_bf16_dir_held_in_its_dtype_and_equal_to_hf(bf16_dir, fmt, prompts):
 @pytest.fixture(scope="module")
 def wide_dir(tmp_path_factory, tokenizer):
     """fp32, tied, hidden 256 (Q4_K's row length) and an MLP of 384 (not a multiple of 256)."""
-    return make_model_dir("qwen2", tmp_path_factory.mktemp("wide"), tokenizer, hidden_size=256,
-                          intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    return make_model_dir(
+        "qwen2",
+        tmp_path_factory.mktemp("wide"),
+        tokenizer,
+        hidden_size=256,
+        intermediate_size=384,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
 
 
 def test_q4_k_quantizes_while_loading(wide_dir, prompts):
@@ -110,5 +118,6 @@ def test_missing_tensor_is_named(tmp_path, tokenizer):
     del sd["model.layers.1.mlp.up_proj.weight"]
     save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
     from radixrt import Engine
+
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight is missing"):
         Engine(model=str(d), max_total_tokens=256)

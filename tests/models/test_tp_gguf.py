@@ -7,6 +7,7 @@ unsharded model's, and so do the logits, bit for bit, at ``auto`` (the file's Q4
 (fp32, dequantized per slice): every output value is computed by one rank with the one-device arithmetic;
 each rank holds a third of the projections, in their blocks.
 """
+
 from __future__ import annotations
 
 import socket
@@ -55,18 +56,24 @@ def run_rank(fmt: str, prompt: list[int], tp=None) -> dict:
         tokens.append(int(row.argmax()))
         q = 1
     layer = model.layers[0]
-    kinds = {n: type(m).__name__ + "/" + str(getattr(getattr(m, "inner", m), "type_name", "-"))
-             for n, m in [("qkv", layer.self_attn.qkv_proj), ("o", layer.self_attn.o_proj),
-                          ("gate_up", layer.mlp.gate_up_proj), ("down", layer.mlp.down_proj),
-                          ("embed", model.embed_tokens)]}
-    return {"tokens": tokens[len(prompt):], "logits": np.stack(logits), "bytes": weight_bytes(model),
-            "kinds": kinds}
+    kinds = {
+        n: type(m).__name__ + "/" + str(getattr(getattr(m, "inner", m), "type_name", "-"))
+        for n, m in [
+            ("qkv", layer.self_attn.qkv_proj),
+            ("o", layer.self_attn.o_proj),
+            ("gate_up", layer.mlp.gate_up_proj),
+            ("down", layer.mlp.down_proj),
+            ("embed", model.embed_tokens),
+        ]
+    }
+    return {"tokens": tokens[len(prompt) :], "logits": np.stack(logits), "bytes": weight_bytes(model), "kinds": kinds}
 
 
 def _worker(rank: int, init: str, prompt: list[int], q) -> None:
     import torch.distributed as dist
 
     from radixrt.runtime.layers.parallel import TPGroup
+
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=TP)
@@ -110,13 +117,21 @@ def test_sharded_gguf_matches_single_device(runs, fmt):
 
 def test_each_rank_holds_a_third_in_the_files_blocks(runs):
     single, ranks = runs
-    assert single["auto"]["kinds"] == {"qkv": "GGMLLinear/Q4_1", "o": "GGMLLinear/Q4_1",
-                                       "gate_up": "GGMLLinear/Q4_1", "down": "GGMLLinear/Q4_1",
-                                       "embed": "GGMLEmbedding/Q8_0"}
+    assert single["auto"]["kinds"] == {
+        "qkv": "GGMLLinear/Q4_1",
+        "o": "GGMLLinear/Q4_1",
+        "gate_up": "GGMLLinear/Q4_1",
+        "down": "GGMLLinear/Q4_1",
+        "embed": "GGMLEmbedding/Q8_0",
+    }
     for r in range(TP):
-        assert ranks[r]["auto"]["kinds"] == {"qkv": "GGMLLinear/Q4_1", "o": "GatherLinear/Q4_1",
-                                             "gate_up": "GGMLLinear/Q4_1", "down": "GatherLinear/Q4_1",
-                                             "embed": "VocabShard/Q8_0"}
+        assert ranks[r]["auto"]["kinds"] == {
+            "qkv": "GGMLLinear/Q4_1",
+            "o": "GatherLinear/Q4_1",
+            "gate_up": "GGMLLinear/Q4_1",
+            "down": "GatherLinear/Q4_1",
+            "embed": "VocabShard/Q8_0",
+        }
     full = single["auto"]["bytes"]
     shares = [ranks[r]["auto"]["bytes"] for r in range(TP)]
     # the norms (fp32, 577 KB in all) are the only weights every rank holds whole

@@ -4,6 +4,7 @@ Random-weight Llama directories (transformers ``save_pretrained``) whose head co
 the KV heads, tp=4 replicates them (2 KV heads over 4 ranks), tp=3 splits 6 query / 3 KV heads. Every rank
 is a real process joined by torch.distributed (gloo) over TCP on 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import socket
@@ -24,10 +25,19 @@ def _port() -> int:
 
 def make_dir(path, heads: int, kv_heads: int, tied: bool) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(heads * 10 + kv_heads)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16,
-                      max_position_embeddings=256, tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        max_position_embeddings=256,
+        tie_word_embeddings=tied,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     return str(path)
 
@@ -60,7 +70,7 @@ def run_rank(model_dir: str, tp=None):
         logits.append(row)
         tokens.append(int(row.argmax()))
         q = 1
-    return tokens[len(PROMPT):], torch.stack(logits)
+    return tokens[len(PROMPT) :], torch.stack(logits)
 
 
 def _worker(rank: int, init: str, cases: list, q) -> None:
@@ -68,6 +78,7 @@ def _worker(rank: int, init: str, cases: list, q) -> None:
     import torch.distributed as dist
 
     from radixrt.runtime.layers.parallel import RowParallelLinear, TPGroup
+
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
@@ -79,8 +90,8 @@ def _worker(rank: int, init: str, cases: list, q) -> None:
                 out[name] = (tokens, logits.numpy())  # numpy pickles by value; a tensor goes by shared fd
         group = dist.new_group([0, 1])
         if rank < 2:  # row-parallel with a bias: rank 0 alone adds it
-            layer = RowParallelLinear(_W[:, rank * 4:(rank + 1) * 4], _B, TPGroup(rank, 2, group, group))
-            out["bias"] = (layer.bias is not None, layer(_X[:, rank * 4:(rank + 1) * 4]).detach().numpy())
+            layer = RowParallelLinear(_W[:, rank * 4 : (rank + 1) * 4], _B, TPGroup(rank, 2, group, group))
+            out["bias"] = (layer.bias is not None, layer(_X[:, rank * 4 : (rank + 1) * 4]).detach().numpy())
         dist.barrier()
         dist.destroy_process_group()
         q.put((rank, out))
@@ -129,7 +140,8 @@ def test_sharded_model_matches_single_device(tp_runs, name, tp):
 def test_partitioning_and_bad_splits():
     from radixrt.runtime.layers.parallel import kv_heads, q_heads, vocab_range
     from radixrt.runtime.layers.tp_shard import local_heads
-    assert local_heads(9, 3, 3) == (3, 1)          # SmolLM2 at tp=3
+
+    assert local_heads(9, 3, 3) == (3, 1)  # SmolLM2 at tp=3
     assert [kv_heads(r, 4, 2) for r in range(4)] == [[0], [0], [1], [1]]  # replicated
     assert q_heads(3, 4, 8) == [6, 7]
     assert [vocab_range(r, 3, 10) for r in range(3)] == [(0, 4), (4, 8), (8, 10)]

@@ -1,4 +1,5 @@
 """``radixrt profile``: replay through the radix tree on synthetic logs whose hit rates are known exactly."""
+
 from __future__ import annotations
 
 import json
@@ -79,9 +80,19 @@ def write_log(path: Path, reqs: list[tuple[list[int], list[int]]], hash_pages: b
     log = RequestLog(str(path), 16, hash_pages)
     for i, (p, o) in enumerate(reqs):
         t = float(i)
-        log.write(rid=f"r{i}", arrival=t, admit=t, prefill_done=t + 0.1, finish=t + 0.2, prompt_ids=p,
-                  output_ids=o, cacheable_len=len(p) - 1, cache_salt="tenant" if i % 4 == 3 else None,
-                  cached_tokens=0, finish_reason="length")
+        log.write(
+            rid=f"r{i}",
+            arrival=t,
+            admit=t,
+            prefill_done=t + 0.1,
+            finish=t + 0.2,
+            prompt_ids=p,
+            output_ids=o,
+            cacheable_len=len(p) - 1,
+            cache_salt="tenant" if i % 4 == 3 else None,
+            cached_tokens=0,
+            finish_reason="length",
+        )
     log.close()
 
 
@@ -106,27 +117,43 @@ def test_hash_log_profiles_like_the_token_log(tmp_path: Path) -> None:
 
 def test_openai_jsonl_uses_the_chat_template(tmp_path: Path, tokenizer) -> None:
     system = {"role": "system", "content": "You are a careful assistant. " * 20}
-    tools = [{"type": "function", "function": {"name": "search", "description": "web search",
-                                               "parameters": {"type": "object", "properties": {}}}}]
-    lines = [{"messages": [system, {"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
-              "tools": tools, "response": f"It is {2 * i}."} for i in range(4)]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "description": "web search",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
+    lines = [
+        {
+            "messages": [system, {"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
+            "tools": tools,
+            "response": f"It is {2 * i}.",
+        }
+        for i in range(4)
+    ]
     lines.append({"body": {"messages": [system, {"role": "user", "content": "batch form"}]}})
     path = tmp_path / "chats.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     reqs = read_openai_jsonl(str(path), tokenizer)
     assert len(reqs) == 5
-    prompts = [tokenizer.decode(r.key[:r.prompt_len]) for r in reqs]
+    prompts = [tokenizer.decode(r.key[: r.prompt_len]) for r in reqs]
     assert all('"name": "search"' in p for p in prompts[:4]) and "search" not in prompts[4]
     assert prompts[1].startswith("<|im_start|>system\nYou are a careful assistant.")
     assert prompts[2].endswith("Question 2: what is 2 + 2?<|im_end|>\n<|im_start|>assistant\n")
-    assert reqs[3].key[reqs[3].prompt_len:] == tokenizer.encode("It is 6.", add_special_tokens=False)
+    assert reqs[3].key[reqs[3].prompt_len :] == tokenizer.encode("It is 6.", add_special_tokens=False)
     # the exact hits of an unbounded, token-granular cache, by brute force over what came before
     want, seen = 0, []
     for r in reqs:
         cap = r.prompt_len - 1
-        want += max((next((k for k, (x, y) in enumerate(zip(r.key[:cap], s)) if x != y), min(cap, len(s)))
-                     for s in seen), default=0)
-        seen.append(r.key[:r.prompt_len + r.output_len - 1])
+        want += max(
+            (next((k for k, (x, y) in enumerate(zip(r.key[:cap], s)) if x != y), min(cap, len(s))) for s in seen),
+            default=0,
+        )
+        seen.append(r.key[: r.prompt_len + r.output_len - 1])
     res = replay(reqs, pages_needed(reqs, 1), 1)
     assert res.hit_tokens == want and want > 4 * 100 and res.query_tokens == sum(r.prompt_len for r in reqs)
     bad = tmp_path / "bad.jsonl"
@@ -137,14 +164,33 @@ def test_openai_jsonl_uses_the_chat_template(tmp_path: Path, tokenizer) -> None:
 
 def test_cli_prints_table_and_writes_plot(tmp_path: Path) -> None:
     system = unique(128, 5)
-    write_log(tmp_path / "log.jsonl", [(system + unique(20, 1000 * i), unique(8, 1000 * i + 500))
-                                       for i in range(1, 7)], False)
+    write_log(
+        tmp_path / "log.jsonl", [(system + unique(20, 1000 * i), unique(8, 1000 * i + 500)) for i in range(1, 7)], False
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile",
-                          str(tmp_path / "log.jsonl"), "--cache-sizes", "256,1024", "--page-sizes", "16",
-                          "--prefill-tokens-per-s", "1000", "--plot", str(tmp_path / "p.png"),
-                          "--json", str(tmp_path / "rows.json")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radixrt.runtime.server.launch",
+            "profile",
+            str(tmp_path / "log.jsonl"),
+            "--cache-sizes",
+            "256,1024",
+            "--page-sizes",
+            "16",
+            "--prefill-tokens-per-s",
+            "1000",
+            "--plot",
+            str(tmp_path / "p.png"),
+            "--json",
+            str(tmp_path / "rows.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "prefill tokens saved" in out.stdout and "6 requests, 888 prompt tokens" in out.stdout
     rows = json.loads((tmp_path / "rows.json").read_text())
@@ -153,20 +199,43 @@ def test_cli_prints_table_and_writes_plot(tmp_path: Path) -> None:
     # request 3 of 6 has its own salt: 4 of the other 5 hit the 128-token system prompt, at 1000 tokens/s
     assert all(r["saved_tokens"] == 4 * 128 and r["saved_seconds"] == pytest.approx(0.512) for r in full)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile",
-                          str(tmp_path / "log.jsonl"), "--policies", "lru,nope"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radixrt.runtime.server.launch",
+            "profile",
+            str(tmp_path / "log.jsonl"),
+            "--policies",
+            "lru,nope",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "policies" in bad.stderr
     # a record without timings replays (admitted, prefilled and finished at its arrival); a bad value names
     # its line
     rec = {"prompt_len": 3, "output_len": 2, "prompt_ids": [1, 2, 3], "output_ids": [4, 5]}
-    (tmp_path / "untimed.jsonl").write_text(json.dumps({**rec, "arrival": 1.0}) + "\n"
-                                            + json.dumps({**rec, "arrival": 2.0, "admit": 2.5}) + "\n")
+    (tmp_path / "untimed.jsonl").write_text(
+        json.dumps({**rec, "arrival": 1.0}) + "\n" + json.dumps({**rec, "arrival": 2.0, "admit": 2.5}) + "\n"
+    )
     (tmp_path / "bad.jsonl").write_text(json.dumps({**rec, "arrival": 1.0, "ttft": "x"}) + "\n")
     args = ["--cache-sizes", "64", "--page-sizes", "1", "--policies", "lru", "--plot", str(tmp_path / "q.png")]
-    ok = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile",
-                         str(tmp_path / "untimed.jsonl"), *args], capture_output=True, text=True, env=env, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(tmp_path / "untimed.jsonl"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ok.returncode == 0 and "2 requests, 6 prompt tokens" in ok.stdout, ok.stderr
-    bad = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile",
-                          str(tmp_path / "bad.jsonl"), *args], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(tmp_path / "bad.jsonl"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "bad.jsonl:1: bad field value" in bad.stderr, bad.stderr

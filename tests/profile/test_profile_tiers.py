@@ -1,6 +1,7 @@
 """Issue 30, ``radixrt profile`` with cache tiers: the replay runs the server's ``HiCache`` under its tree
 (``profile/tiers.py``), so a log's hit rate is split by where the pages came from: the pool, tier 2 (host),
 tier 3 (files)."""
+
 from __future__ import annotations
 
 import json
@@ -60,29 +61,97 @@ def test_cli_takes_tier_sizes(tmp_path):
     log = tmp_path / "log.jsonl"
     with open(log, "w") as f:
         for k, r in enumerate(round_robin()):
-            f.write(json.dumps({"prompt_len": 64, "output_len": 1, "prompt_ids": r.key[:64], "output_ids": [7],
-                                "arrival": float(k)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt_len": 64,
+                        "output_len": 1,
+                        "prompt_ids": r.key[:64],
+                        "output_ids": [7],
+                        "arrival": float(k),
+                    }
+                )
+                + "\n"
+            )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(log),
-                          "--cache-sizes", "144", "--page-sizes", "16", "--policies", "lru", "--sequential",
-                          "--tier2-tokens", "128", "--plot", "", "--json", str(tmp_path / "rows.json")],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radixrt.runtime.server.launch",
+            "profile",
+            str(log),
+            "--cache-sizes",
+            "144",
+            "--page-sizes",
+            "16",
+            "--policies",
+            "lru",
+            "--sequential",
+            "--tier2-tokens",
+            "128",
+            "--plot",
+            "",
+            "--json",
+            str(tmp_path / "rows.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [(r["saved_tokens"], r["host_hit_rate"], r["disk_hit_rate"]) for r in rows] == [(576, 0.4, None)]
     assert "from tier 3" in out.stdout
     # sizes the replay cannot hold are refused by name, not a traceback
-    for flag, n, said in (("--tier2-tokens", "7", "tier2_tokens: 7 tokens hold no page of 16 tokens"),
-                          ("--tier2-tokens", str(10 ** 20), "tier2_tokens: at most 268435456 tokens"),
-                          ("--tier3-tokens", str(10 ** 20), "tier3_tokens: at most 268435456 tokens")):
+    for flag, n, said in (
+        ("--tier2-tokens", "7", "tier2_tokens: 7 tokens hold no page of 16 tokens"),
+        ("--tier2-tokens", str(10**20), "tier2_tokens: at most 268435456 tokens"),
+        ("--tier3-tokens", str(10**20), "tier3_tokens: at most 268435456 tokens"),
+    ):
         extra = ["--tier2-tokens", "128"] if flag == "--tier3-tokens" else []
-        bad = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(log),
-                              "--cache-sizes", "144", "--page-sizes", "16", *extra, flag, n],
-                             capture_output=True, text=True, env=env, timeout=120)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "radixrt.runtime.server.launch",
+                "profile",
+                str(log),
+                "--cache-sizes",
+                "144",
+                "--page-sizes",
+                "16",
+                *extra,
+                flag,
+                n,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert bad.returncode == 2 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     # no --plot: no picture is written into the working directory
-    quiet = subprocess.run([sys.executable, "-m", "radixrt.runtime.server.launch", "profile", str(log),
-                            "--cache-sizes", "144", "--page-sizes", "16", "--policies", "lru"],
-                           capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    quiet = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radixrt.runtime.server.launch",
+            "profile",
+            str(log),
+            "--cache-sizes",
+            "144",
+            "--page-sizes",
+            "16",
+            "--policies",
+            "lru",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert quiet.returncode == 0 and "plot:" not in quiet.stdout, quiet.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "rows.json"]

@@ -4,6 +4,7 @@ One server for the module (Ray, the ingress and two SmolLM2 replicas take minute
 The cache-aware vs round-robin comparison swaps the policy at run time (``POST /router/policy``) and
 reads the replicas' own radix-cache counters (``GET /router/stats``).
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -20,9 +21,11 @@ pytest.importorskip("ray.serve", reason="Ray Serve is the [cluster] extra; `make
 # 300 s on a loaded 2-core box, and the fixture's own bounds (600 s + 240 s) stay under this one
 pytestmark = pytest.mark.timeout(900)
 
-TENANTS = [f"You are assistant number {i} of the Example company. " + " ".join(
-    f"Rule {j}: answer tenant {i}'s customers politely, briefly and in English." for j in range(8))
-    for i in range(4)]
+TENANTS = [
+    f"You are assistant number {i} of the Example company. "
+    + " ".join(f"Rule {j}: answer tenant {i}'s customers politely, briefly and in English." for j in range(8))
+    for i in range(4)
+]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,11 @@ def _run_tenants(c) -> tuple[int, int, dict]:
             served.setdefault(t, []).append(r.headers["x-radixrt-replica"])
     st = _stats(c)
     assert len(st) == 2, st
-    return (sum(r["cache"]["hit_tokens"] for r in st.values()),
-            sum(r["cache"]["query_tokens"] for r in st.values()), served)
+    return (
+        sum(r["cache"]["hit_tokens"] for r in st.values()),
+        sum(r["cache"]["query_tokens"] for r in st.values()),
+        served,
+    )
 
 
 def test_cache_aware_beats_round_robin_on_real_replicas(dp):

@@ -1,4 +1,5 @@
 """Routing policies without Ray, fed real SmolLM2 token ids."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,13 @@ from pathlib import Path
 import pytest
 
 from radixrt.runtime.router.approx_tree import ApproxTree
-from radixrt.runtime.router.policy import (CacheAwarePolicy, ConsistentHashPolicy, PowerOfTwoPolicy,
-                                           RoundRobinPolicy, make_policy)
+from radixrt.runtime.router.policy import (
+    CacheAwarePolicy,
+    ConsistentHashPolicy,
+    PowerOfTwoPolicy,
+    RoundRobinPolicy,
+    make_policy,
+)
 
 SYS_A = "You are a billing assistant for ACME Corp. Answer questions about invoices, refunds and plans. " * 3
 SYS_B = "You are a travel agent. Plan trips, find flights, compare hotels and explain visa rules clearly. " * 3
@@ -58,9 +64,9 @@ def test_cache_aware_keeps_affinity_in_near_least_loaded_window(enc):
     """Imbalanced load: the cached replica still wins if it is within abs_threshold of the minimum."""
     p = CacheAwarePolicy(cache_threshold=0.5, balance_abs_threshold=2, balance_rel_threshold=1.5)
     prompt_a, prompt_b = enc(SYS_A + "Q1"), enc(SYS_B + "Q1")
-    assert p.select(prompt_a, {"r2": 0}) == "r2"      # r2 now caches tenant A
-    assert p.select(prompt_b, {"r0": 0}) == "r0"      # r0 caches tenant B
-    loads = {"r0": 9, "r1": 0, "r2": 2}               # imbalanced: 9 - 0 > 2 and 9 > 0
+    assert p.select(prompt_a, {"r2": 0}) == "r2"  # r2 now caches tenant A
+    assert p.select(prompt_b, {"r0": 0}) == "r0"  # r0 caches tenant B
+    loads = {"r0": 9, "r1": 0, "r2": 2}  # imbalanced: 9 - 0 > 2 and 9 > 0
     assert p.select(enc(SYS_A + "Q2"), loads) == "r2"  # in the window (2 <= 0 + 2): affinity kept
     assert p.select(enc(SYS_B + "Q2"), loads) == "r1"  # r0 is overloaded: shed to the least-loaded
     assert p.select(enc("Unrelated prompt with no cached prefix anywhere."), loads) == "r1"
@@ -119,9 +125,19 @@ def test_simulation_smoke():
     """benchmarks/bench_router.py on a tiny workload: real radix trees; cache-aware beats round-robin."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_router as br
+
     a = argparse.Namespace(
-        turns=3, user_len=16, reply_len=16, replica_tokens=2048, page_size=16, prefill_cost=1.0, decode_cost=20.0,
-        concurrency=2.0, think=1.0, seed=0)
+        turns=3,
+        user_len=16,
+        reply_len=16,
+        replica_tokens=2048,
+        page_size=16,
+        prefill_cost=1.0,
+        decode_cost=20.0,
+        concurrency=2.0,
+        think=1.0,
+        seed=0,
+    )
     convs = br.sessions(tenants=4, per_tenant=3, turns=3, sys_len=256, user_len=16, reply_len=16, seed=0)
     rows = {v: br.simulate(convs, 4, v, a) for v in ("cache_aware", "round_robin", "consistent_hash(session)")}
     assert all(r["requests"] == 36 for r in rows.values())

@@ -1,6 +1,7 @@
 """Cascade attention in the engine (on the CPU kernels: ``--cpu-cascade-attention``): greedy tokens are the
 same with it on and off, and with the radix cache off (no sharing at all), on prompts that share a long
 prefix; and they match HF transformers."""
+
 from __future__ import annotations
 
 from conftest import close_engine, hf_greedy, make_engine, wait_idle
@@ -12,7 +13,7 @@ SHARED = 300  # tokens of a common prefix: 18 whole pages of 16 are shared throu
 
 def _prompts(passage_ids):
     # Ragged tails, each from its own offset; the first two prompts are identical (a full-prompt hit).
-    tails = [passage_ids[400:420]] + [passage_ids[400 + 23 * i:400 + 23 * i + 3 + 7 * i] for i in range(7)]
+    tails = [passage_ids[400:420]] + [passage_ids[400 + 23 * i : 400 + 23 * i + 3 + 7 * i] for i in range(7)]
     return [passage_ids[:SHARED] + t for t in tails]
 
 
@@ -47,7 +48,7 @@ def test_nested_prefixes_page_size_1(passage_ids):
     """Two levels: all prompts share 200 tokens, and each half shares 80 more."""
     base = passage_ids[:200]
     mids = [passage_ids[500:580], passage_ids[600:680]]
-    prompts = [base + mids[i % 2] + passage_ids[700 + 11 * i:700 + 11 * i + 2 + i] for i in range(6)]
+    prompts = [base + mids[i % 2] + passage_ids[700 + 11 * i : 700 + 11 * i + 2 + i] for i in range(6)]
     on, (steps, _) = _run(prompts, page_size=1, cpu_cascade_attention=True)
     off, _ = _run(prompts, page_size=1, disable_cascade_attention=True)
     assert steps > 0

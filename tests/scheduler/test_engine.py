@@ -1,4 +1,5 @@
 """Engine core (issue 2): HF parity, paging, chunked prefill, preemption, sampling, stops, logprobs."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ NEW = 32
 @pytest.fixture(scope="module")
 def prompts(passage_ids):
     # 8 prompts of 1..600 tokens, each starting at a different offset so they do not share prefixes.
-    return [passage_ids[(13 * i) % 50:(13 * i) % 50 + n] for i, n in enumerate(LENGTHS)]
+    return [passage_ids[(13 * i) % 50 : (13 * i) % 50 + n] for i, n in enumerate(LENGTHS)]
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,16 @@ def test_parity_batch_1_and_8(engine, prompts, reference):
     assert [o["output_ids"] for o in outs] == reference
 
 
-@pytest.mark.parametrize("kw", [
-    {"page_size": 1},
-    {"page_size": 16, "chunked_prefill_size": 64, "max_num_batched_tokens": 96},
-    # 30 pages: the first six prompts fill the pool at admission, so decode growth must preempt.
-    {"page_size": 16, "max_total_tokens": 480, "disable_radix_cache": True},
-], ids=["page1", "chunked", "preempt"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"page_size": 1},
+        {"page_size": 16, "chunked_prefill_size": 64, "max_num_batched_tokens": 96},
+        # 30 pages: the first six prompts fill the pool at admission, so decode growth must preempt.
+        {"page_size": 16, "max_total_tokens": 480, "disable_radix_cache": True},
+    ],
+    ids=["page1", "chunked", "preempt"],
+)
 def test_parity_variants(kw, prompts, reference):
     e = make_engine(**kw)
     n = 7 if "max_total_tokens" in kw else 8
@@ -78,8 +83,15 @@ def test_parity_without_cpp_kernels(prompts, reference):
     import sys
 
     env = {**os.environ, "RADIXRT_DISABLE_CPP_KERNELS": "1"}
-    r = subprocess.run([sys.executable, "-c", _NO_KERNELS % NEW], input=json.dumps(prompts), env=env,
-                       capture_output=True, text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    r = subprocess.run(
+        [sys.executable, "-c", _NO_KERNELS % NEW],
+        input=json.dumps(prompts),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == reference
 
@@ -107,17 +119,17 @@ def test_stream_equals_non_stream(engine):
 def test_seeded_sampling_independent_of_batch(engine):
     sp = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 1234}
     alone = engine.generate("Write a word:", sp)["output_ids"]
-    mixed = engine.generate(["Something else entirely", "Write a word:", "1 2 3"],
-                            [{"max_new_tokens": 12, "temperature": 1.0, "seed": 7}, sp,
-                             {"max_new_tokens": 5, "temperature": 0}])
+    mixed = engine.generate(
+        ["Something else entirely", "Write a word:", "1 2 3"],
+        [{"max_new_tokens": 12, "temperature": 1.0, "seed": 7}, sp, {"max_new_tokens": 5, "temperature": 0}],
+    )
     assert mixed[1]["output_ids"] == alone
     other = engine.generate("Write a word:", {**sp, "seed": 99})["output_ids"]
     assert other != alone
 
 
 def test_stop_token_ids_and_ignore_eos(engine):
-    out = engine.generate("The capital of France is", {"max_new_tokens": 16, "temperature": 0,
-                                                        "stop_token_ids": [30]})
+    out = engine.generate("The capital of France is", {"max_new_tokens": 16, "temperature": 0, "stop_token_ids": [30]})
     assert out["output_ids"] == [7042, 30]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": 30}
     assert out["text"] == " Paris."
@@ -134,7 +146,7 @@ def test_stop_string_spanning_tokens_streamed(engine, tokenizer):
     assert full["text"] == " 13, 14,"
     prev, deltas = "", []
     for ch in engine.generate(prompt, sp, stream=True):
-        deltas.append(ch["text"][len(prev):])
+        deltas.append(ch["text"][len(prev) :])
         prev = ch["text"]
     assert "".join(deltas) == full["text"]
     assert all(stop not in d for d in deltas)
@@ -166,8 +178,13 @@ def test_utf8_multibyte_stream(engine):
 
 def test_logprobs(engine, tokenizer):
     ids = tokenizer.encode("The capital of France is", add_special_tokens=False)
-    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4, "temperature": 0},
-                          return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 4, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+    )
     m = out["meta_info"]
     assert len(m["input_token_logprobs"]) == len(ids) and m["input_token_logprobs"][0] is None
     assert [x[1] for x in m["input_token_logprobs"][1:]] == ids[1:]
@@ -191,24 +208,27 @@ def test_min_new_tokens_blocks_eos(engine):
     assert len(out["output_ids"]) >= 5 and 30 not in out["output_ids"][:4]
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"prompt": ""}, "text"),
-    ({"input_ids": []}, "input_ids"),
-    ({"input_ids": [[1, 2], []]}, "input_ids"),
-    ({"input_ids": [1, 10**9]}, "input_ids"),
-    ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
-    ({"prompt": "hi", "sampling_params": {"temperature": float("nan")}}, "temperature"),
-    ({"prompt": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
-    ({"prompt": "hi", "sampling_params": {"max_new_tokens": -3}}, "max_new_tokens"),
-    ({"prompt": "hi", "sampling_params": {"max_new_tokens": "8"}}, "max_new_tokens"),
-    ({"prompt": "hi", "sampling_params": {"max_new_tokns": 8}}, "max_new_tokns"),
-    ({"prompt": "hi", "sampling_params": {"top_k": 0}}, "top_k"),
-    ({"prompt": "hi", "sampling_params": {"stop": [""]}}, "stop"),
-    ({"prompt": "hi", "top_logprobs_num": -1, "return_logprob": True}, "top_logprobs_num"),
-    ({"prompt": "hi", "return_logprob": True, "logprob_start_len": 5}, "logprob_start_len"),
-    ({"prompt": "hi", "input_ids": [1]}, "input_ids"),
-    ({"prompt": "hi", "sampling_params": {"choices": ["a", "b"], "regex": "c"}}, "choices"),  # regex was dropped
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"prompt": ""}, "text"),
+        ({"input_ids": []}, "input_ids"),
+        ({"input_ids": [[1, 2], []]}, "input_ids"),
+        ({"input_ids": [1, 10**9]}, "input_ids"),
+        ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"prompt": "hi", "sampling_params": {"temperature": float("nan")}}, "temperature"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": -3}}, "max_new_tokens"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": "8"}}, "max_new_tokens"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokns": 8}}, "max_new_tokns"),
+        ({"prompt": "hi", "sampling_params": {"top_k": 0}}, "top_k"),
+        ({"prompt": "hi", "sampling_params": {"stop": [""]}}, "stop"),
+        ({"prompt": "hi", "top_logprobs_num": -1, "return_logprob": True}, "top_logprobs_num"),
+        ({"prompt": "hi", "return_logprob": True, "logprob_start_len": 5}, "logprob_start_len"),
+        ({"prompt": "hi", "input_ids": [1]}, "input_ids"),
+        ({"prompt": "hi", "sampling_params": {"choices": ["a", "b"], "regex": "c"}}, "choices"),  # regex was dropped
+    ],
+)
 def test_bad_input_raises_value_error(engine, kwargs, field):
     with pytest.raises(ValueError, match=field):
         engine.generate(**kwargs)
@@ -239,6 +259,7 @@ def test_context_boundary(passage_ids):
 def test_requests_after_shutdown_raise():
     """A request to a shut-down engine raises at once (it waited forever: nothing reads the inbox)."""
     from radixrt import Engine
+
     e = Engine(speculative_algorithm="none")
     e.shutdown()
     with pytest.raises(RuntimeError, match="the engine is shut down"):
@@ -249,6 +270,7 @@ def test_requests_after_shutdown_raise():
 
 def test_unknown_model_and_engine_args():
     from radixrt import Engine
+
     with pytest.raises(ValueError, match="Supported"):
         Engine(model="/no/such/model")
     with pytest.raises(ValueError, match="page_sizee"):
@@ -258,8 +280,11 @@ def test_unknown_model_and_engine_args():
 
 
 def test_abort_stream_frees_pages(engine):
-    gen = engine.generate("Tell me a long story about a dragon.", {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True},
-                          stream=True)
+    gen = engine.generate(
+        "Tell me a long story about a dragon.",
+        {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True},
+        stream=True,
+    )
     first = next(gen)
     assert first["meta_info"]["finish_reason"] is None
     gen.close()  # the client stops: the request is aborted and its pages freed (checked by the fixture)
@@ -294,8 +319,10 @@ def test_omitted_max_new_tokens_fits_a_pool_smaller_than_the_context():
     assert e.value.param == "input_ids"
     e = make_engine(max_total_tokens=64)
     try:
-        out = e.generate(input_ids=list(range(100, 140)),
-                         sampling_params={"max_new_tokens": None, "temperature": 0, "ignore_eos": True})
+        out = e.generate(
+            input_ids=list(range(100, 140)),
+            sampling_params={"max_new_tokens": None, "temperature": 0, "ignore_eos": True},
+        )
         assert out["meta_info"]["completion_tokens"] == 64 - 40
         assert out["meta_info"]["finish_reason"]["type"] == "length"
     finally:

@@ -3,6 +3,7 @@ store (tier 2) or from files (tier 3) with the greedy tokens of a recomputed one
 GGUF's own Q4_1 blocks); bad files are dropped and recomputed; salts keep tenants apart. The conftest checks
 the pool and tier accounting after every test (``Engine.check_invariants`` -> ``HiCache.check_invariants``).
 """
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,7 @@ def tree_pages(e, ids, salt=None) -> int:
 def evict_all(e, passage_ids) -> None:
     """Four 140-token prompts through the 16-page pool push everything older out of it."""
     for i in range(4):
-        e.generate(input_ids=passage_ids[7 + 150 * i:147 + 150 * i], sampling_params=G)
+        e.generate(input_ids=passage_ids[7 + 150 * i : 147 + 150 * i], sampling_params=G)
 
 
 def disk_file(e, ids, page: int, salt=None) -> str:
@@ -106,16 +107,19 @@ def _truncate(path):
 def _patch(at: int):
     def patch(path):
         data = bytearray(open(path, "rb").read())
-        data[at:at + 8] = bytes(x ^ 0x5A for x in data[at:at + 8])
+        data[at : at + 8] = bytes(x ^ 0x5A for x in data[at : at + 8])
         open(path, "wb").write(bytes(data))
+
     return patch
 
 
-@pytest.mark.parametrize("damage,start", [(_corrupt, 200), (_truncate, 330), (_patch(FP_AT), 460),
-                                          (_patch(SALT_AT), 590)],
-                         ids=["corrupt", "truncated", "wrong_model", "wrong_salt"])
+@pytest.mark.parametrize(
+    "damage,start",
+    [(_corrupt, 200), (_truncate, 330), (_patch(FP_AT), 460), (_patch(SALT_AT), 590)],
+    ids=["corrupt", "truncated", "wrong_model", "wrong_salt"],
+)
 def test_bad_file_is_dropped_and_recomputed(tiered, cold, passage_ids, damage, start):
-    ids = passage_ids[start:start + 100]
+    ids = passage_ids[start : start + 100]
     ref = cold.generate(input_ids=ids, sampling_params=G)["output_ids"]
     tiered.generate(input_ids=ids, sampling_params=G)
     path = disk_file(tiered, ids, 2)
@@ -152,8 +156,7 @@ def test_another_model_never_reads_the_files(kv_dir, tiered, passage_ids):
     ids = passage_ids[:100]
     tiered.generate(input_ids=ids, sampling_params=G)
     assert tiered.scheduler.mem.hicache.disk.flush()
-    e = make_engine(enable_hierarchical_cache=True, hicache_storage=f"file:{kv_dir}",
-                    **{**KW, "quantization": "none"})
+    e = make_engine(enable_hierarchical_cache=True, hicache_storage=f"file:{kv_dir}", **{**KW, "quantization": "none"})
     try:
         out = e.generate(input_ids=ids, sampling_params=G)
         assert out["meta_info"]["cached_tokens"] == 0
@@ -166,8 +169,9 @@ def test_another_model_never_reads_the_files(kv_dir, tiered, passage_ids):
 def test_write_back_spills_host_to_disk(tmp_path, cold, passage_ids):
     """A 6-page host store under write_back: pages reach the files only as they leave tier 2."""
     kv = tmp_path / "wb"
-    e = make_engine(hicache_size=6 * 737280 / 2**30, hicache_storage=f"file:{kv}",
-                    hicache_write_policy="write_back", **KW)
+    e = make_engine(
+        hicache_size=6 * 737280 / 2**30, hicache_storage=f"file:{kv}", hicache_write_policy="write_back", **KW
+    )
     try:
         ids = passage_ids[:100]
         ref = cold.generate(input_ids=ids, sampling_params=G)["output_ids"]
@@ -189,8 +193,13 @@ def test_write_back_spills_host_to_disk(tmp_path, cold, passage_ids):
 def test_queued_request_is_prefetched_from_disk(tmp_path, cold, passage_ids):
     """One request runs at a time: while the first decodes, the queued one's six pages are read from their
     files into tier 2, and its admission copies them from there."""
-    e = make_engine(hicache_storage=f"file:{tmp_path / 'pf'}", hicache_prefetch_threshold=32,
-                    max_running_requests=1, schedule_policy="fcfs", **KW)
+    e = make_engine(
+        hicache_storage=f"file:{tmp_path / 'pf'}",
+        hicache_prefetch_threshold=32,
+        max_running_requests=1,
+        schedule_policy="fcfs",
+        **KW,
+    )
     try:
         a, b = passage_ids[:100], passage_ids[300:400]
         sp = {**G, "max_new_tokens": 24}
@@ -210,6 +219,9 @@ def test_queued_request_is_prefetched_from_disk(tmp_path, cold, passage_ids):
 
 def test_host_tier_larger_than_memory_is_refused_by_name():
     """A --hicache-size past the memory available: a ValueError naming the flag, not numpy's MemoryError."""
-    with pytest.raises(ValueError, match=r"hicache_size: a host tier of 1048576\.00 GB is more than the .* GB of "
-                                         r"memory available"):
-        make_engine(hicache_size=2.0 ** 20, **KW)
+    with pytest.raises(
+        ValueError,
+        match=r"hicache_size: a host tier of 1048576\.00 GB is more than the .* GB of "
+        r"memory available",
+    ):
+        make_engine(hicache_size=2.0**20, **KW)

@@ -4,6 +4,7 @@ leaves no page or lock behind, and two requests on one prefix share one restore.
 recomputed ones (fp32 KV pool, the default GGUF's Q4_1 blocks); the bad-file cases of test_hicache.py run
 through the same copy thread. The conftest checks the pool and tier accounting after every test.
 """
+
 from __future__ import annotations
 
 import threading
@@ -62,7 +63,9 @@ def gated_reads(eng):
         def read(salt, h):
             gate(salt, h)
             return real(salt, h)
+
         disk.read = read
+
     yield install
     del disk.read
 
@@ -80,8 +83,14 @@ def test_running_request_decodes_while_a_restore_waits(eng, cold, passage_ids, g
         steps0, acc0, deadline = s.stats.steps, s.spec.accepted_tokens, time.time() + 30
         while "r1" in s.by_rid and time.time() < deadline:
             time.sleep(0.002)
-        seen.update(r1_done="r1" not in s.by_rid, steps=s.stats.steps - steps0, accepted=s.spec.accepted_tokens - acc0,
-                    r2_waiting=[r.rid for r in list(s.waiting)], r2_out=len(s.by_rid["r2"].output_ids))
+        seen.update(
+            r1_done="r1" not in s.by_rid,
+            steps=s.stats.steps - steps0,
+            accepted=s.spec.accepted_tokens - acc0,
+            r2_waiting=[r.rid for r in list(s.waiting)],
+            r2_out=len(s.by_rid["r2"].output_ids),
+        )
+
     gated_reads(hold_until_r1_done)
     before = tiers(eng)["disk"]
     outs = eng.generate(input_ids=[r1, a], sampling_params=G, rid=["r1", "r2"])

@@ -5,6 +5,7 @@ request decodes to its end meanwhile, a match for the same prefix waits for it, 
 with it pending loses nothing. Greedy tokens are the recomputed ones (fp32 KV pool, the default GGUF's Q4_1
 blocks). The conftest checks the pool and tier accounting after every test.
 """
+
 from __future__ import annotations
 
 import threading
@@ -138,10 +139,16 @@ def test_running_request_decodes_while_a_store_is_held(eng, cold, passage_ids):
         steps0, deadline = s.stats.steps, time.time() + 30
         while "r1" in s.by_rid and time.time() < deadline:
             time.sleep(0.002)
-        seen.update(r1_done="r1" not in s.by_rid, steps=s.stats.steps - steps0, pages=len(job.keys),
-                    waiting=[r.rid for r in list(s.waiting)], r2_out=len(s.by_rid["r2"].output_ids))
+        seen.update(
+            r1_done="r1" not in s.by_rid,
+            steps=s.stats.steps - steps0,
+            pages=len(job.keys),
+            waiting=[r.rid for r in list(s.waiting)],
+            r2_out=len(s.by_rid["r2"].output_ids),
+        )
         g.open()
         real_copy(job)
+
     g.storer._copy = hold_until_r1_done
     try:
         t1 = submit(eng, r1, g8, "r1", got)
@@ -212,8 +219,13 @@ def test_shutdown_with_a_store_pending_persists_it(tmp_path, cold, passage_ids):
     """write_back: a shutdown lands the held copy, then writes tiers 1-2 to files; a restart hits them all."""
     a, b = passage_ids[:100], passage_ids[200:400]
     ref_a = cold.generate(input_ids=a, sampling_params=G)["output_ids"]
-    kw = dict(enable_hierarchical_cache=True, hicache_ratio=4.0, hicache_storage=f"file:{tmp_path / 'kv'}",
-              hicache_write_policy="write_back", **KW)
+    kw = dict(
+        enable_hierarchical_cache=True,
+        hicache_ratio=4.0,
+        hicache_storage=f"file:{tmp_path / 'kv'}",
+        hicache_write_policy="write_back",
+        **KW,
+    )
     e = make_engine(**kw)
     try:
         cache_a(e, a)

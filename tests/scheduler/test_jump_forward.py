@@ -1,5 +1,6 @@
 """Jump-forward decoding (issue 15, part 2): grammar-forced text is appended in one extend step, with the
 boundary retokenized as the tokenizer would write it."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,18 @@ from conftest import close_engine, make_engine, wait_idle
 
 SCHEMA = {
     "type": "object",
-    "properties": {"customer_identification_number": {"type": "integer", "minimum": 0, "maximum": 999},
-                   "shipping_address_line": {"type": "string", "maxLength": 12},
-                   "preferred_delivery_weekday": {"type": "string", "enum": ["Monday", "Friday"]}},
+    "properties": {
+        "customer_identification_number": {"type": "integer", "minimum": 0, "maximum": 999},
+        "shipping_address_line": {"type": "string", "maxLength": 12},
+        "preferred_delivery_weekday": {"type": "string", "enum": ["Monday", "Friday"]},
+    },
     "required": ["customer_identification_number", "shipping_address_line", "preferred_delivery_weekday"],
     "additionalProperties": False,
 }
-PROMPT = ("<|im_start|>user\nCustomer 417 lives at 9 Elm Road and wants parcels on Fridays. Reply with JSON."
-          "<|im_end|>\n<|im_start|>assistant\n")
+PROMPT = (
+    "<|im_start|>user\nCustomer 417 lives at 9 Elm Road and wants parcels on Fridays. Reply with JSON."
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def enc(tok, s: str) -> list[int]:
@@ -80,8 +85,10 @@ def test_try_jump_forward_updates_matcher_and_output(tokenizer, grammar):
 
 def _run(e, tokenizer):
     before = e.get_server_info()["cache"]
-    out = e.generate(input_ids=enc(tokenizer, PROMPT),
-                     sampling_params={"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)})
+    out = e.generate(
+        input_ids=enc(tokenizer, PROMPT),
+        sampling_params={"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
+    )
     after = wait_idle(e)
     passes = after["req_forward_passes"] - before["req_forward_passes"]
     jumped = after["jump_forward_tokens"] - before["jump_forward_tokens"]

@@ -1,4 +1,5 @@
 """Radix prefix cache in the engine (issue 3) and edge cases 1-3."""
+
 from __future__ import annotations
 
 import random
@@ -35,8 +36,11 @@ def cold_engine():
 
 def test_cache_on_off_identical_in_any_order(engine, cold_engine):
     prompts = _overlapping_prompts()
-    orders = {"in_order": list(range(16)), "reversed": list(range(15, -1, -1)),
-              "interleaved": [i for pair in zip(range(8), range(8, 16)) for i in pair]}
+    orders = {
+        "in_order": list(range(16)),
+        "reversed": list(range(15, -1, -1)),
+        "interleaved": [i for pair in zip(range(8), range(8, 16)) for i in pair],
+    }
     sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     results = {}
     for name, eng in (("on", engine), ("off", cold_engine)):
@@ -55,7 +59,7 @@ def test_fully_cached_prompts(engine, passage_ids):
     """Edge case 1: lengths 1, P-1, P, P+1, 2P twice; then a strict prefix of a longer cached prompt."""
     assert engine.flush_cache() is True
     for L in (1, P - 1, P, P + 1, 2 * P):
-        ids = passage_ids[100:100 + L]
+        ids = passage_ids[100 : 100 + L]
         cold = engine.generate(input_ids=ids, sampling_params=G4)
         warm = engine.generate(input_ids=ids, sampling_params=G4)
         assert warm["output_ids"] == cold["output_ids"]
@@ -73,9 +77,10 @@ def test_fully_cached_prompts(engine, passage_ids):
 
 def test_input_logprobs_with_cache_hit(engine, passage_ids):
     """Edge case 2: P+1 ids, input logprobs from position 0, sent twice."""
-    ids = passage_ids[200:200 + P + 1]
-    outs = [engine.generate(input_ids=ids, sampling_params=G4, return_logprob=True, logprob_start_len=0)
-            for _ in range(2)]
+    ids = passage_ids[200 : 200 + P + 1]
+    outs = [
+        engine.generate(input_ids=ids, sampling_params=G4, return_logprob=True, logprob_start_len=0) for _ in range(2)
+    ]
     a, b = (o["meta_info"]["input_token_logprobs"] for o in outs)
     assert len(a) == len(b) == P + 1 and a[0] is None and b[0] is None
     for x, y in zip(a[1:], b[1:]):
@@ -96,8 +101,11 @@ def test_abort_then_reuse(passage_ids):
         e.flush_cache()
         cold = e.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0})
         for _ in range(20):
-            gen = e.generate(input_ids=ids, sampling_params={"max_new_tokens": 200, "temperature": 0,
-                                                            "ignore_eos": True}, stream=True)
+            gen = e.generate(
+                input_ids=ids,
+                sampling_params={"max_new_tokens": 200, "temperature": 0, "ignore_eos": True},
+                stream=True,
+            )
             next(gen)
             gen.close()
             again = e.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0})
@@ -127,14 +135,17 @@ def _prefill_one_chunk_then_abort(s, ids, rid):
 
 def test_multi_turn_reuses_answer(engine, tokenizer):
     engine.flush_cache()
-    msgs = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "Name three colours of the rainbow."}]
+    msgs = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name three colours of the rainbow."},
+    ]
     p1 = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     ids1 = tokenizer.encode(p1, add_special_tokens=False)
     a1 = engine.generate(input_ids=ids1, sampling_params={"max_new_tokens": 24, "temperature": 0})
     turn1 = ids1 + a1["output_ids"]
-    more = tokenizer.encode("\n<|im_start|>user\nAnd two more?<|im_end|>\n<|im_start|>assistant\n",
-                            add_special_tokens=False)
+    more = tokenizer.encode(
+        "\n<|im_start|>user\nAnd two more?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
     a2 = engine.generate(input_ids=turn1 + more, sampling_params={"max_new_tokens": 8, "temperature": 0})
     # Every token of turn 1 has KV except the last sampled one, so the reuse bound is len - 1, page-aligned.
     assert a2["meta_info"]["cached_tokens"] >= (len(turn1) - 1) // P * P
@@ -142,7 +153,7 @@ def test_multi_turn_reuses_answer(engine, tokenizer):
 
 
 def test_eviction_under_pressure(engine, passage_ids):
-    prompts = [passage_ids[i * 37:i * 37 + 40] for i in range(12)]
+    prompts = [passage_ids[i * 37 : i * 37 + 40] for i in range(12)]
     sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     ref = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=sp)]
     e = make_engine(max_total_tokens=16 * P)
@@ -178,6 +189,7 @@ def test_lpm_ages_cold_requests():
     """Policy level: a request that waited past the bound goes first whatever its match."""
     from radixrt.runtime.mem.allocator import PageAllocator
     from radixrt.runtime.mem.radix_cache import RadixCache
+
     alloc = PageAllocator(64)
     tree = RadixCache(4, alloc)
     hot = list(range(100, 132))
@@ -208,6 +220,7 @@ def _cold_finish_order(passage_ids, max_wait_steps: int) -> tuple[int, dict[str,
             def add(rids, prompts):
                 for rid, ids in zip(rids, prompts):
                     s.add_request(GenerateReq(rid=rid, input_ids=ids, sampling_params=SamplingParams(**G4)))
+
             add([f"hot-{i}" for i in range(6)] + ["cold"], first)
             done, cached, step = {}, {}, 0
             while s.has_work:
@@ -219,6 +232,7 @@ def _cold_finish_order(passage_ids, max_wait_steps: int) -> tuple[int, dict[str,
                         done[o.rid] = step
                 step += 1
             return done, cached
+
         done, cached = e._call(lambda: run(e.scheduler))
         assert cached["cold"] == 0 and all(cached[f"hot-{i}"] == 64 for i in range(6))
         order = sorted(done, key=done.get)
@@ -257,6 +271,7 @@ def test_one_hit_per_request_however_often_admitted():
     """An admission retried for want of pages (released, then admitted again next step) or after a
     preemption counts one hit on its prefix, not one per try: LFU/GDSF rank by hits."""
     from radixrt.runtime.mem.req_pages import ReqPages
+
     mem = ReqPages(4, 64, True, "lfu")
     hot = list(range(100, 116))
     mem.tree.insert(hot, mem.allocator.allocate(4))

@@ -1,5 +1,6 @@
 """``--request-log``: the real engine writes one line per finished request, in token or hash form, and
 ``radixrt profile``'s replay of that log at the engine's own pool size gives the hit rate the engine reported."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ P = 16
 def workload(passage_ids: list[int]) -> list[list[int]]:
     """Two rounds of 4 prompts sharing a 96-token head, each with its own 20-token tail."""
     head = passage_ids[:96]
-    return [head + passage_ids[200 + 20 * i: 220 + 20 * i] for i in range(4)]
+    return [head + passage_ids[200 + 20 * i : 220 + 20 * i] for i in range(4)]
 
 
 @pytest.mark.parametrize("hashed", [False, True], ids=["ids", "hash"])

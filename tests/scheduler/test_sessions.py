@@ -4,6 +4,7 @@ The pool is 32 pages of 16 tokens. The agent's first call (104 + 8 tokens) leave
 the tree; three one-off requests of 200 + 8 tokens then need 13 pages each and leave 12 cached, so LRU evicts
 the agent's history unless a session pins it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,7 +81,7 @@ def agent(e, seed: int, session: str | None, append: bool = False) -> tuple[dict
     prompt = ids(seed, 104)
     a1 = e.generate(input_ids=prompt, sampling_params=G, session_id=session)
     h1 = prompt + a1["output_ids"]
-    other_traffic(e, seed)          # the tool runs; other tenants fill the pool
+    other_traffic(e, seed)  # the tool runs; other tenants fill the pool
     tool = ids(seed + 1, 12)
     if append:  # SGLang's session_params: send only the new tokens
         a2 = e.generate(input_ids=tool, sampling_params=G, session_params={"id": session})
@@ -94,13 +95,13 @@ def test_session_keeps_history_under_pressure(small):
     e.flush_cache()
     _, miss, h1 = agent(e, 1, None)
     assert len(h1) == 112
-    assert miss["meta_info"]["cached_tokens"] == 0          # evicted while the tool ran
+    assert miss["meta_info"]["cached_tokens"] == 0  # evicted while the tool ran
     e.flush_cache()
     sid = e.open_session(capacity_of_str_len=4096)
     _, hit, h1b = agent(e, 1, sid)
     # every page of the first call's sequence but the last token's: (112 - 1) // 16 * 16 = 96
     assert hit["meta_info"]["cached_tokens"] == (len(h1b) - 1) // P * P == 96
-    assert hit["output_ids"] == miss["output_ids"]          # same tokens, 96 fewer prefilled
+    assert hit["output_ids"] == miss["output_ids"]  # same tokens, 96 fewer prefilled
     st = wait_idle(e)
     # the pin now covers the second call's sequence: 112 + 12 + 8 = 132 tokens -> 131 // 16 = 8 pages
     assert st["pinned_tokens"] == 128 and st["protected_pages"] == 8
@@ -121,8 +122,11 @@ def test_session_params_append_history(small):
     full = e.generate(input_ids=h1 + ids(2, 12), sampling_params=G)
     assert a2["output_ids"] == full["output_ids"]
     # offset cuts the history; drop_previous_output keeps only the first call's prompt
-    a3 = e.generate(input_ids=[7, 8, 9], sampling_params=G,
-                    session_params={"id": sid, "rid": a1["meta_info"]["id"], "drop_previous_output": True})
+    a3 = e.generate(
+        input_ids=[7, 8, 9],
+        sampling_params=G,
+        session_params={"id": sid, "rid": a1["meta_info"]["id"], "drop_previous_output": True},
+    )
     assert a3["meta_info"]["prompt_tokens"] == 104 + 3
     a4 = e.generate(input_ids=[7], sampling_params=G, session_params={"id": sid, "offset": 10})
     assert a4["meta_info"]["prompt_tokens"] == 11
@@ -154,7 +158,7 @@ def test_memory_pressure_unpins_oldest_first(small):
     out = e.generate(input_ids=ids(13, 400), sampling_params=G)
     assert out["meta_info"]["finish_reason"]["type"] == "length"
     st = wait_idle(e)
-    assert st["pinned_sessions"] == 1 and st["pinned_tokens"] == 96   # s1 (older) lost its pin, s2 kept it
+    assert st["pinned_sessions"] == 1 and st["pinned_tokens"] == 96  # s1 (older) lost its pin, s2 kept it
     assert st["num_sessions"] == 2
     # s2's history still hits; s1's was evicted
     assert e.generate(input_ids=ids(12, 104) + [5], sampling_params=G)["meta_info"]["cached_tokens"] == 96
@@ -178,12 +182,12 @@ def test_max_pinned_tokens_and_ttl():
             clock.advance(0.4)
             e.generate(input_ids=ids(22, 104), sampling_params=G, session_id=s2)
             st = wait_idle(e)
-            assert st["pinned_tokens"] == 96 and st["pinned_sessions"] == 1   # the cap made s1 give way
+            assert st["pinned_tokens"] == 96 and st["pinned_sessions"] == 1  # the cap made s1 give way
             clock.advance(0.4)
             assert expired_now(e) == 0  # 0.8 s since it opened, 0.4 s since its request ended
             clock.advance(0.2)
             st = sessions_left(e, 1)
-            assert st["num_sessions"] == 1 and st["pinned_tokens"] == 0       # s2 expired
+            assert st["num_sessions"] == 1 and st["pinned_tokens"] == 0  # s2 expired
             e.close_session(s1)
     finally:
         close_engine(e)
@@ -196,15 +200,16 @@ def test_reopened_id_never_sees_a_closed_sessions_request(small):
     e.flush_cache()
     with fake_clock(e) as clock:
         e.open_session(session_id="zz")
-        stream = e.generate(input_ids=ids(31, 40), sampling_params={**G, "max_new_tokens": 16}, stream=True,
-                            session_params={"id": "zz"})
-        next(stream)                         # running
+        stream = e.generate(
+            input_ids=ids(31, 40), sampling_params={**G, "max_new_tokens": 16}, stream=True, session_params={"id": "zz"}
+        )
+        next(stream)  # running
         assert e.close_session("zz") is True
         e.open_session(session_id="zz", timeout=3)
         assert len(list(stream)[-1]["output_ids"]) == 16
         new = e.generate(input_ids=ids(32, 5), sampling_params=G, session_params={"id": "zz"})
-        assert new["meta_info"]["prompt_tokens"] == 5        # not 40 + 16 + 5
+        assert new["meta_info"]["prompt_tokens"] == 5  # not 40 + 16 + 5
         st = wait_idle(e)
         assert (st["num_sessions"], st["pinned_tokens"], st["pinned_sessions"]) == (1, 0, 0)  # 12 tokens: no page
         clock.advance(3.5)
-        assert sessions_left(e, 0)["num_sessions"] == 0           # the TTL ran: its in-flight count is 0
+        assert sessions_left(e, 0)["num_sessions"] == 0  # the TTL ran: its in-flight count is 0

@@ -1,6 +1,7 @@
 """Speculative decoding (issue 27) on the real model: the same tokens with speculation on and off (greedy,
 seeded sampling, stop strings, length, logprobs, n > 1, sessions, streaming, cache on and off), drafts
 really accepted, the pages of rejected drafts given back, an abort while a row carries drafts."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,14 +14,27 @@ from radixrt.runtime.spec.cost import StepTimes
 from conftest import close_engine, make_engine, wait_idle
 
 P = 16
-PARITY = ["The capital of France is", "def fib(n):", "List three colors:", "Once upon a time",
-          "Translate to French: good morning", "2 + 2 =", "The quick brown fox", "Write a haiku about the sea."]
-TOOLS = ("Tools: search_files(path, pattern) finds files; read_file(path) returns a file; "
-         "write_file(path, content) saves a file; run_tests(target) runs the tests.")
+PARITY = [
+    "The capital of France is",
+    "def fib(n):",
+    "List three colors:",
+    "Once upon a time",
+    "Translate to French: good morning",
+    "2 + 2 =",
+    "The quick brown fox",
+    "Write a haiku about the sea.",
+]
+TOOLS = (
+    "Tools: search_files(path, pattern) finds files; read_file(path) returns a file; "
+    "write_file(path, content) saves a file; run_tests(target) runs the tests."
+)
 CALL = '{"tool": "read_file", "args": {"path": "src/app/main.py"}}'
-AGENT = [f"<|im_start|>system\n{TOOLS}<|im_end|>\n<|im_start|>user\nFix the bug in src/app/main.py.<|im_end|>\n"
-         f"<|im_start|>assistant\n{CALL}<|im_end|>\n<|im_start|>user\nObservation {i}: def main(): return 1/0"
-         f"<|im_end|>\n<|im_start|>assistant\n" + '{"tool": "' for i in range(4)]
+AGENT = [
+    f"<|im_start|>system\n{TOOLS}<|im_end|>\n<|im_start|>user\nFix the bug in src/app/main.py.<|im_end|>\n"
+    f"<|im_start|>assistant\n{CALL}<|im_end|>\n<|im_start|>user\nObservation {i}: def main(): return 1/0"
+    f"<|im_end|>\n<|im_start|>assistant\n" + '{"tool": "'
+    for i in range(4)
+]
 GREEDY = {"temperature": 0, "max_new_tokens": 32}
 COUNT = "one two three four five six seven eight. one two three four five six seven eight. one two three"
 # Speculation whose drafts do not depend on the wall clock: the cost model off (its draft lengths come from the
@@ -69,7 +83,7 @@ def test_greedy_tokens_identical_with_speculation(off, suffix, algo):
     try:
         want_p, want_a = ids_of(off.generate(PARITY, GREEDY)), ids_of(off.generate(AGENT, GREEDY))
         before = spec(e)["accepted_tokens"]
-        assert ids_of(e.generate(PARITY, GREEDY)) == want_p                          # batched (8 rows)
+        assert ids_of(e.generate(PARITY, GREEDY)) == want_p  # batched (8 rows)
         assert ids_of(e.generate(AGENT, GREEDY)) == want_a
         assert [e.generate(p, GREEDY)["output_ids"] for p in AGENT[:2]] == want_a[:2]  # alone
         st = spec(e)
@@ -136,8 +150,10 @@ def test_cost_model_on_synthetic_step_times(off):
             out = e.generate(COUNT, sp)
             c1 = e.get_server_info()["cache"]
             assert (out["output_ids"], out["text"]) == (want["output_ids"], want["text"]), name
-            d = {k: c1["speculative"][k] - c0["speculative"][k] for k in ("verify_steps", "draft_tokens",
-                                                                         "accepted_tokens")}
+            d = {
+                k: c1["speculative"][k] - c0["speculative"][k]
+                for k in ("verify_steps", "draft_tokens", "accepted_tokens")
+            }
             got[name] = (c1["req_forward_passes"] - c0["req_forward_passes"], d)
         # flat: the prefill row verifies the drafter's whole proposal, " four five six seven eight. one two
         # three" (9 tokens; 6 kept), as test_drafts_after_the_prompt_are_verified_by_the_prefill finds without the cost model
@@ -148,11 +164,13 @@ def test_cost_model_on_synthetic_step_times(off):
 
 
 def test_stop_length_logprobs_n_and_stream_unchanged(off, suffix):
-    cases = [({"temperature": 0, "max_new_tokens": 48, "stop": ['"path']}, {}),
-             ({"temperature": 0, "max_new_tokens": 7, "ignore_eos": True}, {}),
-             ({"temperature": 0, "max_new_tokens": 13, "stop_token_ids": [3]}, {}),
-             ({"temperature": 0, "max_new_tokens": 20}, {"return_logprob": True, "top_logprobs_num": 2}),
-             ({"temperature": 0.7, "max_new_tokens": 20, "n": 2, "seed": 5}, {})]
+    cases = [
+        ({"temperature": 0, "max_new_tokens": 48, "stop": ['"path']}, {}),
+        ({"temperature": 0, "max_new_tokens": 7, "ignore_eos": True}, {}),
+        ({"temperature": 0, "max_new_tokens": 13, "stop_token_ids": [3]}, {}),
+        ({"temperature": 0, "max_new_tokens": 20}, {"return_logprob": True, "top_logprobs_num": 2}),
+        ({"temperature": 0.7, "max_new_tokens": 20, "n": 2, "seed": 5}, {}),
+    ]
     for sp, kw in cases:
         for p in AGENT[:2]:
             a, b = off.generate(p, sp, **kw), suffix.generate(p, sp, **kw)
@@ -176,8 +194,11 @@ def test_sessions_unchanged(off, suffix):
     for e in (off, suffix):
         sid = e.open_session(capacity_of_str_len=8192)
         a1 = e.generate(AGENT[0], GREEDY, session_params={"id": sid})
-        a2 = e.generate("\n<|im_start|>user\nObservation: fixed<|im_end|>\n<|im_start|>assistant\n", GREEDY,
-                        session_params={"id": sid})
+        a2 = e.generate(
+            "\n<|im_start|>user\nObservation: fixed<|im_end|>\n<|im_start|>assistant\n",
+            GREEDY,
+            session_params={"id": sid},
+        )
         got.append((a1["output_ids"], a2["output_ids"], a2["meta_info"]["cached_tokens"]))
         e.close_session(sid)
     assert got[1] == got[0]
@@ -187,6 +208,7 @@ def test_default_is_suffix_and_calibration_keeps_to_its_budget(engine):
     """--speculative-algorithm auto (the default) drafts with suffix on the CPU; the start-up step-time curve
     stops once its time budget is spent (two sizes at least), or measures every size without one."""
     from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
+
     assert spec(engine)["algorithm"] == "suffix"
     free = engine.check_invariants()["free_pages"]
     few = measure_step_times(engine.runner, engine.scheduler.allocator, (1, 2, 3, 4), reps=1, budget_s=0.0)
@@ -210,6 +232,7 @@ def chi_square_p(a: list[int], b: list[int]) -> float:
     expected count under 5 pooled). Returns the p-value: the regularized upper incomplete gamma function
     Q(df/2, x/2)."""
     from collections import Counter
+
     ca, cb = Counter(a), Counter(b)
     na, nb = len(a), len(b)
     cats, pool = [], [0, 0]
@@ -229,8 +252,9 @@ def chi_square_p(a: list[int], b: list[int]) -> float:
             exp = tot * n / (na + nb)
             x += (o - exp) ** 2 / exp
     df = len(cats) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(x / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64))
+    )
 
 
 def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
@@ -271,7 +295,9 @@ def test_drafts_after_the_prompt_are_verified_by_the_prefill(off, suffix):
         c0 = e.get_server_info()["cache"]
         out = e.generate(prompt, sp)
         c1 = e.get_server_info()["cache"]
-        d = {k: c1["speculative"][k] - c0["speculative"][k] for k in ("verify_steps", "draft_tokens", "accepted_tokens")}
+        d = {
+            k: c1["speculative"][k] - c0["speculative"][k] for k in ("verify_steps", "draft_tokens", "accepted_tokens")
+        }
         got.append((out["text"], c1["req_forward_passes"] - c0["req_forward_passes"], d))
     assert got[1][0] == got[0][0] == " four five six seven eight.\n\nThe answer is "
     assert got[0][1:] == (12, {"verify_steps": 0, "draft_tokens": 0, "accepted_tokens": 0})
@@ -289,6 +315,7 @@ def test_drafts_after_the_prompt_are_verified_by_the_prefill(off, suffix):
         s.abort("spec-prefill")
         s.collect_outputs()
         return row, out
+
     ids = suffix.tokenizer.encode(prompt)
     suffix.flush_cache()
     (n, draft), out = suffix._call(lambda: first_step(suffix.scheduler))
@@ -310,8 +337,11 @@ def _drive(s, rid, ids, abort_after_forward: bool):
     """On the engine's thread: run steps by hand until the request's row carries drafts. Checks after each
     step that only the next token's pages stay allocated past the computed tokens; with
     ``abort_after_forward`` the drafted step's forward runs and the request is aborted before it concludes."""
-    s.add_request(GenerateReq(rid=rid, input_ids=ids, sampling_params=SamplingParams(
-        max_new_tokens=64, temperature=0, ignore_eos=True)))
+    s.add_request(
+        GenerateReq(
+            rid=rid, input_ids=ids, sampling_params=SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True)
+        )
+    )
     rolled = 0
     while rid in s.by_rid:
         batch = s.schedule()
@@ -331,8 +361,10 @@ def _drive(s, rid, ids, abort_after_forward: bool):
             # next step's grow when every draft was accepted and the next token starts a page)
             assert -(-req.num_computed // P) <= len(req.page_table) <= -(-(req.num_computed + 1) // P)
             st = s.mem.stats(s.running)
-            assert st["free_pages"] + st["evictable_pages"] + st["protected_pages"] + st["private_pages"] \
+            assert (
+                st["free_pages"] + st["evictable_pages"] + st["protected_pages"] + st["private_pages"]
                 == st["total_pages"]
+            )
             rolled += 1
     return rolled, None
 

@@ -1,6 +1,7 @@
 """The draft rows' verification (scheduler/spec_verify.py): plain greedy rows take one argmax over all their
 positions and never enter the sampler; the tokens, finish reasons and counts equal those of the
 position-by-position path, for a full accept, a mismatch, EOS, a stop string and the length limit."""
+
 from __future__ import annotations
 
 import torch
@@ -36,11 +37,13 @@ def logits_for(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
 
 def cases():
     # (draft, argmax per position, extra sampling params, output so far)
-    return [([11, 12, 13], [11, 12, 13, 14], {}, ()),           # all kept + the bonus token
-            ([11, 12, 13], [11, 30, 13, 14], {}, ()),           # mismatch at 2: 11 kept, 30 ends the row
-            ([11, EOS, 13], [11, EOS, 13, 14], {}, ()),         # EOS accepted as a draft finishes the row
-            ([11, 12, 13], [11, 12, 13, 14], {"max_new_tokens": 3}, (5,)),   # length after 2 tokens
-            ([40, 41, 42], [40, 41, 42, 43], {"stop": ["B"]}, ())]           # a stop string after the 2nd
+    return [
+        ([11, 12, 13], [11, 12, 13, 14], {}, ()),  # all kept + the bonus token
+        ([11, 12, 13], [11, 30, 13, 14], {}, ()),  # mismatch at 2: 11 kept, 30 ends the row
+        ([11, EOS, 13], [11, EOS, 13, 14], {}, ()),  # EOS accepted as a draft finishes the row
+        ([11, 12, 13], [11, 12, 13, 14], {"max_new_tokens": 3}, (5,)),  # length after 2 tokens
+        ([40, 41, 42], [40, 41, 42, 43], {"stop": ["B"]}, ()),
+    ]  # a stop string after the 2nd
 
 
 class Tok:
@@ -64,8 +67,13 @@ def run(fast: bool, monkeypatch=None):
     else:
         sampled, accepted = {}, {}
         finished = verify_levels(outputs, logits, spec_at, sampled, accepted)
-    return ([r.output_ids for r in reqs], sorted((r.rid, str(why)) for r, why in finished),
-            [sampled[id(r)] for r in reqs], [accepted[id(r)] for r in reqs], calls)
+    return (
+        [r.output_ids for r in reqs],
+        sorted((r.rid, str(why)) for r, why in finished),
+        [sampled[id(r)] for r in reqs],
+        [accepted[id(r)] for r in reqs],
+        calls,
+    )
 
 
 def test_greedy_rows_skip_the_sampler_and_match_the_level_path(monkeypatch):
@@ -73,8 +81,11 @@ def test_greedy_rows_skip_the_sampler_and_match_the_level_path(monkeypatch):
     assert calls == []  # every row is plain greedy: no sampler call
     assert out == [[11, 12, 13, 14], [11, 30], [11, EOS], [5, 11, 12], [40, 41]]
     assert sampled == [4, 2, 2, 2, 2] and accepted == [3, 1, 2, 2, 2]
-    assert fin == [("r2", "{'type': 'stop', 'matched': 2}"), ("r3", "{'type': 'length', 'length': 3}"),
-                   ("r4", "{'type': 'stop', 'matched': 'B'}")]
+    assert fin == [
+        ("r2", "{'type': 'stop', 'matched': 2}"),
+        ("r3", "{'type': 'length', 'length': 3}"),
+        ("r4", "{'type': 'stop', 'matched': 'B'}"),
+    ]
     assert run(False)[:4] == (out, fin, sampled, accepted)
 
 

@@ -2,6 +2,7 @@
 written from their documented formats) render the tools and earlier tool calls themselves; the tool-call
 parser follows the template (or ``--tool-call-parser``); SmolLM2's template falls back to the injected
 Hermes prompt; Qwen3's ``enable_thinking: false`` closes the reasoning in the prompt, so no grammar gate."""
+
 from __future__ import annotations
 
 import copy
@@ -14,12 +15,22 @@ from radixrt.runtime.server.openai.chat_format import ChatFormat, prepare_turn
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.server.openai.tool_parser import plan_tools
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
-        "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
 ]
 
@@ -30,34 +41,55 @@ def with_template(tokenizer, name: str):
     return tok
 
 
-@pytest.mark.parametrize("template,model_type,parser,tools_text,call_text,result_text", [
-    ("qwen25.jinja", "qwen2", "qwen25", '<tools>\n{"type": "function", "function": {"name": "get_weather"',
-     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-     "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
-    ("qwen3.jinja", "qwen3", "qwen25", '<tools>\n{"type": "function", "function": {"name": "get_weather"',
-     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-     "<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
-    ("llama31.jinja", "llama", "llama3", 'Respond in the format {"name": function name, "parameters"',
-     '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris"}}'
-     '<|eot_id|>', "<|start_header_id|>ipython<|end_header_id|>\n\n18C<|eot_id|>"
-                   "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-])
-def test_template_renders_tools_and_history(tokenizer, template, model_type, parser, tools_text, call_text,
-                                            result_text):
+@pytest.mark.parametrize(
+    "template,model_type,parser,tools_text,call_text,result_text",
+    [
+        (
+            "qwen25.jinja",
+            "qwen2",
+            "qwen25",
+            '<tools>\n{"type": "function", "function": {"name": "get_weather"',
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+            "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (
+            "qwen3.jinja",
+            "qwen3",
+            "qwen25",
+            '<tools>\n{"type": "function", "function": {"name": "get_weather"',
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+            "<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (
+            "llama31.jinja",
+            "llama",
+            "llama3",
+            'Respond in the format {"name": function name, "parameters"',
+            '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris"}}'
+            "<|eot_id|>",
+            "<|start_header_id|>ipython<|end_header_id|>\n\n18C<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
+    ],
+)
+def test_template_renders_tools_and_history(
+    tokenizer, template, model_type, parser, tools_text, call_text, result_text
+):
     tok = with_template(tokenizer, template)
     cf = ChatFormat.for_model(tok, model_type)
     assert cf.template_tools and cf.tool_format.name == parser
     plan = plan_tools([WEATHER], "auto", None)
     turn = prepare_turn(cf, tok, HISTORY, plan, {}, None)
     assert tools_text in turn.prompt and call_text in turn.prompt and turn.prompt.endswith(result_text)
-    assert "<tool_call>{\"name\": <function-name>" not in turn.prompt  # not the injected Hermes prompt
+    assert '<tool_call>{"name": <function-name>' not in turn.prompt  # not the injected Hermes prompt
     tag = json.loads(turn.sampling["structural_tag"])
     assert tag["format"]["triggers"] == [cf.tool_format.trigger]
     assert tag["format"]["tags"][0]["begin"] == cf.tool_format.begin("get_weather")
     assert (turn.sampling.get("skip_special_tokens") is False) == (parser == "llama3")
     parser_obj = turn.parser()
-    msg, reason = parser_obj.parse(cf.tool_format.begin("get_weather") + '{"city": "Oslo"}' + cf.tool_format.end,
-                                   "stop")
+    msg, reason = parser_obj.parse(
+        cf.tool_format.begin("get_weather") + '{"city": "Oslo"}' + cf.tool_format.end, "stop"
+    )
     assert reason == "tool_calls" and msg["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
 
 

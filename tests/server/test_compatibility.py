@@ -4,6 +4,7 @@ the tables list every field of OpenAI's request types (the ``openai`` package: c
 responses), of Anthropic's (the ``anthropic`` package: messages), of SGLang's
 ``SamplingParams``/``GenerateReqInput`` (the ``sglang`` package) and of our own request models; plus the effects of the new keys and 400s for
 their bad values, with the server still serving afterwards."""
+
 from __future__ import annotations
 
 import inspect
@@ -16,21 +17,40 @@ import pytest
 from radixrt.runtime.sampling.params import KNOWN_KEYS
 from radixrt.runtime.server.native.body import GENERATE_KEYS, IGNORED_KEYS, REFUSED_KEYS
 from radixrt.runtime.server.anthropic import protocol as msg_protocol
-from radixrt.runtime.server.openai.protocol import (GENERATE_NAMES, IGNORED_FIELDS, REFUSED_FIELDS, ChatCompletionRequest,
-                                                    CompletionRequest)
+from radixrt.runtime.server.openai.protocol import (
+    GENERATE_NAMES,
+    IGNORED_FIELDS,
+    REFUSED_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from radixrt.runtime.server.openai.responses import protocol as resp_protocol
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 ROW = re.compile(r"^\| `([a-z_]+)` \| (supported|ignored|refused) \| `(.*)` \| (.*) \|$")
-BASE = {"chat": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0},
-        "comp": {"prompt": "Hi", "max_tokens": 1, "temperature": 0},
-        "gen": {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
-        "resp": {"input": "Hi", "max_output_tokens": 1, "temperature": 0, "store": False},
-        "msg": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}}
-SECTIONS = {"/v1/chat/completions": "chat", "/v1/completions": "comp", "/generate": "gen",
-            "/generate sampling_params": "sp", "/v1/responses": "resp", "/v1/messages": "msg"}
-ROUTE = {"chat": "/v1/chat/completions", "comp": "/v1/completions", "gen": "/generate", "sp": "/generate",
-         "resp": "/v1/responses", "msg": "/v1/messages"}
+BASE = {
+    "chat": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0},
+    "comp": {"prompt": "Hi", "max_tokens": 1, "temperature": 0},
+    "gen": {"text": "Hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+    "resp": {"input": "Hi", "max_output_tokens": 1, "temperature": 0, "store": False},
+    "msg": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0},
+}
+SECTIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "comp",
+    "/generate": "gen",
+    "/generate sampling_params": "sp",
+    "/v1/responses": "resp",
+    "/v1/messages": "msg",
+}
+ROUTE = {
+    "chat": "/v1/chat/completions",
+    "comp": "/v1/completions",
+    "gen": "/generate",
+    "sp": "/generate",
+    "resp": "/v1/responses",
+    "msg": "/v1/messages",
+}
 PROTOCOLS = {"resp": resp_protocol, "msg": msg_protocol}
 FRANCE = "The capital of France is"
 
@@ -57,8 +77,12 @@ def fields(model) -> set[str]:
 def pinned(dist: str) -> bool:
     """Whether the installed ``dist`` is the release constraints.txt pins (``make test`` installs that one)."""
     import importlib.metadata
-    pins = dict(line.split("==", 1) for line in (DOC.parents[1] / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
+
+    pins = dict(
+        line.split("==", 1)
+        for line in (DOC.parents[1] / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     return importlib.metadata.version(dist) == pins[dist]
 
 
@@ -68,14 +92,14 @@ def check_table(rows: set[str], ours: set[str], sdk: set[str], dist: str) -> Non
     moves, not a failure, since a client sending a field we do not list gets a clear answer either way."""
     assert ours <= rows, f"fields our code takes but docs/compatibility.md lacks: {sorted(ours - rows)}"
     if pinned(dist):
-        assert rows == ours | sdk, (f"{dist}: missing {sorted(ours | sdk - rows)}, "
-                                    f"stale {sorted(rows - ours - sdk)}")
+        assert rows == ours | sdk, f"{dist}: missing {sorted(ours | sdk - rows)}, stale {sorted(rows - ours - sdk)}"
 
 
 def test_tables_list_every_field_of_the_three_apis():
     from openai.types import completion_create_params as comp_params
     from openai.types.chat import completion_create_params as chat_params
     from sglang.srt.sampling.sampling_params import SamplingParams as SglSamplingParams
+
     t = tables()
     chat_api = set(chat_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
     comp_api = set(comp_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
@@ -91,6 +115,7 @@ def test_tables_list_every_field_of_responses_and_messages():
 
     from anthropic.types import message_create_params as msg_params
     from openai.types.responses import response_create_params as resp_params
+
     t = tables()
     resp_api = set(resp_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
     check_table(set(t["resp"]), fields(resp_protocol.ResponsesRequest), resp_api, "openai")
@@ -103,9 +128,11 @@ def sglang_generate_fields() -> set[str]:
     whole SGLang server stack)."""
     import ast
     import importlib.util
+
     path = Path(importlib.util.find_spec("sglang").submodule_search_locations[0]) / "srt" / "managers" / "io_struct.py"
-    cls = next(n for n in ast.walk(ast.parse(path.read_text()))
-               if isinstance(n, ast.ClassDef) and n.name == "GenerateReqInput")
+    cls = next(
+        n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name == "GenerateReqInput"
+    )
     return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
@@ -160,8 +187,10 @@ def _idle(request):
 @pytest.mark.parametrize("sec", ["chat", "comp", "gen", "sp", "resp", "msg"])
 def test_every_row_answers_as_documented(http, sec):
     # the session rows continue this session; closing it unpins its pages (the pool check after the test)
-    assert http.post("/open_session", json={"capacity_of_str_len": 4096, "session_id": "compat-session"}
-                     ).json() == "compat-session"
+    assert (
+        http.post("/open_session", json={"capacity_of_str_len": 4096, "session_id": "compat-session"}).json()
+        == "compat-session"
+    )
     stored = None
     if sec == "resp":  # previous_response_id's row continues a stored response (deleted after: it pins a session)
         stored = http.post("/v1/responses", json={**BASE["resp"], "store": True}).json()["id"]
@@ -213,11 +242,15 @@ def test_logit_bias_native_and_openai(http, tokenizer):
     rome = tokenizer.encode(" Rome", add_special_tokens=False)[0]
     base = gen(http, text=FRANCE, sampling_params={"max_new_tokens": 1, "temperature": 0})
     assert base["output_ids"] == [paris]
-    out = gen(http, text=FRANCE, sampling_params={"max_new_tokens": 1, "temperature": 0,
-                                                     "logit_bias": {str(paris): -100, str(rome): 100}})
+    out = gen(
+        http,
+        text=FRANCE,
+        sampling_params={"max_new_tokens": 1, "temperature": 0, "logit_bias": {str(paris): -100, str(rome): 100}},
+    )
     assert out["output_ids"] == [rome] and out["text"] == " Rome"
-    r = http.post("/v1/completions", json={"prompt": FRANCE, "max_tokens": 1, "temperature": 0,
-                                           "logit_bias": {str(rome): 100}}).json()
+    r = http.post(
+        "/v1/completions", json={"prompt": FRANCE, "max_tokens": 1, "temperature": 0, "logit_bias": {str(rome): 100}}
+    ).json()
     assert r["choices"][0]["text"] == " Rome"
 
 
@@ -225,8 +258,13 @@ def test_spaces_between_special_tokens(http, tokenizer):
     # two special tokens forced by their bias, shown with skip_special_tokens false
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    sp = {"max_new_tokens": 3, "temperature": 0, "skip_special_tokens": False, "ignore_eos": True,
-          "logit_bias": {str(start): 100}}
+    sp = {
+        "max_new_tokens": 3,
+        "temperature": 0,
+        "skip_special_tokens": False,
+        "ignore_eos": True,
+        "logit_bias": {str(start): 100},
+    }
     spaced = gen(http, text=FRANCE, sampling_params=sp)
     tight = gen(http, text=FRANCE, sampling_params={**sp, "spaces_between_special_tokens": False})
     assert spaced["output_ids"] == tight["output_ids"] == [start] * 3 and end != start
@@ -239,29 +277,47 @@ def test_spaces_between_special_tokens(http, tokenizer):
 def test_stream_interval(http):
     # speculation off for this request: with it a step may emit several tokens (as many as its drafts kept,
     # which the shared server's cost model chooses from measured step times), and a chunk then spans them
-    body = {"text": FRANCE, "stream": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0,
-                                                                "ignore_eos": True, "stream_interval": 3,
-                                                                "speculative": False}}
+    body = {
+        "text": FRANCE,
+        "stream": True,
+        "sampling_params": {
+            "max_new_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream_interval": 3,
+            "speculative": False,
+        },
+    }
     with http.stream("POST", "/generate", json=body) as r:
         events = [json.loads(x[5:]) for x in r.iter_lines() if x.startswith("data:") and x != "data: [DONE]"]
     assert [len(e["output_ids"]) for e in events] == [3, 6, 8]
 
 
 def test_vllm_guided_and_structured_outputs(http):
-    chat = {"messages": [{"role": "user", "content": "Is Paris in France? Answer yes or no."}], "max_tokens": 4,
-            "temperature": 0}
-    for extra in ({"guided_choice": ["yes", "no"]}, {"structured_outputs": {"choice": ["yes", "no"]}},
-                  {"guided_regex": "(yes|no)"}, {"structured_outputs": {"regex": "(yes|no)"}},
-                  {"guided_grammar": 'root ::= "yes" | "no"'}):
+    chat = {
+        "messages": [{"role": "user", "content": "Is Paris in France? Answer yes or no."}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    for extra in (
+        {"guided_choice": ["yes", "no"]},
+        {"structured_outputs": {"choice": ["yes", "no"]}},
+        {"guided_regex": "(yes|no)"},
+        {"structured_outputs": {"regex": "(yes|no)"}},
+        {"guided_grammar": 'root ::= "yes" | "no"'},
+    ):
         r = http.post("/v1/chat/completions", json={**chat, **extra})
         assert r.status_code == 200, (extra, r.text)
         assert r.json()["choices"][0]["message"]["content"] in ("yes", "no"), extra
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    for extra in ({"guided_json": schema}, {"structured_outputs": {"json": schema}},
-                  {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
-                                                                              "strict": True}}}):
-        r = http.post("/v1/completions", json={"prompt": "A JSON object: ", "max_tokens": 12, "temperature": 0,
-                                               **extra})
+    for extra in (
+        {"guided_json": schema},
+        {"structured_outputs": {"json": schema}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}},
+    ):
+        r = http.post(
+            "/v1/completions", json={"prompt": "A JSON object: ", "max_tokens": 12, "temperature": 0, **extra}
+        )
         assert r.status_code == 200, (extra, r.text)
         assert isinstance(json.loads(r.json()["choices"][0]["text"])["a"], int), extra
 
@@ -310,14 +366,18 @@ def test_bad_values_are_400_naming_the_field(http):
 def test_responses_and_messages_opt_out_of_speculation(http):
     """``speculative`` on /v1/responses and /v1/messages is chat's field: false reaches the request (no draft
     verified for it), a value that is not a boolean is a 400 naming it."""
-    for proto, route, base in ((resp_protocol, "/v1/responses", BASE["resp"]),
-                               (msg_protocol, "/v1/messages", BASE["msg"])):
+    for proto, route, base in (
+        (resp_protocol, "/v1/responses", BASE["resp"]),
+        (msg_protocol, "/v1/messages", BASE["msg"]),
+    ):
         model = proto.ResponsesRequest if proto is resp_protocol else proto.MessagesRequest
         assert proto.chat_body(model(**base, model="m", speculative=False))["speculative"] is False
         assert proto.chat_body(model(**base, model="m"))["speculative"] is True
         before = http.get("/get_server_info").json()["cache"]["speculative"]["verify_steps"]
-        r = http.post(route, json={**base, "max_output_tokens" if proto is resp_protocol else "max_tokens": 16,
-                                   "speculative": False})
+        r = http.post(
+            route,
+            json={**base, "max_output_tokens" if proto is resp_protocol else "max_tokens": 16, "speculative": False},
+        )
         assert r.status_code == 200, r.text
         assert http.get("/get_server_info").json()["cache"]["speculative"]["verify_steps"] == before
         for bad in ("yes", None, 1, [False]):

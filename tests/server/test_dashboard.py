@@ -2,6 +2,7 @@
 chromedriver): after a known workload, the numbers on the page equal ``/get_server_info`` and the prefix
 tables equal ``/cache_tree``. ``--api-key`` guards both routes. Set ``RADIXRT_DASHBOARD_SCREENSHOT=PATH`` to
 also save the screenshot there (docs/dashboard.png, shown in docs/cache.md, is made that way)."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,16 @@ from server_util import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "dash-key"
-FIELDS = ("free_pages", "evictable_pages", "protected_pages", "private_pages", "total_pages", "page_size",
-          "hit_tokens", "query_tokens")
+FIELDS = (
+    "free_pages",
+    "evictable_pages",
+    "protected_pages",
+    "private_pages",
+    "total_pages",
+    "page_size",
+    "hit_tokens",
+    "query_tokens",
+)
 
 
 def chromium_paths() -> tuple[str, str]:
@@ -38,11 +47,17 @@ def server():
 def browser():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
     binary, driver_path = chromium_paths()
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1100",
-                "--disable-dev-shm-usage"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1280,1100",
+        "--disable-dev-shm-usage",
+    ):
         opts.add_argument(arg)
     d = webdriver.Chrome(service=Service(driver_path), options=opts)
     yield d
@@ -68,7 +83,7 @@ def test_dashboard_numbers_equal_server_info(server, browser, passage_ids, tmp_p
     with server.client() as c:
         c.post("/flush_cache").raise_for_status()
         for i in range(5):  # two heads (80 and 48 tokens), each request with its own tail: hits after the first
-            body = {"input_ids": heads[i % 2] + passage_ids[300 + 30 * i: 330 + 30 * i], "sampling_params": sp}
+            body = {"input_ids": heads[i % 2] + passage_ids[300 + 30 * i : 330 + 30 * i], "sampling_params": sp}
             out = c.post("/generate", json=body).json()
         # a second turn of the last conversation: its whole first turn is a cached prefix
         body["input_ids"] = body["input_ids"] + out["output_ids"] + passage_ids[700:720]
@@ -99,7 +114,8 @@ def test_dashboard_numbers_equal_server_info(server, browser, passage_ids, tmp_p
         # read in one script call: the page re-renders the tables on every refresh
         got = browser.execute_script(
             "return [...document.querySelectorAll(arguments[0])].map(tr => [...tr.cells].map(td => td.textContent))",
-            f"#{key} tr")
+            f"#{key} tr",
+        )
         want = [[str(r["tokens"]), str(r["hits"]), str(r["lock_ref"]), r["text"]] for r in tree["tree"][key]]
         assert got == want and got, key
     assert max(r["tokens"] for r in tree["tree"]["largest"]) == tree["tree"]["largest"][0]["tokens"]

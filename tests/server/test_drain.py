@@ -1,5 +1,6 @@
 """Graceful drain of ``radixrt serve`` on a real SIGTERM: new calls and /health get 503 at once, running
 requests finish (or end with an error after ``--drain-timeout``), and the server exits with status 0."""
+
 from __future__ import annotations
 
 import signal
@@ -11,8 +12,9 @@ import httpx
 from server_util import ServerProc, sse_events, start_server
 
 PROMPT = "The capital of France is"
-DRAINING = {"error": {"message": "the server is shutting down", "type": "service_unavailable", "param": None,
-                      "code": None}}
+DRAINING = {
+    "error": {"message": "the server is shutting down", "type": "service_unavailable", "param": None, "code": None}
+}
 
 
 def _sigterm_mid_stream(server, sampling: dict, send=None) -> tuple[list, list]:
@@ -42,12 +44,14 @@ def _sigterm_mid_stream(server, sampling: dict, send=None) -> tuple[list, list]:
 def test_drain_lets_running_requests_finish():
     """Through the Ray Serve replica's retirement path (router/replica.py: drain_server)."""
     from radixrt.runtime.router.replica import drain_server
+
     server = start_server("--drain-timeout", "60")
     rc: list[int] = []
     retire = threading.Thread(target=lambda: rc.append(drain_server(server.proc, 60)))
     try:
-        events, seen = _sigterm_mid_stream(server, {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0},
-                                           retire.start)
+        events, seen = _sigterm_mid_stream(
+            server, {"max_new_tokens": 48, "ignore_eos": True, "temperature": 0}, retire.start
+        )
         retire.join(timeout=80)
         assert rc == [0]
         assert seen == [(503, DRAINING), (503, DRAINING)]
@@ -70,9 +74,14 @@ def test_drain_timeout_aborts_the_rest():
     try:
         events, seen = _sigterm_mid_stream(server, {"max_new_tokens": 220, "ignore_eos": True})
         assert seen[0] == (503, DRAINING)
-        assert events[-1] == "[DONE]" and events[-2] == {"error": {
-            "message": "the server is shutting down: the request did not finish within --drain-timeout 0.5 s",
-            "type": "service_unavailable", "param": None, "code": None}}
+        assert events[-1] == "[DONE]" and events[-2] == {
+            "error": {
+                "message": "the server is shutting down: the request did not finish within --drain-timeout 0.5 s",
+                "type": "service_unavailable",
+                "param": None,
+                "code": None,
+            }
+        }
         assert server.proc.wait(timeout=60) == 0  # the abort above came from the timeout (its message says so)
     finally:
         server.kill()
@@ -84,14 +93,18 @@ def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
     flight forever, so the drain waited its whole --drain-timeout (30 s). Calls aborted right after sending
     (a constrained one whose grammar may still compile, a plain stream) must not leave one either."""
     import concurrent.futures
+
     server = start_server()  # --drain-timeout 30 (the default)
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 61}}, "required": ["s"]}
     try:
         with server.client() as c:
             for _ in range(2):  # twice with the same rid: the first must not hold it
-                r = c.post("/generate", json={"text": PROMPT, "rid": "big-seed",
-                                              "sampling_params": {"max_new_tokens": 1, "seed": 2 ** 64}})
+                r = c.post(
+                    "/generate",
+                    json={"text": PROMPT, "rid": "big-seed", "sampling_params": {"max_new_tokens": 1, "seed": 2**64}},
+                )
                 assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+
             # the abort at three points of the call: sent at once (it may reach the server first: kept as an
             # early abort), once the server counts the call in flight, once the scheduler runs it
             def info():
@@ -101,8 +114,15 @@ def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 for i, reached in enumerate(points):
                     rid = f"early-{i}"
-                    fut = pool.submit(c.post, "/generate", json={"text": PROMPT, "rid": rid, "sampling_params": {
-                        "max_new_tokens": 64, "json_schema": schema}})
+                    fut = pool.submit(
+                        c.post,
+                        "/generate",
+                        json={
+                            "text": PROMPT,
+                            "rid": rid,
+                            "sampling_params": {"max_new_tokens": 64, "json_schema": schema},
+                        },
+                    )
                     deadline = time.monotonic() + 30
                     while not (reached() or fut.done()):
                         assert time.monotonic() < deadline, f"{rid}: never reached point {i}"
@@ -110,8 +130,16 @@ def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
                     assert c.post("/abort_request", json={"rid": rid}).json() == {"success": True}
                     out = fut.result().json()
                     assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < 64
-            with c.stream("POST", "/generate", json={"text": PROMPT, "stream": True, "rid": "stream-early",
-                                                      "sampling_params": {"max_new_tokens": 200}}):
+            with c.stream(
+                "POST",
+                "/generate",
+                json={
+                    "text": PROMPT,
+                    "stream": True,
+                    "rid": "stream-early",
+                    "sampling_params": {"max_new_tokens": 200},
+                },
+            ):
                 assert c.post("/abort_request", json={"rid": "stream-early"}).json() == {"success": True}
             server.wait_idle()
             info = c.get("/get_server_info").json()
@@ -128,6 +156,7 @@ def test_sigterm_to_the_process_group_is_a_shutdown_not_a_crash():
     action is at once, the main process's handler runs in its event loop), and the supervisor waits for the
     main process's own drain instead of restarting them."""
     import os
+
     server = start_server()
     try:
         with server.client() as c:
@@ -148,6 +177,7 @@ def test_sigterm_while_starting_stops_the_children():
     HTTP stack) and uvicorn's handlers not yet installed, once killed the main process by the default
     action (status 143) and left the scheduler hung forever in ZMQ's term() on its unsent ready message."""
     import psutil
+
     server = ServerProc()
     try:
         deadline = time.monotonic() + 120
@@ -157,7 +187,6 @@ def test_sigterm_while_starting_stops_the_children():
         assert server.stop(timeout=30) == 0  # raises if anything of its process group survives
     finally:
         server.kill()
-
 
 
 def test_sigterm_repeated_until_exit_is_still_status_0():

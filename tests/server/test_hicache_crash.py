@@ -3,6 +3,7 @@ writes a prompt's pages; files in DIR are then corrupted and truncated, and a wr
 left behind. The restarted server logs and deletes every bad file and the stale temporary one before it
 reads any (its start-up scrub, ``mem/disk_tier.py``), and its greedy tokens equal those computed without a
 cache (the same prompts under a ``cache_salt`` no file has)."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,18 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 def _serve(kv_dir: str):
-    return start_server("--quantization", "auto", "--kv-cache-dtype", "fp32", "--context-length", "1024",
-                        "--max-total-tokens", "2048", "--hicache-storage", f"file:{kv_dir}")
+    return start_server(
+        "--quantization",
+        "auto",
+        "--kv-cache-dtype",
+        "fp32",
+        "--context-length",
+        "1024",
+        "--max-total-tokens",
+        "2048",
+        "--hicache-storage",
+        f"file:{kv_dir}",
+    )
 
 
 def _gen(s, ids, salt: str | None = None) -> dict:

@@ -2,6 +2,7 @@
 ``--hicache-storage file:DIR``; the server stops; a new server with the same model and directory serves it
 again from the files: ``cached_tokens`` is the prompt's cacheable length cut to pages, and the greedy tokens
 are the first server's. Its tiers show in /get_server_info and /metrics."""
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,20 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 def _serve(kv_dir: str, *extra: str):
-    return start_server("--quantization", "auto", "--kv-cache-dtype", "fp32", "--context-length", "1024",
-                        "--max-total-tokens", "2048", "--hicache-storage", f"file:{kv_dir}", "--enable-metrics",
-                        *extra)
+    return start_server(
+        "--quantization",
+        "auto",
+        "--kv-cache-dtype",
+        "fp32",
+        "--context-length",
+        "1024",
+        "--max-total-tokens",
+        "2048",
+        "--hicache-storage",
+        f"file:{kv_dir}",
+        "--enable-metrics",
+        *extra,
+    )
 
 
 def _gen(s, ids) -> dict:

@@ -2,6 +2,7 @@
 chat template (tests/data/templates/qwen3.jinja), with ``--reasoning-parser qwen3``: the template renders
 the tools itself, tool calls come back through the openai client (streamed and not), and
 ``enable_thinking: false`` closes the reasoning in the prompt so the grammar applies from the first token."""
+
 from __future__ import annotations
 
 import json
@@ -13,27 +14,44 @@ from transformers import AutoTokenizer
 from model_dirs import QWEN_TOKENS, make_model_dir
 from server_util import start_server
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
 MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Paris?"}]
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory, tokenizer):
-    return make_model_dir("qwen3", tmp_path_factory.mktemp("qwen3srv"), tokenizer, chat_template="qwen3.jinja",
-                          added_tokens=QWEN_TOKENS)
+    return make_model_dir(
+        "qwen3", tmp_path_factory.mktemp("qwen3srv"), tokenizer, chat_template="qwen3.jinja", added_tokens=QWEN_TOKENS
+    )
 
 
 @pytest.fixture(scope="module")
 def srv(qwen3_dir):
     # one token per step (no speculation, whose deltas group tokens as the cost model's timing decides), so
     # the tool-call arguments stream in a known number of deltas
-    s = start_server("--model", str(qwen3_dir), "--reasoning-parser", "qwen3", "--context-length", "512",
-                     "--speculative-algorithm", "none")
+    s = start_server(
+        "--model",
+        str(qwen3_dir),
+        "--reasoning-parser",
+        "qwen3",
+        "--context-length",
+        "512",
+        "--speculative-algorithm",
+        "none",
+    )
     yield s
     assert s.stop() == 0, s.logs()
 
@@ -50,8 +68,16 @@ def prompt_len(qwen3_dir, **kw) -> int:
 
 
 def test_model_template_renders_tools(oai, qwen3_dir):
-    r = oai.chat.completions.create(messages=MSGS, model=qwen3_dir.name, tools=[WEATHER], tool_choice="required",
-                                    parallel_tool_calls=False, max_tokens=120, temperature=0, extra_body=NO_THINK)
+    r = oai.chat.completions.create(
+        messages=MSGS,
+        model=qwen3_dir.name,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=120,
+        temperature=0,
+        extra_body=NO_THINK,
+    )
     # the prompt is the model's own template with the tools and the closed think block, token for token
     assert r.usage.prompt_tokens == prompt_len(qwen3_dir, tools=[WEATHER], enable_thinking=False)
     assert r.usage.prompt_tokens != prompt_len(qwen3_dir, tools=[WEATHER])
@@ -64,9 +90,16 @@ def test_model_template_renders_tools(oai, qwen3_dir):
 
 
 def test_tool_call_streamed_equals_non_streamed(oai, qwen3_dir):
-    kw = dict(messages=MSGS, model=qwen3_dir.name, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-              max_tokens=120,
-              temperature=0, extra_body=NO_THINK)
+    kw = dict(
+        messages=MSGS,
+        model=qwen3_dir.name,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=120,
+        temperature=0,
+        extra_body=NO_THINK,
+    )
     full = oai.chat.completions.create(**kw).choices[0].message.tool_calls[0].function
     name, args, pieces, finish = None, "", 0, None
     for ch in oai.chat.completions.create(stream=True, **kw):
@@ -85,8 +118,15 @@ def test_tool_call_streamed_equals_non_streamed(oai, qwen3_dir):
 def test_thinking_on_gates_the_grammar(oai, qwen3_dir):
     """Thinking on: the model (random, so it never closes </think>) is not held to the schema; its text is
     returned unconstrained, split by the reasoning parser, and no call is parsed."""
-    r = oai.chat.completions.create(messages=MSGS, model=qwen3_dir.name, tools=[WEATHER], tool_choice="required",
-                                    parallel_tool_calls=False, max_tokens=12, temperature=0)
+    r = oai.chat.completions.create(
+        messages=MSGS,
+        model=qwen3_dir.name,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=12,
+        temperature=0,
+    )
     assert r.usage.prompt_tokens == prompt_len(qwen3_dir, tools=[WEATHER])
     m = r.choices[0].message
     assert r.choices[0].finish_reason == "length" and not m.tool_calls

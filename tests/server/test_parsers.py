@@ -1,6 +1,7 @@
 """Tool-call parsers per format (hermes, qwen25, llama3, mistral) and the qwen3 reasoning parser, on
 synthetic outputs: non-streamed, streamed at every split size (so arguments arrive across many deltas),
 and the structural tag of each format checked with the xgrammar matcher over the real tokenizer."""
+
 from __future__ import annotations
 
 import json
@@ -17,22 +18,30 @@ CALLS = [{"name": "get_weather", "arguments": ARGS1}, {"name": "ping", "argument
 
 # per parser: (output text, expected content)
 OUTPUTS = {
-    "hermes": ('Let me check.\n<tool_call>{"name": "get_weather", "arguments": ' + ARGS1 + '}</tool_call>\n'
-               '<tool_call>{"name": "ping", "arguments": {}}</tool_call>', "Let me check."),
-    "qwen25": ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": ' + ARGS1 + '}\n</tool_call>\n'
-               '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>', "Let me check."),
+    "hermes": (
+        'Let me check.\n<tool_call>{"name": "get_weather", "arguments": ' + ARGS1 + "}</tool_call>\n"
+        '<tool_call>{"name": "ping", "arguments": {}}</tool_call>',
+        "Let me check.",
+    ),
+    "qwen25": (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": ' + ARGS1 + "}\n</tool_call>\n"
+        '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>',
+        "Let me check.",
+    ),
     "llama3": ('{"name": "get_weather", "parameters": ' + ARGS1 + '}; {"name": "ping", "parameters": {}}', ""),
-    "mistral": ('Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": ' + ARGS1 + '}, '
-                '{"name": "ping", "arguments": {}}]', "Sure."),
+    "mistral": (
+        'Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": ' + ARGS1 + '}, {"name": "ping", "arguments": {}}]',
+        "Sure.",
+    ),
 }
-PYTHON_TAG = ('Calling.<|python_tag|>{"name": "get_weather", "parameters": ' + ARGS1 + '}', "Calling.")
+PYTHON_TAG = ('Calling.<|python_tag|>{"name": "get_weather", "parameters": ' + ARGS1 + "}", "Calling.")
 
 
 def stream(parser: str, text: str, step: int):
     st = ToolCallStream(get_tool_format(parser))
     deltas = []
     for k in range(0, len(text), step):
-        deltas += st.feed(text[k:k + step])
+        deltas += st.feed(text[k : k + step])
     deltas += st.finish()
     content = "".join(d.get("content", "") for d in deltas)
     calls: dict = {}
@@ -54,7 +63,9 @@ def test_non_streamed(parser):
     msg, reason = parse_tool_output(get_tool_format(parser), text, "stop")
     assert reason == "tool_calls"
     assert msg["content"] == (content or None)
-    assert [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in msg["tool_calls"]] == CALLS
+    assert [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in msg["tool_calls"]
+    ] == CALLS
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"])["city"] == 'Pa"ris}'
 
 
@@ -82,11 +93,14 @@ def test_llama3_python_tag():
     assert get_tool_format("llama3").skip_special_tokens is False
 
 
-@pytest.mark.parametrize("parser,text", [
-    ("hermes", "No call here, just <tool_ text and a <tool_call>not json</tool_call> block."),
-    ("llama3", 'A set {"a": 1} and {"name": 5} are not calls.'),
-    ("mistral", "Plain [TOOL_CALLS] nonsense."),
-])
+@pytest.mark.parametrize(
+    "parser,text",
+    [
+        ("hermes", "No call here, just <tool_ text and a <tool_call>not json</tool_call> block."),
+        ("llama3", 'A set {"a": 1} and {"name": 5} are not calls.'),
+        ("mistral", "Plain [TOOL_CALLS] nonsense."),
+    ],
+)
 def test_text_that_is_not_a_call(parser, text):
     for step in (1, 5, 1000):
         got, calls, _, st = stream(parser, text, step)
@@ -105,25 +119,38 @@ class _T:
         self.name, self.parameters = name, parameters
 
 
-TOOLS = [_T("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-         _T("ping", {"type": "object", "properties": {}, "additionalProperties": False})]
+TOOLS = [
+    _T("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    _T("ping", {"type": "object", "properties": {}, "additionalProperties": False}),
+]
 
 
-@pytest.mark.parametrize("parser,good,bad", [
-    ("qwen25", 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-     '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>'),
-    ("llama3", 'x {"name": "ping", "parameters": {}}', '{"name": "ping", "parameters": {"a": 1}}'),
-    ("mistral", 'ok [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
-     '[TOOL_CALLS] [{"name": "nope", "arguments": {}}]'),
-])
+@pytest.mark.parametrize(
+    "parser,good,bad",
+    [
+        (
+            "qwen25",
+            'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>',
+        ),
+        ("llama3", 'x {"name": "ping", "parameters": {}}', '{"name": "ping", "parameters": {"a": 1}}'),
+        (
+            "mistral",
+            'ok [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+            '[TOOL_CALLS] [{"name": "nope", "arguments": {}}]',
+        ),
+    ],
+)
 def test_structural_tag_follows_format(tokenizer, parser, good, bad):
     from radixrt.runtime.constrained import create_backend
+
     backend = create_backend("xgrammar", tokenizer, 49152)
     spec = json.dumps(get_tool_format(parser).structural_tag(TOOLS))
 
     def accepts(text):
         m = backend.compile("structural_tag", spec).matcher()
         return all(m.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
     assert accepts(good) and not accepts(bad)
     msg, _ = parse_tool_output(get_tool_format(parser), good, "stop")
     assert len(msg["tool_calls"]) == 1
@@ -143,18 +170,21 @@ THINK = "<think>\nThe user wants 2+2. That is 4.\n</think>\n\nThe answer is 4."
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
-@pytest.mark.parametrize("text,opened,reasoning,content", [
-    (THINK, False, "The user wants 2+2. That is 4.", "The answer is 4."),
-    ("No thinking here.", False, None, "No thinking here."),
-    ("Forced reasoning</think>Answer", True, "Forced reasoning", "Answer"),
-    ("<think>\ncut off in the midd", False, "cut off in the midd", ""),
-    ("  <thi", False, None, "  <thi"),
-])
+@pytest.mark.parametrize(
+    "text,opened,reasoning,content",
+    [
+        (THINK, False, "The user wants 2+2. That is 4.", "The answer is 4."),
+        ("No thinking here.", False, None, "No thinking here."),
+        ("Forced reasoning</think>Answer", True, "Forced reasoning", "Answer"),
+        ("<think>\ncut off in the midd", False, "cut off in the midd", ""),
+        ("  <thi", False, None, "  <thi"),
+    ],
+)
 def test_reasoning_split(step, text, opened, reasoning, content):
     st = ReasoningStream(get_reasoning_format("qwen3"), opened)
     rs, cs = [], []
     for k in range(0, len(text), step):
-        r, c = st.feed(text[k:k + step])
+        r, c = st.feed(text[k : k + step])
         rs.append(r)
         cs.append(c)
         assert "<" not in r + c or text.startswith("  <thi")  # tags never leak into either channel

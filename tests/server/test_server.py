@@ -1,5 +1,6 @@
 """`radixrt serve` (issue 4): a real server process, talked to with the `openai` package, httpx and a ZMQ
 DEALER. Greedy outputs of SmolLM2-135M-Instruct are asserted exactly."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,7 @@ MODEL = "SmolLM2-135M-Instruct"
 P = 16  # page size
 FRANCE = "The capital of France is"
 FRANCE_IDS = [504, 3575, 282, 4649, 314]
-FRANCE_OUT = [7042, 30, 198, 198, 504, 2988, 314, 42]   # " Paris.\n\nThe answer is:"
+FRANCE_OUT = [7042, 30, 198, 198, 504, 2988, 314, 42]  # " Paris.\n\nThe answer is:"
 FRANCE_TEXT = " Paris.\n\nThe answer is:"
 GREEDY = {"temperature": 0}
 API_KEY = "sekrit-test-key"
@@ -106,23 +107,44 @@ def normal_request_ok(http) -> None:
 def test_startup_line_and_health(server, http):
     lines = server.stdout_lines()
     assert len(lines) == 1, lines
-    assert re.fullmatch(rf"radixrt ready: http://127\.0\.0\.1:{server.port} \(zmq tcp://127\.0\.0\.1:{server.zmq_port}\) "
-                        rf"model={MODEL}", lines[0]), lines
+    assert re.fullmatch(
+        rf"radixrt ready: http://127\.0\.0\.1:{server.port} \(zmq tcp://127\.0\.0\.1:{server.zmq_port}\) "
+        rf"model={MODEL}",
+        lines[0],
+    ), lines
     assert 503 in server.health_codes  # /health said 503 while the model was loading
     assert http.get("/health").status_code == 200
     assert http.get("/health_generate").json() == {"status": "ok"}
 
 
-@pytest.mark.parametrize("cmd", [[sys.executable, "-m", "radixrt.runtime.server.launch"],
-                                 [sys.executable, "-m", "radixrt"],
-                                 [str(Path(sys.executable).parent / "radixrt")]], ids=["launch", "module", "script"])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        [sys.executable, "-m", "radixrt.runtime.server.launch"],
+        [sys.executable, "-m", "radixrt"],
+        [str(Path(sys.executable).parent / "radixrt")],
+    ],
+    ids=["launch", "module", "script"],
+)
 def test_cli_help(cmd):
     assert Path(cmd[0]).exists(), f"{cmd[0]} missing: `pip install -e .` installs the radixrt console script"
     out = subprocess.run(cmd + ["serve", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for flag in ("--page-size", "--max-total-tokens", "--max-running-requests", "--chunked-prefill-size",
-                 "--schedule-policy", "--disable-radix-cache", "--grammar-backend", "--api-key",
-                 "--enable-metrics", "--log-level", "--zmq-port", "--host", "--port"):
+    for flag in (
+        "--page-size",
+        "--max-total-tokens",
+        "--max-running-requests",
+        "--chunked-prefill-size",
+        "--schedule-policy",
+        "--disable-radix-cache",
+        "--grammar-backend",
+        "--api-key",
+        "--enable-metrics",
+        "--log-level",
+        "--zmq-port",
+        "--host",
+        "--port",
+    ):
         assert flag in out.stdout
 
 
@@ -139,8 +161,11 @@ def test_openai_chat_and_usage(oai, http, tokenizer):
     assert c.message.content == ref["text"]
     assert c.finish_reason == ref["meta_info"]["finish_reason"]["type"]
     u = r.usage
-    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (len(ids), len(ref["output_ids"]),
-                                                                      len(ids) + len(ref["output_ids"]))
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (
+        len(ids),
+        len(ref["output_ids"]),
+        len(ids) + len(ref["output_ids"]),
+    )
     assert u.prompt_tokens_details.cached_tokens == 0  # flushed
     r2 = oai.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=8, temperature=0)
     assert r2.choices[0].message.content == ref["text"]
@@ -169,8 +194,9 @@ def test_openai_completions(oai, http):
 
 
 def test_openai_n2_and_seeds(oai):
-    r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi"}], n=2,
-                                    max_tokens=6, temperature=0)
+    r = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi"}], n=2, max_tokens=6, temperature=0
+    )
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].message.content == r.choices[1].message.content
     assert r.usage.completion_tokens == 12
@@ -184,8 +210,11 @@ def test_openai_n2_and_seeds(oai):
 def test_openai_streaming(oai):
     msgs = [{"role": "user", "content": "Say hi"}]
     full = oai.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
-    chunks = list(oai.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -203,8 +232,14 @@ def test_openai_streaming(oai):
 
 
 def test_openai_logprobs(oai, http):
-    r = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=6,
-                                    temperature=0, logprobs=True, top_logprobs=3)
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 2+2?"}],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 6
     assert "".join(e.token for e in content) == r.choices[0].message.content
@@ -221,8 +256,10 @@ def test_openai_logprobs(oai, http):
     ref_lps = [x[0] for x in ref["meta_info"]["output_token_logprobs"]]
     assert [x[1] for x in ref["meta_info"]["output_token_logprobs"]] == FRANCE_OUT
     assert lp.token_logprobs == pytest.approx(ref_lps, abs=1e-4)
-    assert all(len(d) == 2 and max(d.values()) == pytest.approx(v, abs=1e-6)
-               for d, v in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(
+        len(d) == 2 and max(d.values()) == pytest.approx(v, abs=1e-6)
+        for d, v in zip(lp.top_logprobs, lp.token_logprobs)
+    )
 
 
 def test_models_route(oai):
@@ -231,6 +268,7 @@ def test_models_route(oai):
     assert models[0].object == "model"
     assert oai.models.retrieve(MODEL).id == MODEL
     import openai
+
     with pytest.raises(openai.NotFoundError):
         oai.models.retrieve("gpt-4")
 
@@ -247,14 +285,24 @@ def test_native_generate(http):
     assert isinstance(outs, list) and outs[0]["output_ids"] == FRANCE_OUT
     assert gen(http, text=[FRANCE], sampling_params={"max_new_tokens": 2, **GREEDY})[0]["text"] == " Paris."
     # any content type (curl's default form type included) is read as JSON
-    r = http.post("/generate", content=json.dumps({"text": FRANCE, "sampling_params": {"max_new_tokens": 2, **GREEDY}}),
-                  headers={"content-type": "application/x-www-form-urlencoded"})
+    r = http.post(
+        "/generate",
+        content=json.dumps({"text": FRANCE, "sampling_params": {"max_new_tokens": 2, **GREEDY}}),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert r.json()["text"] == " Paris."
     r = http.post("/v1/completions", content=json.dumps({"prompt": FRANCE, "max_tokens": 2, **GREEDY}))
     assert r.json()["choices"][0]["text"] == " Paris."
     # prefill only
-    out = gen(http, input_ids=FRANCE_IDS, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-              logprob_start_len=0, return_text_in_logprobs=True, top_logprobs_num=2)
+    out = gen(
+        http,
+        input_ids=FRANCE_IDS,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+        return_text_in_logprobs=True,
+        top_logprobs_num=2,
+    )
     assert out["output_ids"] == [] and out["text"] == ""
     itl = out["meta_info"]["input_token_logprobs"]
     assert len(itl) == 5 and itl[0] is None
@@ -262,8 +310,14 @@ def test_native_generate(http):
     assert [x[2] for x in itl[1:]] == [" capital", " of", " France", " is"]
     assert all(x[0] < 0 for x in itl[1:])
     # logprobs with the output
-    out = gen(http, text=FRANCE, sampling_params={"max_new_tokens": 2, **GREEDY}, return_logprob=True,
-              top_logprobs_num=2, return_text_in_logprobs=True)
+    out = gen(
+        http,
+        text=FRANCE,
+        sampling_params={"max_new_tokens": 2, **GREEDY},
+        return_logprob=True,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+    )
     otl = out["meta_info"]["output_token_logprobs"]
     assert [(x[1], x[2]) for x in otl] == [(7042, " Paris"), (30, ".")]
     assert [t[0][1] for t in out["meta_info"]["output_top_logprobs"]] == [7042, 30]
@@ -271,8 +325,9 @@ def test_native_generate(http):
 
 def test_native_stream(http):
     events = []
-    with http.stream("POST", "/generate", json={"text": FRANCE, "sampling_params": {"max_new_tokens": 8, **GREEDY},
-                                                  "stream": True}) as r:
+    with http.stream(
+        "POST", "/generate", json={"text": FRANCE, "sampling_params": {"max_new_tokens": 8, **GREEDY}, "stream": True}
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]"
@@ -312,11 +367,24 @@ def test_dsl_socket(server, http):
         assert r.event == "result" and r.data["model_name"] == MODEL and "cache" in r.data
         [r] = dsl_call(s, "g1", "generate", {"text": FRANCE, "sampling_params": {"max_new_tokens": 8, **GREEDY}})
         assert r.event == "result" and r.data["output_ids"] == FRANCE_OUT and r.data["text"] == FRANCE_TEXT
-        [r] = dsl_call(s, "g2", "generate", {"input_ids": [FRANCE_IDS, FRANCE_IDS],
-                                              "sampling_params": {"max_new_tokens": 2, **GREEDY}})
+        [r] = dsl_call(
+            s,
+            "g2",
+            "generate",
+            {"input_ids": [FRANCE_IDS, FRANCE_IDS], "sampling_params": {"max_new_tokens": 2, **GREEDY}},
+        )
         assert [o["text"] for o in r.data] == [" Paris.", " Paris."]
-        replies = dsl_call(s, "g3", "generate", {"text": FRANCE, "stream": True, "return_logprob": True,
-                                                 "sampling_params": {"max_new_tokens": 8, **GREEDY}})
+        replies = dsl_call(
+            s,
+            "g3",
+            "generate",
+            {
+                "text": FRANCE,
+                "stream": True,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 8, **GREEDY},
+            },
+        )
         assert [x.event for x in replies] == ["chunk"] * (len(replies) - 1) + ["result"]
         assert len(replies) >= 2
         texts = [x.data["text"] for x in replies]
@@ -324,8 +392,17 @@ def test_dsl_socket(server, http):
         assert replies[-1].data["text"] == FRANCE_TEXT
         assert len(replies[-1].data["meta_info"]["output_token_logprobs"]) == 8
         # abort a long streamed generation after its first chunk
-        dsl_send(s, "g4", "generate", {"text": FRANCE, "stream": True, "rid": "dsl-abort-me",
-                                       "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY}})
+        dsl_send(
+            s,
+            "g4",
+            "generate",
+            {
+                "text": FRANCE,
+                "stream": True,
+                "rid": "dsl-abort-me",
+                "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY},
+            },
+        )
         first = dsl_recv(s)
         assert first.req_id == "g4" and first.event == "chunk"
         dsl_send(s, "a1", "abort", {"rid": "dsl-abort-me"})
@@ -361,7 +438,7 @@ def test_dsl_socket(server, http):
 # ---- validation ----------------------------------------------------------------------------------------------
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 SCHEMA_BAD_PATTERN = {"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}
-DEEP_SCHEMA = json.loads('{"type":"object","properties":{"a":' * 100 + '{"type":"integer"}' + '}}' * 100)
+DEEP_SCHEMA = json.loads('{"type":"object","properties":{"a":' * 100 + '{"type":"integer"}' + "}}" * 100)
 BAD = [
     # second break-test round: each was a 200 or a 500
     ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "json_schema": DEEP_SCHEMA}}, "json_schema"),
@@ -373,51 +450,100 @@ BAD = [
     ("gen", {"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
     ("chat", {**CHAT, "model": "gpt-4"}, "model"),
     ("chat", {**CHAT, "max_tokens": -1}, "max_tokens"),
-    ("chat", {**CHAT, "max_tokens": 10 ** 6}, "max_tokens"),
+    ("chat", {**CHAT, "max_tokens": 10**6}, "max_tokens"),
     ("chat", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat", {**CHAT, "n": 0}, "n"),
     ("chat", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ("chat", {**CHAT, "messages": []}, "messages"),
-    ("chat", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "18C"}]},
-     "messages[1].tool_call_id"),
-    ("chat", {**CHAT, "messages": [{"role": "user", "content": "hi"},
-                                   {"role": "tool", "tool_call_id": "call_9", "content": "18C"}]},
-     "messages[1].tool_call_id"),
-    ("chat", {**CHAT, "messages": [{"role": "user", "content": "hi"},
-                                   {"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}]},
-     "messages[1].tool_calls[0]"),
-    ("chat", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
-              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-                                   {"role": "tool", "tool_call_id": "c1"}]}, "messages[2].content"),
+    (
+        "chat",
+        {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "18C"}]},
+        "messages[1].tool_call_id",
+    ),
+    (
+        "chat",
+        {
+            **CHAT,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "tool", "tool_call_id": "call_9", "content": "18C"},
+            ],
+        },
+        "messages[1].tool_call_id",
+    ),
+    (
+        "chat",
+        {
+            **CHAT,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]},
+            ],
+        },
+        "messages[1].tool_calls[0]",
+    ),
+    (
+        "chat",
+        {
+            **CHAT,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c1"},
+            ],
+        },
+        "messages[2].content",
+    ),
     ("chat", {"max_tokens": 2}, "messages"),
     ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat", {**CHAT, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ("chat", {**CHAT, "temperature": "hot"}, "temperature"),
     ("chat", {**CHAT, "temperature": -1}, "temperature"),
     ("chat", {**CHAT, "top_p": 0}, "top_p"),
-    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"description": "no name"}}]},
-     "tools[0].function.name"),
+    (
+        "chat",
+        {**CHAT, "tools": [{"type": "function", "function": {"description": "no name"}}]},
+        "tools[0].function.name",
+    ),
     ("chat", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
-    ("chat", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "response_format.json_schema.schema"),
-    ("chat", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}},
-     "response_format.json_schema.schema"),
-    ("chat", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
-     "response_format.json_schema.schema"),
+    (
+        "chat",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        "chat",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        "chat",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
+        "response_format.json_schema.schema",
+    ),
     ("chat", {**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
     ("chat", {**CHAT, "response_format": "json"}, "response_format"),
     ("chat", {**CHAT, "regex": "("}, "regex"),
-    ("chat", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                                                                                 "schema": SCHEMA_BAD_PATTERN}}},
-     "response_format.json_schema.schema"),
+    (
+        "chat",
+        {
+            **CHAT,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA_BAD_PATTERN}},
+        },
+        "response_format.json_schema.schema",
+    ),
     ("comp", {"prompt": FRANCE, "logprobs": 6}, "logprobs"),
     ("comp", {"prompt": [1] * 300, "max_tokens": 1}, "prompt"),
     ("comp", {"prompt": [], "max_tokens": 1}, "prompt"),
-    ("comp", {"prompt": [10 ** 7], "max_tokens": 1}, "prompt"),
+    ("comp", {"prompt": [10**7], "max_tokens": 1}, "prompt"),
     ("comp", {"prompt": FRANCE, "max_tokens": 1, "stop_token_ids": [-1]}, "stop_token_ids"),
     ("gen", {"sampling_params": {"max_new_tokens": 1}}, "text"),
     ("gen", {"text": FRANCE, "input_ids": FRANCE_IDS}, "text"),
-    ("gen", {"input_ids": [10 ** 7]}, "input_ids"),
+    ("gen", {"input_ids": [10**7]}, "input_ids"),
     ("gen", {"text": FRANCE, "sampling_params": {"max_new_token": 1}}, "sampling_params"),
     ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ("gen", {"text": FRANCE, "sampling_params": {"regex": "("}}, "regex"),
@@ -425,8 +551,8 @@ BAD = [
     ("gen", {"text": FRANCE, "bogus": 1}, "bogus"),
     ("gen", {"text": [FRANCE, FRANCE], "stream": True}, "stream"),
     ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": "4"}}, "max_new_tokens"),
-    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "seed": 2 ** 64}}, "seed"),
-    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "stop_token_ids": [10 ** 9]}}, "stop_token_ids"),
+    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "seed": 2**64}}, "seed"),
+    ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, "stop_token_ids": [10**9]}}, "stop_token_ids"),
     # strict types on the OpenAI routes, as on /generate; OpenAI's documented ranges
     ("comp", {"prompt": FRANCE, "max_tokens": "2"}, "max_tokens"),
     ("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
@@ -439,7 +565,7 @@ ROUTES = {"chat": "/v1/chat/completions", "comp": "/v1/completions", "gen": "/ge
 def test_bad_requests_are_400(http):
     for route, body, param in BAD:
         err = assert_400(http.post(ROUTES[route], json=body), param)
-        if body.get("max_tokens") == 10 ** 6:
+        if body.get("max_tokens") == 10**6:
             assert "1000000" in err["message"] and str(CONTEXT) in err["message"]
         if body.get("prompt") == [1] * 300:
             assert "300" in err["message"] and str(CONTEXT) in err["message"]
@@ -449,8 +575,9 @@ def test_bad_requests_are_400(http):
     r = http.post("/generate", content=b"{not json")
     assert_400(r, None)
     for route in ("/generate", "/v1/chat/completions"):  # lone surrogate: msgspec says "truncated"
-        err = assert_400(http.post(route, content=b'{"text": "\\ud800", "messages": [{"role": "user", '
-                                                   b'"content": "\\ud800"}]}'), None)
+        err = assert_400(
+            http.post(route, content=b'{"text": "\\ud800", "messages": [{"role": "user", "content": "\\ud800"}]}'), None
+        )
         assert "lone UTF-16 surrogate" in err["message"], err
         err = assert_400(http.post(route, content=b'{"text": "a", "temperature": NaN}'), None)
         assert "not valid JSON" in err["message"] and "surrogate" not in err["message"], err
@@ -461,35 +588,55 @@ def test_bad_requests_are_400(http):
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
     assert time.perf_counter() - t < 2
     t = time.perf_counter()
-    err = assert_400(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 2_000_000}],
-                                                             "max_tokens": 1}), "messages")
+    err = assert_400(
+        http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 2_000_000}], "max_tokens": 1}
+        ),
+        "messages",
+    )
     assert time.perf_counter() - t < 2 and "6000000 characters" in err["message"], err
     err = assert_400(http.post("/v1/chat/completions", json={**CHAT, "min_tokens": 5}), "min_tokens")
     assert err["message"] == "min_tokens (5) must be <= max_tokens (2)"
     deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     for route in ("/generate", "/v1/completions"):
         assert "nested too deeply" in assert_400(http.post(route, content=deep), None)["message"]
-    err = assert_400(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                             "guided_choice": [""]}), "guided_choice")
+    err = assert_400(
+        http.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "guided_choice": [""]}
+        ),
+        "guided_choice",
+    )
     assert err["message"] == "guided_choice[0]: must not be empty"
     # a field of several accepted types names them, and the closest one's failure (break-test: it said
     # "Input should be a valid string" for token ids 1.5)
     err = assert_400(http.post("/v1/completions", json={"prompt": [1.5, 2], "max_tokens": 1}), "prompt")
-    assert err["message"] == ("prompt: must be one of str, list[str], list[int], list[list[int]]; as list[int], "
-                              "[0]: Input should be a valid integer"), err
+    assert err["message"] == (
+        "prompt: must be one of str, list[str], list[int], list[list[int]]; as list[int], "
+        "[0]: Input should be a valid integer"
+    ), err
     normal_request_ok(http)
 
 
 def test_tool_choice_none_ignores_tools(http):
-    r = http.post("/v1/chat/completions", json={**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
-                                                "tool_choice": "none", **GREEDY})
+    r = http.post(
+        "/v1/chat/completions",
+        json={**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none", **GREEDY},
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
     msg = r.json()["choices"][0]["message"]
     assert not msg.get("tool_calls") and isinstance(msg["content"], str) and msg["content"]
     # streamed: no chunk carries a tool call, and the text is the unstreamed one
-    with http.stream("POST", "/v1/chat/completions", json={
-            **CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
-            "stream": True, **GREEDY}) as s:
+    with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            **CHAT,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "none",
+            "stream": True,
+            **GREEDY,
+        },
+    ) as s:
         chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
     assert not any(c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"])
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == msg["content"]
@@ -502,8 +649,9 @@ def test_edge4_empty_prompt(http):
     assert_400(http.post("/v1/completions", json={"prompt": [""], "max_tokens": 2}), "prompt")
     assert_400(http.post("/generate", json={"input_ids": []}), "input_ids")
     assert_400(http.post("/generate", json={"text": ""}), "text")
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": ""}], "max_tokens": 8,
-                                                **GREEDY})
+    r = http.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": ""}], "max_tokens": 8, **GREEDY}
+    )
     assert r.status_code == 200  # the template makes the prompt non-empty: a valid generation
     assert r.json()["choices"][0]["message"]["content"] == "I'm here to help you with whatever"
     assert r.json()["usage"]["completion_tokens"] == 8
@@ -596,8 +744,9 @@ def test_edge7_multibyte(http):
     assert "".join(deltas) == full["text"] and finishes[-1] == "stop"
     assert all("\ufffd" not in d for d in deltas)
     # native stream too
-    with http.stream("POST", "/generate", json={"text": CJK, "stream": True,
-                                                  "sampling_params": {"max_new_tokens": 5, **GREEDY}}) as r:
+    with http.stream(
+        "POST", "/generate", json={"text": CJK, "stream": True, "sampling_params": {"max_new_tokens": 5, **GREEDY}}
+    ) as r:
         objs = sse_events(r.iter_lines())[:-1]
     assert all("\ufffd" not in o["text"] for o in objs) and objs[-1]["text"] == " 你好"
 
@@ -607,8 +756,10 @@ def raw_stream_then_close(server, body: dict) -> bytes:
     """Send a streaming request over a raw socket, read up to the first SSE chunk, then close."""
     payload = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-    s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    s.sendall(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+    )
     buf = b""
     while b"data:" not in buf or not buf.rstrip().endswith(b"}"):
         chunk = s.recv(65536)
@@ -621,8 +772,9 @@ def raw_stream_then_close(server, body: dict) -> bytes:
 def test_client_gone_mid_body_is_not_an_error(server, http):
     """A client that closes before its body is complete is answered nothing and logged as no error."""
     with socket.create_connection(("127.0.0.1", server.port)) as s:
-        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 100\r\n\r\n{\"te")
+        s.sendall(
+            b'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"te'
+        )
     time.sleep(0.5)
     normal_request_ok(http)
     err = Path(server.err_path).read_text()
@@ -644,8 +796,12 @@ def test_disconnect_aborts_and_frees_pages(server, http, passage_ids):
         else:  # not streamed: the client gives up while waiting
             payload = json.dumps({"input_ids": prompt, "sampling_params": long}).encode()
             s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(payload)).encode()
-                      + b"\r\n\r\n" + payload)
+            s.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                + str(len(payload)).encode()
+                + b"\r\n\r\n"
+                + payload
+            )
             # gone once the request runs (its prompt prefilled: info is answered between steps)
             deadline = time.monotonic() + 60
             while http.get("/get_server_info").json()["num_running"] == 0:
@@ -661,9 +817,16 @@ def test_disconnect_aborts_and_frees_pages(server, http, passage_ids):
 
 
 def test_abort_request_route(http, server):
-    with http.stream("POST", "/generate", json={"text": FRANCE, "stream": True, "rid": "http-abort-me",
-                                                  "sampling_params": {"max_new_tokens": 200, "ignore_eos": True,
-                                                                      **GREEDY}}) as r:
+    with http.stream(
+        "POST",
+        "/generate",
+        json={
+            "text": FRANCE,
+            "stream": True,
+            "rid": "http-abort-me",
+            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY},
+        },
+    ) as r:
         lines = r.iter_lines()
         first = next(l for l in lines if l.startswith("data:"))
         assert json.loads(first[5:])["meta_info"]["finish_reason"] is None
@@ -674,6 +837,7 @@ def test_abort_request_route(http, server):
     assert len(rest[-2]["output_ids"]) < 200
     # an abort that arrives while its call is still validating (a grammar compiling) is kept, not lost
     import concurrent.futures
+
     schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 61}}, "required": ["s"]}
     body = {"text": FRANCE, "rid": "abort-early", "sampling_params": {"max_new_tokens": 64, "json_schema": schema}}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -688,13 +852,20 @@ def test_abort_request_route(http, server):
     long = {"text": FRANCE, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, **GREEDY}}
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
         futs = [pool.submit(http.post, "/generate", json={**long, "rid": f"all-{i}"}) for i in range(2)]
-        chat = pool.submit(http.post, "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": FRANCE}], "max_tokens": 200, "ignore_eos": True, **GREEDY})
+        chat = pool.submit(
+            http.post,
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": FRANCE}], "max_tokens": 200, "ignore_eos": True, **GREEDY},
+        )
         story = "Tell a long story about a dragon and a knight."  # a long answer: still running when the abort comes
-        resp = pool.submit(http.post, "/v1/responses", json={"input": story, "max_output_tokens": 150,
-                                                             "store": False, **GREEDY})
-        msg = pool.submit(http.post, "/v1/messages", json={"messages": [{"role": "user", "content": story}],
-                                                           "max_tokens": 150, **GREEDY})
+        resp = pool.submit(
+            http.post, "/v1/responses", json={"input": story, "max_output_tokens": 150, "store": False, **GREEDY}
+        )
+        msg = pool.submit(
+            http.post,
+            "/v1/messages",
+            json={"messages": [{"role": "user", "content": story}], "max_tokens": 150, **GREEDY},
+        )
         deadline = time.monotonic() + 60
         while True:  # all five in the scheduler's hands
             info = http.get("/get_server_info").json()
@@ -712,14 +883,26 @@ def test_abort_request_route(http, server):
     assert all(len(o["output_ids"]) < 200 for o in outs)
     # the OpenAI routes say so too (SGLang's extra finish_reason value), not "stop"
     assert chat["choices"][0]["finish_reason"] == "abort" and chat["usage"]["completion_tokens"] < 200, chat
-    for body, param in (({"abort_all": "yes"}, "abort_all"), ({}, "rid"), ({"rid": "x", "abort_all": True}, "abort_all")):
+    for body, param in (
+        ({"abort_all": "yes"}, "abort_all"),
+        ({}, "rid"),
+        ({"rid": "x", "abort_all": True}, "abort_all"),
+    ):
         r = http.post("/abort_request", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_64_concurrent_streams(server, http):
-    prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):", "The quick brown fox",
-               "Once upon a time", "1 + 1 =", "Water boils at", "My favorite color is"]
+    prompts = [
+        "The capital of France is",
+        "Hello, my name is",
+        "def fibonacci(n):",
+        "The quick brown fox",
+        "Once upon a time",
+        "1 + 1 =",
+        "Water boils at",
+        "My favorite color is",
+    ]
     body = lambda p: {"prompt": p, "max_tokens": 8, "ignore_eos": True, **GREEDY}
     ref = {p: http.post("/v1/completions", json=body(p)).json()["choices"][0]["text"] for p in prompts}
     assert ref[FRANCE] == FRANCE_TEXT
@@ -750,10 +933,20 @@ def test_64_concurrent_streams(server, http):
 def test_auth(auth_server):
     url = auth_server.url
     assert httpx.get(url + "/health").status_code == 200  # no key needed
-    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/generate"),
-                         ("GET", "/get_server_info"), ("GET", "/metrics"), ("POST", "/flush_cache")):
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
-                        {"Authorization": "Basic " + API_KEY}):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/generate"),
+        ("GET", "/get_server_info"),
+        ("GET", "/metrics"),
+        ("POST", "/flush_cache"),
+    ):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": API_KEY},
+            {"Authorization": "Basic " + API_KEY},
+        ):
             r = httpx.request(method, url + path, headers=headers, json={})
             assert r.status_code == 401, (path, headers, r.text)
             assert r.json()["error"]["code"] == "invalid_api_key"
@@ -771,8 +964,9 @@ def test_auth(auth_server):
         assert r.event == "error" and r.data["code"] == "invalid_api_key"
         [r] = dsl_call(s, "y", "generate", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1}}, api_key="nope")
         assert r.event == "error" and r.data["code"] == "invalid_api_key"
-        [r] = dsl_call(s, "z", "generate", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, **GREEDY}},
-                       api_key=API_KEY)
+        [r] = dsl_call(
+            s, "z", "generate", {"text": FRANCE, "sampling_params": {"max_new_tokens": 1, **GREEDY}}, api_key=API_KEY
+        )
         assert r.event == "result" and r.data["text"] == " Paris"
     finally:
         s.close(linger=0)
@@ -780,28 +974,52 @@ def test_auth(auth_server):
 
 def test_metrics(auth_server, server):
     from prometheus_client.parser import text_string_to_metric_families
+
     assert httpx.get(server.url + "/metrics").status_code == 404  # off without --enable-metrics
     with auth_server.client() as c:
         for _ in range(2):
-            assert c.post("/generate", json={"text": FRANCE, "sampling_params": {"max_new_tokens": 4, **GREEDY}}
-                          ).status_code == 200
+            assert (
+                c.post(
+                    "/generate", json={"text": FRANCE, "sampling_params": {"max_new_tokens": 4, **GREEDY}}
+                ).status_code
+                == 200
+            )
         text = c.get("/metrics").text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     # the names SGLang's and vLLM's dashboards chart (docs/cache.md: metrics)
-    for name in ("sglang:num_running_reqs", "vllm:num_requests_running", "sglang:num_queue_reqs",
-                 "vllm:num_requests_waiting", "sglang:token_usage", "vllm:kv_cache_usage_perc",
-                 "sglang:cache_hit_rate", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-                 "sglang:cached_tokens", "radixrt:kv_cache_cached_ratio",
-                 "sglang:time_to_first_token_seconds", "vllm:time_to_first_token_seconds",
-                 "sglang:inter_token_latency_seconds", "vllm:inter_token_latency_seconds",
-                 "sglang:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds",
-                 "sglang:generation_tokens", "vllm:generation_tokens", "sglang:prompt_tokens",
-                 "vllm:prompt_tokens", "sglang:num_requests", "vllm:request_success"):
+    for name in (
+        "sglang:num_running_reqs",
+        "vllm:num_requests_running",
+        "sglang:num_queue_reqs",
+        "vllm:num_requests_waiting",
+        "sglang:token_usage",
+        "vllm:kv_cache_usage_perc",
+        "sglang:cache_hit_rate",
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "sglang:cached_tokens",
+        "radixrt:kv_cache_cached_ratio",
+        "sglang:time_to_first_token_seconds",
+        "vllm:time_to_first_token_seconds",
+        "sglang:inter_token_latency_seconds",
+        "vllm:inter_token_latency_seconds",
+        "sglang:e2e_request_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "sglang:generation_tokens",
+        "vllm:generation_tokens",
+        "sglang:prompt_tokens",
+        "vllm:prompt_tokens",
+        "sglang:num_requests",
+        "vllm:request_success",
+    ):
         assert name in fams, sorted(fams)
 
     def value(fam, sample_name, **labels):
-        return next(s.value for s in fams[fam].samples
-                    if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()))
+        return next(
+            s.value
+            for s in fams[fam].samples
+            if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
 
     for p in ("sglang", "vllm"):
         assert value(f"{p}:time_to_first_token_seconds", f"{p}:time_to_first_token_seconds_count") >= 2
@@ -824,19 +1042,27 @@ def test_scheduler_death_is_503(doomed_server):
     restarts). Pending and new requests get errors, nothing hangs."""
     import os
     import signal
+
     with doomed_server.client(timeout=60) as c:
         pid = c.get("/get_server_info").json()["process_ids"]["scheduler"]
-        with c.stream("POST", "/generate", json={"text": FRANCE, "stream": True, "sampling_params": {
-                "max_new_tokens": 200, "ignore_eos": True}}) as r:
+        with c.stream(
+            "POST",
+            "/generate",
+            json={"text": FRANCE, "stream": True, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}},
+        ) as r:
             lines = r.iter_lines()
             next(l for l in lines if l.startswith("data:"))
             os.kill(pid, signal.SIGKILL)
             rest = sse_events(lines)  # ends, with an error event, instead of hanging
         assert rest[-1] == "[DONE]" and "error" in rest[-2]
         assert "scheduler" in rest[-2]["error"]["message"]
-        for method, path, body in (("POST", "/v1/completions", {"prompt": FRANCE, "max_tokens": 1}),
-                                   ("POST", "/generate", {"text": FRANCE}), ("GET", "/get_server_info", None),
-                                   ("GET", "/health", None), ("GET", "/health_generate", None)):
+        for method, path, body in (
+            ("POST", "/v1/completions", {"prompt": FRANCE, "max_tokens": 1}),
+            ("POST", "/generate", {"text": FRANCE}),
+            ("GET", "/get_server_info", None),
+            ("GET", "/health", None),
+            ("GET", "/health_generate", None),
+        ):
             r = c.request(method, path, json=body)
             assert r.status_code == 503, (path, r.text)
             assert "scheduler process exited" in r.json()["error"]["message"]

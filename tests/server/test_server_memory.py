@@ -1,6 +1,7 @@
 """Memory of ``radixrt serve`` (issue 26): the weight, KV pool and per-process peak RSS figures of
 ``/get_server_info`` and ``/metrics``, and the detokenizer running without torch (it needs a tokenizer, not a
 model)."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,11 @@ def test_weights_kv_and_peak_rss_are_reported(server):
     assert set(peaks) == {"main", "scheduler", "detokenizer", "total"}
     assert peaks["total"] == peaks["main"] + peaks["scheduler"] + peaks["detokenizer"]
     assert peaks["scheduler"] == mem["peak_rss_bytes"] > mem["weight_bytes"]
-    values = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
-              if line.startswith(("radixrt:weight_bytes", "radixrt:kv_pool_bytes", "radixrt:peak_rss_bytes"))}
+    values = {
+        line.split("{")[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith(("radixrt:weight_bytes", "radixrt:kv_pool_bytes", "radixrt:peak_rss_bytes"))
+    }
     assert values["radixrt:weight_bytes"] == mem["weight_bytes"]
     assert values["radixrt:kv_pool_bytes"] == mem["kv_pool_bytes"]
     assert values["radixrt:peak_rss_bytes"] >= peaks["total"]

@@ -3,6 +3,7 @@ session_params; the OpenAI routes' X-Session-Id; a DSL program run's automatic s
 
 The pool is 32 pages of 16 tokens; three one-off requests of 200 + 8 random tokens between an agent's calls
 evict its history under LRU (see test_sessions.py for the page arithmetic)."""
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,7 @@ def test_native_sessions(server):
         assert dup.status_code == 400 and dup.json()["error"]["param"] == "session_id"
         b1 = gen(c, input_ids=prompt, session_params={"id": "agent-1"})
         other_traffic(c, 1)
-        b2 = gen(c, input_ids=ids(2, 12), session_params={"id": "agent-1"})   # only the new tokens
+        b2 = gen(c, input_ids=ids(2, 12), session_params={"id": "agent-1"})  # only the new tokens
         assert b2["meta_info"]["prompt_tokens"] == 124
         assert b2["meta_info"]["cached_tokens"] == 96 == (112 - 1) // P * P
         assert b2["output_ids"] == miss["output_ids"]
@@ -86,8 +87,11 @@ def test_native_sessions(server):
         # OpenAI route: the header names the session; the prompt holds the whole history
         hist = prompt + b1["output_ids"] + ids(2, 12) + b2["output_ids"]
         other_traffic(c, 3)
-        r = c.post("/v1/completions", headers={"X-Session-Id": "agent-1"},
-                   json={"prompt": hist + ids(4, 5), "max_tokens": 4, "temperature": 0})
+        r = c.post(
+            "/v1/completions",
+            headers={"X-Session-Id": "agent-1"},
+            json={"prompt": hist + ids(4, 5), "max_tokens": 4, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 128
         bad = c.post("/v1/completions", headers={"X-Session-Id": "nope"}, json={"prompt": [5, 6], "max_tokens": 1})
@@ -103,8 +107,9 @@ def test_native_sessions(server):
         bad = c.post("/v1/completions", json={"prompt": [5, 6, 7, 8], "max_tokens": 1, "session_id": "cap3"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_id", bad.text
         assert "exceeds the session's capacity_of_str_len (3)" in bad.json()["error"]["message"]
-        with c.stream("POST", "/generate", json={"input_ids": [5, 6, 7, 8], "stream": True,
-                                                 "session_params": {"id": "cap3"}}) as r:
+        with c.stream(
+            "POST", "/generate", json={"input_ids": [5, 6, 7, 8], "stream": True, "session_params": {"id": "cap3"}}
+        ) as r:
             events = [line for line in r.iter_lines() if line.startswith("data:")]
         assert json.loads(events[0][5:])["error"]["param"] == "session_params", events
         assert c.post("/close_session", json={"session_id": "cap3"}).json() == {"success": True}
@@ -143,7 +148,8 @@ def test_dsl_program_session(server):
             assert st.error() is None, st.error()
             text1 = f"Notes {int(use)}: {words}."
             seq1 = tok.encode(text1, add_special_tokens=False) + [
-                t for _, t, _ in st.get_meta_info("a")["output_token_logprobs"]]
+                t for _, t, _ in st.get_meta_info("a")["output_token_logprobs"]
+            ]
             ids2 = tok.encode(text1 + st["a"] + " Tool: done.", add_special_tokens=False)
             k1 = (len(seq1) - 1) // P * P
             n = 0

@@ -1,13 +1,16 @@
 """Speculative decoding over a real server (issue 27): the same text streamed and not, with speculation on
 as the engine without it; acceptance in /get_server_info and /metrics under SGLang's and vLLM's names."""
+
 from __future__ import annotations
 
 from server_util import sse_events, start_server
 
 from conftest import close_engine, make_engine
 
-PROMPT = ("<|im_start|>user\nCopy this twice: {\"tool\": \"read_file\", \"args\": {\"path\": \"src/app/main.py\"}}"
-          "<|im_end|>\n<|im_start|>assistant\n")
+PROMPT = (
+    '<|im_start|>user\nCopy this twice: {"tool": "read_file", "args": {"path": "src/app/main.py"}}'
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
 SP = {"temperature": 0, "max_new_tokens": 40}
 
 
@@ -18,8 +21,14 @@ def test_spec_server_stream_info_and_metrics():
     finally:
         close_engine(ref)
     # drafts that do not depend on the wall clock: no cost model (it times the steps), the draft length pinned
-    s = start_server("--speculative-algorithm", "suffix", "--no-speculative-adaptive",
-                     "--speculative-num-draft-tokens", "24", "--enable-metrics")
+    s = start_server(
+        "--speculative-algorithm",
+        "suffix",
+        "--no-speculative-adaptive",
+        "--speculative-num-draft-tokens",
+        "24",
+        "--enable-metrics",
+    )
     try:
         with s.client() as c:
             r = c.post("/generate", json={"text": PROMPT, "sampling_params": SP})
@@ -32,6 +41,7 @@ def test_spec_server_stream_info_and_metrics():
             assert st["algorithm"] == "suffix" and st["accepted_tokens"] > 0 and st["accept_length"] > 1
             text = c.get("/metrics").text
         from prometheus_client.parser import text_string_to_metric_families
+
         fams = {f.name: f for f in text_string_to_metric_families(text)}
         assert fams["sglang:spec_accept_length"].samples[0].value == st["accept_length"]
         acc = fams["vllm:spec_decode_num_accepted_tokens"].samples[0]

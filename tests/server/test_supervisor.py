@@ -7,6 +7,7 @@ counts the restarts from what the server reported when it began (the two kills a
 restarts, within its limit). A death beyond the limit (the server stays down, and says so) has a server of
 its own (``--max-restarts 1``: one restart, then the second death is beyond it).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ LONG = {"max_new_tokens": 200, "ignore_eos": True, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def server():
-    s = start_server("--enable-metrics", "--max-restarts", "2", "--max-running-requests", "2",
-                     "--max-queued-requests", "1")
+    s = start_server(
+        "--enable-metrics", "--max-restarts", "2", "--max-running-requests", "2", "--max-queued-requests", "1"
+    )
     try:
         yield s
     finally:
@@ -52,10 +54,17 @@ def _wait_health(c, timeout: float = 120) -> tuple[list[int], float]:
 def _restarts_metric(c, process: str) -> float:
     """radixrt:process_restarts_total of ``process`` (0 before its first restart: no sample yet)."""
     from prometheus_client.parser import text_string_to_metric_families
+
     fams = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
     fam = fams.get("radixrt:process_restarts")
-    return next((s.value for s in (fam.samples if fam else ())
-                 if s.name == "radixrt:process_restarts_total" and s.labels["process"] == process), 0.0)
+    return next(
+        (
+            s.value
+            for s in (fam.samples if fam else ())
+            if s.name == "radixrt:process_restarts_total" and s.labels["process"] == process
+        ),
+        0.0,
+    )
 
 
 def _restarts(c) -> tuple[dict, dict]:
@@ -81,12 +90,18 @@ def _kill_mid_stream(server, c, name: str) -> tuple[list, int]:
 
 def test_big_body_is_413(server):
     big = b'{"text": "' + b"a" * (10 << 20) + b'"}'
-    too_large = {"error": {"message": "the request body is larger than 8388608 bytes",
-                           "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+    too_large = {
+        "error": {
+            "message": "the request body is larger than 8388608 bytes",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
     with server.client() as c:
         r = c.post("/generate", content=big, headers={"Content-Type": "application/json"})
         assert r.status_code == 413 and r.json() == too_large
-        r = c.post("/v1/chat/completions", content=iter([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)]))
+        r = c.post("/v1/chat/completions", content=iter([big[i : i + (1 << 20)] for i in range(0, len(big), 1 << 20)]))
         assert r.status_code == 413 and r.json() == too_large  # chunked: no Content-Length
         r = c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY})
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 12
@@ -95,18 +110,25 @@ def test_big_body_is_413(server):
 def test_queue_bound_is_503_with_retry_after(server):
     with server.client() as c:
         rids = [f"bound-{i}" for i in range(3)]
-        streams = [c.stream("POST", "/generate", json={"text": PROMPT, "stream": True, "rid": rid,
-                                                      "sampling_params": LONG}) for rid in rids]
+        streams = [
+            c.stream("POST", "/generate", json={"text": PROMPT, "stream": True, "rid": rid, "sampling_params": LONG})
+            for rid in rids
+        ]
         opened = [s.__enter__() for s in streams]
         try:
             # each is submitted once its headers are back: 3 x 200 tokens, 2 at a time, take seconds
             assert [r.status_code for r in opened] == [200] * 3
             r = c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY})
             assert r.status_code == 503 and r.headers["retry-after"] == "1"
-            assert r.json() == {"error": {
-                "message": "the server is at capacity: 3 requests in flight, at most 3 (--max-running-requests 2"
-                           " + --max-queued-requests 1); retry after 1 s",
-                "type": "service_unavailable", "param": None, "code": "queue_full"}}
+            assert r.json() == {
+                "error": {
+                    "message": "the server is at capacity: 3 requests in flight, at most 3 (--max-running-requests 2"
+                    " + --max-queued-requests 1); retry after 1 s",
+                    "type": "service_unavailable",
+                    "param": None,
+                    "code": "queue_full",
+                }
+            }
             r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
             assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
             # a prompt that can never fit is still a 400 at once, not a 503
@@ -125,8 +147,9 @@ def test_queue_bound_is_503_with_retry_after(server):
         # the main process drops an aborted stream's state when its handler unwinds, which may trail the
         # scheduler's idle by a moment: the bound frees within a second, never stays full
         deadline = time.monotonic() + 10
-        while (code := c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY}).status_code) == 503 \
-                and time.monotonic() < deadline:
+        while (
+            code := c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY}).status_code
+        ) == 503 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert code == 200
 
@@ -137,10 +160,13 @@ def test_scheduler_kill_restarts(server):
         before = c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY}).json()
         sid = c.post("/open_session", json={"capacity_of_str_len": 1000}).json()
         rest, pid = _kill_mid_stream(server, c, "scheduler")
-        msg = ("the scheduler process exited unexpectedly (exit code -9); restarting it, retry when "
-               "GET /health returns 200")
-        assert rest[-1] == "[DONE]" and rest[-2] == {"error": {
-            "message": msg, "type": "service_unavailable", "param": None, "code": None}}
+        msg = (
+            "the scheduler process exited unexpectedly (exit code -9); restarting it, retry when "
+            "GET /health returns 200"
+        )
+        assert rest[-1] == "[DONE]" and rest[-2] == {
+            "error": {"message": msg, "type": "service_unavailable", "param": None, "code": None}
+        }
         r = c.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY})
         assert r.status_code == 503 and r.json()["error"]["message"] == msg
         codes, took = _wait_health(c)
@@ -166,7 +192,8 @@ def test_detokenizer_kill_restarts(server):
         assert rest[-1] == "[DONE]"
         assert rest[-2]["error"]["message"] == (
             "the detokenizer process exited unexpectedly (exit code -9); restarting it, retry when "
-            "GET /health returns 200")
+            "GET /health returns 200"
+        )
         _wait_health(c)
         r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
@@ -201,8 +228,10 @@ def test_restart_limit_leaves_the_server_down(limited_server):
         while (r := c.get("/health")).status_code == 200:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        msg = ("the scheduler process exited unexpectedly (exit code -9); not restarted: 1 restarts in the last "
-               "10 min reached --max-restarts 1; the server stays down until it is restarted")
+        msg = (
+            "the scheduler process exited unexpectedly (exit code -9); not restarted: 1 restarts in the last "
+            "10 min reached --max-restarts 1; the server stays down until it is restarted"
+        )
         assert r.json()["error"]["message"] == msg
         # the supervisor gave up (it logs so when it decides, with the same message /health now answers): no
         # restart can come after that, so /health keeps saying so

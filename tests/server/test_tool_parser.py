@@ -1,5 +1,6 @@
 """radixrt.runtime.server.openai.tool_parser without a model: validation, the grammars it builds (checked with the
 xgrammar matcher over the real tokenizer), and the streaming parser split at every position."""
+
 from __future__ import annotations
 
 import json
@@ -7,20 +8,39 @@ import json
 import pytest
 
 from radixrt.runtime.server.http.errors import ApiError
-from radixrt.runtime.server.openai.tool_parser import (TOOL_CALL_BEGIN, ToolCallStream, parse_output, plan_tools,
-                                                render_tool_history)
+from radixrt.runtime.server.openai.tool_parser import (
+    TOOL_CALL_BEGIN,
+    ToolCallStream,
+    parse_output,
+    plan_tools,
+    render_tool_history,
+)
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
-                   "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
 # pydantic-style: $defs at the parameters' root, referenced as "#/$defs/..." (must survive embedding)
-EVENT = {"type": "function", "function": {
-    "name": "create_event",
-    "parameters": {"type": "object", "$defs": {"Person": {"type": "object", "properties": {
-        "name": {"type": "string"}}, "required": ["name"]}},
-        "properties": {"who": {"type": "array", "items": {"$ref": "#/$defs/Person"}}}, "required": ["who"]}}}
+EVENT = {
+    "type": "function",
+    "function": {
+        "name": "create_event",
+        "parameters": {
+            "type": "object",
+            "$defs": {"Person": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+            "properties": {"who": {"type": "array", "items": {"$ref": "#/$defs/Person"}}},
+            "required": ["who"],
+        },
+    },
+}
 NOARGS = {"type": "function", "function": {"name": "ping"}}
 TOOLS = [WEATHER, EVENT, NOARGS]
 
@@ -28,6 +48,7 @@ TOOLS = [WEATHER, EVENT, NOARGS]
 @pytest.fixture(scope="module")
 def xgr_backend(tokenizer):
     from radixrt.runtime.constrained import create_backend
+
     return create_backend("xgrammar", tokenizer, 49152, dynamic_compilation=True)
 
 
@@ -40,7 +61,7 @@ def stream_all(style: str, text: str, step: int):
     st = ToolCallStream(style)
     deltas = []
     for k in range(0, len(text), step):
-        deltas += st.feed(text[k:k + step])
+        deltas += st.feed(text[k : k + step])
     deltas += st.finish()
     content = "".join(d.get("content", "") for d in deltas)
     calls: dict = {}
@@ -55,8 +76,10 @@ def stream_all(style: str, text: str, step: int):
     return content, [calls[i] for i in sorted(calls)], st
 
 
-TAGGED = ('Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Pa\\"ris}</tool_call>", '
-          '"unit": "c"}}</tool_call>\n<tool_call>{"name": "ping", "arguments": {}}</tool_call>\n')
+TAGGED = (
+    'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Pa\\"ris}</tool_call>", '
+    '"unit": "c"}}</tool_call>\n<tool_call>{"name": "ping", "arguments": {}}</tool_call>\n'
+)
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 5, 11, 1000])
@@ -65,8 +88,10 @@ def test_stream_deltas_add_up_to_the_message(step):
     msg_content, msg_calls = st.message()
     assert content == msg_content == "Let me check."
     assert calls == [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in msg_calls]
-    assert calls == [{"name": "get_weather", "arguments": '{"city": "Pa\\"ris}</tool_call>", "unit": "c"}'},
-                     {"name": "ping", "arguments": "{}"}]
+    assert calls == [
+        {"name": "get_weather", "arguments": '{"city": "Pa\\"ris}</tool_call>", "unit": "c"}'},
+        {"name": "ping", "arguments": "{}"},
+    ]
     assert st.finish_reason("stop") == "tool_calls" and st.finish_reason("length") == "length"
     for c in calls:
         json.loads(c["arguments"])
@@ -89,8 +114,7 @@ def test_stream_text_only_and_partial_trigger():
 
 
 def test_cut_call_keeps_partial_arguments():
-    msg, reason = parse_output(plan_tools(TOOLS, "required", None), '[{"name":"get_weather","arguments":{"ci',
-                               "length")
+    msg, reason = parse_output(plan_tools(TOOLS, "required", None), '[{"name":"get_weather","arguments":{"ci', "length")
     assert reason == "length" and msg["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"ci'}
     msg, reason = parse_output(plan_tools(TOOLS, "required", None), "[", "length")
     assert msg == {"role": "assistant", "content": "["} and reason == "length"
@@ -98,14 +122,22 @@ def test_cut_call_keeps_partial_arguments():
 
 def test_grammars_accept_calls_and_refuse_bad_ones(xgr_backend, tokenizer):
     from radixrt.runtime.constrained import validate_spec
+
     req = plan_tools(TOOLS, "required", None)
     kind, spec = req.grammar()
     assert kind == "json_schema"
     spec = validate_spec(kind, spec)
-    ok = ['[{"name":"get_weather","arguments":{"city":"Paris"}}]',
-          '[{"name":"create_event","arguments":{"who":[{"name":"Al"}]}},{"name":"ping","arguments":{}}]']
-    bad = ['[]', '[{"name":"get_weather","arguments":{}}]', '[{"name":"nope","arguments":{}}]',
-           '[{"name":"create_event","arguments":{"who":[{"nom":"Al"}]}}]', '[{"name":"ping","arguments":{"x":1}}]']
+    ok = [
+        '[{"name":"get_weather","arguments":{"city":"Paris"}}]',
+        '[{"name":"create_event","arguments":{"who":[{"name":"Al"}]}},{"name":"ping","arguments":{}}]',
+    ]
+    bad = [
+        "[]",
+        '[{"name":"get_weather","arguments":{}}]',
+        '[{"name":"nope","arguments":{}}]',
+        '[{"name":"create_event","arguments":{"who":[{"nom":"Al"}]}}]',
+        '[{"name":"ping","arguments":{"x":1}}]',
+    ]
     for t in ok:
         assert accepts(xgr_backend, tokenizer, kind, spec, t), t
     for t in bad:
@@ -123,14 +155,25 @@ def test_grammars_accept_calls_and_refuse_bad_ones(xgr_backend, tokenizer):
     kind, spec = auto.grammar()
     spec = validate_spec(kind, spec)
     assert accepts(xgr_backend, tokenizer, kind, spec, "No call needed.")
-    assert accepts(xgr_backend, tokenizer, kind, spec, TAGGED.replace("</tool_call>\", ", "\", "))
-    assert accepts(xgr_backend, tokenizer, kind, spec,
-                   'x <tool_call>{"name": "create_event", "arguments": {"who": [{"name": "B"}]}}</tool_call>')
+    assert accepts(xgr_backend, tokenizer, kind, spec, TAGGED.replace('</tool_call>", ', '", '))
+    assert accepts(
+        xgr_backend,
+        tokenizer,
+        kind,
+        spec,
+        'x <tool_call>{"name": "create_event", "arguments": {"who": [{"name": "B"}]}}</tool_call>',
+    )
     assert not accepts(xgr_backend, tokenizer, kind, spec, '<tool_call>{"name": "nope", "arguments": {}}</tool_call>')
-    assert not accepts(xgr_backend, tokenizer, kind, spec,
-                       '<tool_call>{"name": "get_weather", "arguments": {"town": "P"}}</tool_call>')
-    assert not accepts(xgr_backend, tokenizer, kind, spec,  # bounded whitespace inside a call
-                       '<tool_call>{"name": "get_weather", "arguments": {"city":    "P"}}</tool_call>')
+    assert not accepts(
+        xgr_backend, tokenizer, kind, spec, '<tool_call>{"name": "get_weather", "arguments": {"town": "P"}}</tool_call>'
+    )
+    assert not accepts(
+        xgr_backend,
+        tokenizer,
+        kind,
+        spec,  # bounded whitespace inside a call
+        '<tool_call>{"name": "get_weather", "arguments": {"city":    "P"}}</tool_call>',
+    )
 
 
 def test_prompt_injection_and_history(tokenizer):
@@ -142,23 +185,36 @@ def test_prompt_injection_and_history(tokenizer):
     assert msgs[0]["content"].startswith("Be brief.\n\n# Tools") and len(msgs) == 2
     named = plan_tools(TOOLS, {"type": "function", "function": {"name": "ping"}}, None)
     assert "You must call the function ping" in named.system_text()
-    hist = render_tool_history([{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]}])
+    hist = render_tool_history(
+        [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{}"}}],
+            }
+        ]
+    )
     assert hist == [{"role": "assistant", "content": TOOL_CALL_BEGIN + '{"name": "ping", "arguments": {}}</tool_call>'}]
     text = tokenizer.apply_chat_template(hist, tokenize=False)
     assert "<tool_call>" in text
 
 
-@pytest.mark.parametrize("tools,choice,param", [
-    ({"a": 1}, None, "tools"),
-    ([{"type": "function", "function": {}}], None, "tools[0].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}], None,
-     "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": []}}], None, "tools[0].function.parameters"),
-    (TOOLS, {"type": "function", "function": {"name": "g"}}, "tool_choice"),
-    (None, "required", "tool_choice"),
-    (TOOLS, 3, "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "tools,choice,param",
+    [
+        ({"a": 1}, None, "tools"),
+        ([{"type": "function", "function": {}}], None, "tools[0].function.name"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+            None,
+            "tools[0].function.parameters",
+        ),
+        ([{"type": "function", "function": {"name": "f", "parameters": []}}], None, "tools[0].function.parameters"),
+        (TOOLS, {"type": "function", "function": {"name": "g"}}, "tool_choice"),
+        (None, "required", "tool_choice"),
+        (TOOLS, 3, "tool_choice"),
+    ],
+)
 def test_bad_tools(tools, choice, param):
     with pytest.raises(ApiError) as ei:
         plan_tools(tools, choice, None)

@@ -7,6 +7,7 @@
   the rank and its exit code instead of hanging, restarts the ranks, and gives the same tokens again.
 One server per configuration, shared by the module's tests.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,18 @@ pytestmark = pytest.mark.timeout(900)
 LENGTHS = [1, 7, 16, 33, 100]
 NEW = 24
 GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
-          "required": ["city", "population"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    "required": ["city", "population"],
+}
 SAMPLED = {"json_schema": json.dumps(SCHEMA), "temperature": 1.0, "seed": 7, "max_new_tokens": 160}
 SMALL_POOL = 224  # tokens: 14 pages of 16; the five prompts + outputs need 19, so decode preempts
 
 
 @pytest.fixture(scope="module")
 def prompts(passage_ids):
-    return [passage_ids[(13 * i) % 50:(13 * i) % 50 + n] for i, n in enumerate(LENGTHS)]
+    return [passage_ids[(13 * i) % 50 : (13 * i) % 50 + n] for i, n in enumerate(LENGTHS)]
 
 
 def _start(*extra: str) -> ServerProc:
@@ -51,12 +55,24 @@ def tp3():
 @pytest.fixture(scope="module")
 def random_dir(tmp_path_factory, tokenizer) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
+
     d = tmp_path_factory.mktemp("llama-4q2kv")
     torch.manual_seed(0)
     # a wide init gives peaked logits, so greedy argmax has clear margins at any summation order
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                      tie_word_embeddings=True, initializer_range=0.5, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.5,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(cfg).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return str(d)
@@ -97,8 +113,12 @@ def test_tp3_greedy_parity_and_same_hits(tp3, prompts):
 
 def test_tp3_abort(tp3):
     with tp3.client(timeout=600) as c:
-        body = {"text": "Count from one to a thousand:", "stream": True, "rid": "tp-abort-me",
-                "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, "temperature": 0}}
+        body = {
+            "text": "Count from one to a thousand:",
+            "stream": True,
+            "rid": "tp-abort-me",
+            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, "temperature": 0},
+        }
         with c.stream("POST", "/generate", json=body) as r:
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data:"))
@@ -146,7 +166,8 @@ def test_tp2_preemption_parity_then_rank_killed(tp2_small, random_dir, prompts):
             time.sleep(0.2)
         assert r.json()["error"]["message"] == (
             f"the scheduler process exited unexpectedly (exit code 1: tensor-parallel rank 1 (pid {workers[0]}) "
-            f"exited with code -9); restarting it, retry when GET /health returns 200")
+            f"exited with code -9); restarting it, retry when GET /health returns 200"
+        )
         while c.get("/health").status_code != 200:
             assert time.time() < deadline + 120
             time.sleep(0.2)
@@ -192,8 +213,9 @@ def test_tp2_control_messages_keep_the_ranks_in_step(tp2_small, prompts):
         assert c.post("/flush_cache").status_code == 200
         sid = c.post("/open_session", json={"capacity_of_str_len": 200}).json()
         assert isinstance(sid, str) and len(sid) == 32, sid
-        out = c.post("/generate", json={"input_ids": prompts[3], "session_params": {"id": sid},
-                                        "sampling_params": GREEDY}).json()
+        out = c.post(
+            "/generate", json={"input_ids": prompts[3], "session_params": {"id": sid}, "sampling_params": GREEDY}
+        ).json()
         assert len(out["output_ids"]) == NEW and out["meta_info"]["prompt_tokens"] == 33
         assert c.post("/flush_cache").status_code == 200  # the session's pages are pinned: they stay
         pinned = _rank_stats(c)
@@ -202,8 +224,12 @@ def test_tp2_control_messages_keep_the_ranks_in_step(tp2_small, prompts):
         assert c.post("/close_session", json={"session_id": sid}).json() == {"success": True}
         assert c.post("/close_session", json={"session_id": sid}).json() == {"success": False}
 
-        body = {"input_ids": prompts[4], "stream": True, "rid": "tp2-abort-me",
-                "sampling_params": {"max_new_tokens": 100, "ignore_eos": True, "temperature": 0}}
+        body = {
+            "input_ids": prompts[4],
+            "stream": True,
+            "rid": "tp2-abort-me",
+            "sampling_params": {"max_new_tokens": 100, "ignore_eos": True, "temperature": 0},
+        }
         with c.stream("POST", "/generate", json=body) as r:
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data:"))
@@ -218,5 +244,8 @@ def test_tp2_control_messages_keep_the_ranks_in_step(tp2_small, prompts):
         stats = _rank_stats(c)
         assert stats[0] == stats[1], stats
         assert {k: stats[0][k] for k in ("protected_pages", "evictable_pages", "private_pages")} == {
-            "protected_pages": 0, "evictable_pages": 0, "private_pages": 0}
+            "protected_pages": 0,
+            "evictable_pages": 0,
+            "private_pages": 0,
+        }
         assert stats[0]["free_pages"] == stats[0]["total_pages"], stats

@@ -3,6 +3,7 @@ test_turn_continuity_qwen3.py: the chat template decides what an earlier turn re
 turns render as empty answers and its tool-call turns without their (empty) ``<think>`` block, so each next
 prompt diverges from the previous one where the generation prompt opened ``<think>``: ``cached_tokens`` is
 the previous prompt less that opener, cut to pages; never the previous output (under ``keep`` it is)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,16 +19,28 @@ THINK_STEPS_STRIP = [(18, 12, 0), (34, 12, 16), (50, 12, 32), (66, 12, 48)]
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory, tokenizer):
-    return make_model_dir("qwen3", tmp_path_factory.mktemp("qwen3strip"), tokenizer,
-                          chat_template="qwen3_thinking.jinja", added_tokens=QWEN_TOKENS)
+    return make_model_dir(
+        "qwen3",
+        tmp_path_factory.mktemp("qwen3strip"),
+        tokenizer,
+        chat_template="qwen3_thinking.jinja",
+        added_tokens=QWEN_TOKENS,
+    )
 
 
-srv, _idle, oai = server_fixtures("--model", lambda request: str(request.getfixturevalue("qwen3_dir")),
-                                  "--reasoning-parser", "qwen3", "--context-length", "1024")
+srv, _idle, oai = server_fixtures(
+    "--model",
+    lambda request: str(request.getfixturevalue("qwen3_dir")),
+    "--reasoning-parser",
+    "qwen3",
+    "--context-length",
+    "1024",
+)
 
 
 def check_strip_steps(steps, qwen3_dir) -> None:
     from transformers import AutoTokenizer
+
     opener = len(AutoTokenizer.from_pretrained(qwen3_dir).encode("<think>\n", add_special_tokens=False))
     assert steps[0][2] == 0, steps
     for (p0, _, _), (_, _, cached) in zip(steps, steps[1:]):

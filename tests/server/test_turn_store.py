@@ -1,6 +1,7 @@
 """Turn continuity without a server: the store (bounded LRU, keys that ignore argument formatting and
 separate salts) and ``encode_turn`` on the SmolLM2 tokenizer, with its own template and with a thinking
 template, under ``--reasoning-history keep`` and ``strip``."""
+
 from __future__ import annotations
 
 import copy
@@ -34,14 +35,20 @@ def test_store_is_a_bounded_lru():
 def test_key_ignores_argument_formatting_not_salt_or_prefix():
     re = {**CALL, "function": {"name": "f", "arguments": '{"b": [2], "a": 1}'}}
     k = turn_key(None, "P", None, [CALL])
-    assert k == turn_key(None, "P", "", [re]) == turn_key(None, "P", "  ", [{"name": "f", "arguments": {"a": 1, "b": [2]}}])
+    assert (
+        k
+        == turn_key(None, "P", "", [re])
+        == turn_key(None, "P", "  ", [{"name": "f", "arguments": {"a": 1, "b": [2]}}])
+    )
     assert k != turn_key("tenant", "P", None, [CALL]) and k != turn_key(None, "Q", None, [CALL])
 
 
 def test_splice_encode(tokenizer):
     text = "Hello world. Bye"
     ids = splice_encode(tokenizer, text, [(6, 12, (7, 8))])
-    assert ids == tokenizer.encode("Hello ", add_special_tokens=False) + [7, 8] + tokenizer.encode(" Bye", add_special_tokens=False)
+    assert ids == tokenizer.encode("Hello ", add_special_tokens=False) + [7, 8] + tokenizer.encode(
+        " Bye", add_special_tokens=False
+    )
     with pytest.raises(ValueError, match="sorted"):
         splice_encode(tokenizer, text, [(6, 12, (1,)), (3, 4, (2,))])
 
@@ -68,7 +75,7 @@ def test_smollm_turn_spliced(tokenizer):
     turn = _turn(tokenizer, nxt)
     ids, n = encode_turn(tokenizer, store, turn, None, False)
     prev = tokenizer.encode(_turn(tokenizer, first).prompt, add_special_tokens=False)
-    assert n == 1 and ids[:len(prev) + len(gen)] == prev + gen  # the earlier prompt, then the ids as generated
+    assert n == 1 and ids[: len(prev) + len(gen)] == prev + gen  # the earlier prompt, then the ids as generated
     assert tokenizer.decode(ids) == tokenizer.decode(tokenizer.encode(turn.prompt, add_special_tokens=False))
     other = encode_turn(tokenizer, store, turn, "another-tenant", False)
     assert other == (tokenizer.encode(turn.prompt, add_special_tokens=False), 0)
@@ -90,4 +97,4 @@ def test_thinking_template_keep_and_strip(tokenizer):
     assert encode_turn(tok, store, turn, None, False) == (plain, 0)  # strip: the template's text
     ids, n = encode_turn(tok, store, turn, None, True)  # keep: the earlier prompt, then what was generated
     prev = tok.encode(_turn(tok, first).prompt, add_special_tokens=False)
-    assert n == 1 and ids[:len(prev) + len(gen)] == prev + gen
+    assert n == 1 and ids[: len(prev) + len(gen)] == prev + gen

@@ -1,5 +1,6 @@
 """The speculation cost model (spec/cost.py, issue 27 item 4): step-time table, acceptance estimate, and the
 draft lengths chosen from them, checked on hand-computed examples."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,12 +22,12 @@ T = table({1: 10, 2: 16, 3: 18, 4: 20, 5: 22, 9: 40, 16: 100, 17: 104, 18: 108})
 
 def test_buckets_and_interpolation():
     assert [bucket(n) for n in (1, 64, 65, 71, 72, 100, 128, 143, 144)] == [1, 64, 64, 64, 72, 96, 128, 128, 144]
-    assert T(7) == pytest.approx(31 * MS)              # between 5 (22) and 9 (40): 22 + 18 * 2 / 4
-    assert T(20) == pytest.approx(116 * MS)            # past 18: the slope of 17 -> 18 (4 ms a token)
+    assert T(7) == pytest.approx(31 * MS)  # between 5 (22) and 9 (40): 22 + 18 * 2 / 4
+    assert T(20) == pytest.approx(116 * MS)  # past 18: the slope of 17 -> 18 (4 ms a token)
     assert table({4: 20})(8) == pytest.approx(40 * MS)  # one point: proportional
     t = table({1: 10})
     t.observe(1, 20 * MS)
-    assert t(1) == pytest.approx(12 * MS)              # EMA 0.2
+    assert t(1) == pytest.approx(12 * MS)  # EMA 0.2
     with pytest.raises(ValueError):
         StepTimes()(1)
 
@@ -141,5 +142,6 @@ def test_the_choice_depends_on_the_curves_shape_not_its_scale():
             scaled.observe(4, 3.7 * scaled.base(4))  # steps 3.7x slower than the curve says
         assert scaled.scale == pytest.approx(3.7, rel=1e-2)
         for rows, base in (([(0.9, 8)], 1), ([(0.95, 4), (0.6, 8), (0.3, 2)], 3)):
-            assert choose_drafts(scaled, base, base, rows, budget=64) == \
-                choose_drafts(linear(c), base, base, rows, budget=64)
+            assert choose_drafts(scaled, base, base, rows, budget=64) == choose_drafts(
+                linear(c), base, base, rows, budget=64
+            )

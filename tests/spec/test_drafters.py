@@ -1,6 +1,7 @@
 """The drafters of runtime/spec (issue 27): prompt lookup, the occurrence index's suffix match and frequency
 vote, the suffix drafter's per-request and global stores, the rest of a prompt word copied in other tokens,
 and the acceptance-rate adaptation."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -103,8 +104,8 @@ def test_make_drafter_names():
 
 def test_auto_is_suffix_on_the_cpu_only_without_tp():
     assert resolve_algorithm("auto", 1, "cpu") == "suffix"
-    assert resolve_algorithm("auto", 1, "cuda:0") == "none"   # never run on a GPU
-    assert resolve_algorithm("auto", 2, "cpu") == "none"      # the TP lockstep carries no drafts
+    assert resolve_algorithm("auto", 1, "cuda:0") == "none"  # never run on a GPU
+    assert resolve_algorithm("auto", 2, "cpu") == "none"  # the TP lockstep carries no drafts
     assert [resolve_algorithm(a, 2, "cuda") for a in ("none", "suffix", "ngram")] == ["none", "suffix", "ngram"]
 
 

@@ -2,6 +2,7 @@
 
 ``auto`` picks FlashInfer on CUDA when it is installed, torch-native otherwise.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,8 +15,13 @@ from radixrt.kernels.attention.metadata import AttentionMetadata
 BACKENDS = ("auto", "torch_native", "flashinfer")
 
 
-def get_backend(name: str, device: torch.device | str, dtype: torch.dtype = torch.float32,
-                kv_dtype: torch.dtype | None = None, cpu_cascade: bool = False) -> AttentionBackend:
+def get_backend(
+    name: str,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+    kv_dtype: torch.dtype | None = None,
+    cpu_cascade: bool = False,
+) -> AttentionBackend:
     """Return an attention backend instance.
 
     ``auto`` is FlashInfer on CUDA for fp16/bf16 when flashinfer is installed (FlashInfer has no fp32
@@ -39,8 +45,10 @@ def get_backend(name: str, device: torch.device | str, dtype: torch.dtype = torc
         if importlib.util.find_spec("flashinfer") is None:
             raise ValueError("attention_backend 'flashinfer' needs flashinfer-python: pip install 'radixrt[cuda]'")
         from radixrt.kernels.attention.flashinfer import FlashInferBackend
+
         return FlashInferBackend(device)
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
+
     return TorchNativeBackend(device, dtype=dtype, cascade=cpu_cascade, kv_dtype=kv_dtype)
 
 

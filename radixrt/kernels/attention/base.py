@@ -1,4 +1,5 @@
 """The attention backend interface. Backends are swappable; the model only calls ``forward``."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -35,8 +36,9 @@ class AttentionBackend(ABC):
         """Prepare for one step (index tensors, kernel plans). Called before the first layer."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVCacheView, scale: float) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVCacheView, scale: float
+    ) -> torch.Tensor:
         """Write the new tokens' K/V into the pool, then attend.
 
         Args:

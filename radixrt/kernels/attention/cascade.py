@@ -15,6 +15,7 @@ batched call over the padded suffixes. Without groups the suffix is the whole co
 Index tensors are built once per step by :func:`plan_decode` with tensor ops (no ``.tolist()``, no
 Python loop over rows or pages); :func:`run_decode` runs once per layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ from radixrt.kernels.attention.prefix_groups import PrefixGroups
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention that also returns the log-sum-exp of the scores (natural log).
 
     Args:
@@ -49,8 +51,9 @@ def attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return torch.matmul(torch.exp(s - lse[..., None]), v.float()).to(q.dtype), lse
 
 
-def merge_state(o_a: torch.Tensor, s_a: torch.Tensor, o_b: torch.Tensor,
-                s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_state(
+    o_a: torch.Tensor, s_a: torch.Tensor, o_b: torch.Tensor, s_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attentions over disjoint KV ranges into the attention over their union.
 
     Args:
@@ -113,9 +116,15 @@ def _pad_mask(valid: torch.Tensor) -> torch.Tensor | None:
     return torch.zeros(valid.shape).masked_fill_(~valid, float("-inf"))[:, None, None, :].to(valid.device)
 
 
-def plan_decode(decode_rows: torch.Tensor, q_rows: torch.Tensor, kv_lens: torch.Tensor,
-                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, page_size: int,
-                groups: PrefixGroups | None) -> DecodePlan:
+def plan_decode(
+    decode_rows: torch.Tensor,
+    q_rows: torch.Tensor,
+    kv_lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    page_size: int,
+    groups: PrefixGroups | None,
+) -> DecodePlan:
     """Index tensors for :func:`run_decode`.
 
     Args:
@@ -145,13 +154,15 @@ def plan_decode(decode_rows: torch.Tensor, q_rows: torch.Tensor, kv_lens: torch.
         # call and a merge per layer (~70 us), which only a long context's gather outweighs (~0.65 us a token)
         if runs is not None and S >= VIEW_TOKENS_PER_RUN * (len(runs) - 1):
             one = torch.zeros(1, 1, dtype=torch.int64, device=dev)
-            return DecodePlan(q_rows, None, None, [LevelPlan(one, None, r, None, None, None) for r in runs[:-1]],
-                              runs[-1])
+            return DecodePlan(
+                q_rows, None, None, [LevelPlan(one, None, r, None, None, None) for r in runs[:-1]], runs[-1]
+            )
     return DecodePlan(q_rows, slots, _pad_mask(valid), plan_levels(groups, decode_rows, kv_lens.shape[0], P, dev))
 
 
-def plan_levels(groups: PrefixGroups | None, decode_rows: torch.Tensor, batch_size: int, page_size: int,
-                dev: torch.device) -> list[LevelPlan]:
+def plan_levels(
+    groups: PrefixGroups | None, decode_rows: torch.Tensor, batch_size: int, page_size: int, dev: torch.device
+) -> list[LevelPlan]:
     """The group levels of :class:`DecodePlan` (outermost first); decode-local rows index ``decode_rows``."""
     if groups is None or not groups.num_groups:
         return []
@@ -169,7 +180,7 @@ VIEW_TOKENS_PER_RUN = 128
 
 def _runs(slots: torch.Tensor) -> list[tuple[int, int]] | None:
     """Split one row's slots into ``[first, last + 1)`` runs of consecutive slots; None if too many."""
-    cut = (torch.nonzero(slots.diff() != 1).squeeze(1) + 1)
+    cut = torch.nonzero(slots.diff() != 1).squeeze(1) + 1
     if cut.numel() >= MAX_RUNS:
         return None
     bounds = [0, *cut.tolist(), slots.numel()]  # at most MAX_RUNS + 1 host ints
@@ -177,8 +188,7 @@ def _runs(slots: torch.Tensor) -> list[tuple[int, int]] | None:
     return [(f, f + b - a) for f, a, b in zip(first, bounds[:-1], bounds[1:])]
 
 
-def _plan_level(groups: PrefixGroups, lvl: int, local: torch.Tensor, Bd: int, P: int,
-                dev: torch.device) -> LevelPlan:
+def _plan_level(groups: PrefixGroups, lvl: int, local: torch.Tensor, Bd: int, P: int, dev: torch.device) -> LevelPlan:
     gi = [g for g, x in enumerate(groups.levels) if x == lvl]  # a loop over groups, not rows
     members = [groups.rows[g] for g in gi]
     pages = [groups.pages[g] for g in gi]
@@ -207,12 +217,14 @@ def _plan_level(groups: PrefixGroups, lvl: int, local: torch.Tensor, Bd: int, P:
         pos = torch.minimum(pos, (ends - 1)[:, None])
         slots = (table.gather(1, pos // P - (starts // P)[:, None]) * P + pos % P).to(dev)
         mask = None if mask is None else mask.to(dev)
-    return LevelPlan(q_rows.to(dev), slots, span, mask, None if keep is None else keep.to(dev),
-                     None if tgt is None else tgt.to(dev))
+    return LevelPlan(
+        q_rows.to(dev), slots, span, mask, None if keep is None else keep.to(dev), None if tgt is None else tgt.to(dev)
+    )
 
 
-def run_decode(plan: DecodePlan, q: torch.Tensor, kflat: torch.Tensor, vflat: torch.Tensor,
-               scale: float) -> torch.Tensor:
+def run_decode(
+    plan: DecodePlan, q: torch.Tensor, kflat: torch.Tensor, vflat: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Cascade decode attention of one layer.
 
     Args:
@@ -230,17 +242,24 @@ def run_decode(plan: DecodePlan, q: torch.Tensor, kflat: torch.Tensor, vflat: to
     G = Hq // Hkv
     if plan.suffix_span is not None:
         a, b = plan.suffix_span
-        ks = kflat[a:b].to(q.dtype).transpose(0, 1).unsqueeze(0)          # [1, Hkv, S, D], a view
+        ks = kflat[a:b].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D], a view
         vs = vflat[a:b].to(q.dtype).transpose(0, 1).unsqueeze(0)
     else:
-        ks = kflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)      # [Bd, Hkv, S, D]
+        ks = kflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)  # [Bd, Hkv, S, D]
         vs = vflat[plan.suffix_slots].to(q.dtype).transpose(1, 2)
     o, lse = attend_lse(qd.view(Bd, Hkv, G, D), ks, vs, plan.suffix_mask, scale)
     return merge_levels(plan.levels, qd, o.reshape(Bd, Hq, D), lse.reshape(Bd, Hq), kflat, vflat, scale)
 
 
-def merge_levels(levels: list[LevelPlan], qd: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                 kflat: torch.Tensor, vflat: torch.Tensor, scale: float) -> torch.Tensor:
+def merge_levels(
+    levels: list[LevelPlan],
+    qd: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    kflat: torch.Tensor,
+    vflat: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Attend the group levels and merge them into the suffixes' partials ``o [Bd, Hq, D]``, ``lse [Bd, Hq]``
     (float32); ``qd [Bd, Hq, D]`` the decode rows' queries. Returns the merged ``o``."""
     Bd, Hq, D = qd.shape
@@ -250,12 +269,12 @@ def merge_levels(levels: list[LevelPlan], qd: torch.Tensor, o: torch.Tensor, lse
         Ng, R = lv.q_rows.shape
         qg = qd[lv.q_rows].view(Ng, R, Hkv, G, D).transpose(1, 2).reshape(Ng, Hkv, R * G, D)
         if lv.span is not None:
-            kg = kflat[lv.span[0]:lv.span[1]].to(qd.dtype).transpose(0, 1).unsqueeze(0)  # a view
-            vg = vflat[lv.span[0]:lv.span[1]].to(qd.dtype).transpose(0, 1).unsqueeze(0)
+            kg = kflat[lv.span[0] : lv.span[1]].to(qd.dtype).transpose(0, 1).unsqueeze(0)  # a view
+            vg = vflat[lv.span[0] : lv.span[1]].to(qd.dtype).transpose(0, 1).unsqueeze(0)
         else:
-            kg = kflat[lv.slots].to(qd.dtype).transpose(1, 2)                  # [Ng, Hkv, L, D]
+            kg = kflat[lv.slots].to(qd.dtype).transpose(1, 2)  # [Ng, Hkv, L, D]
             vg = vflat[lv.slots].to(qd.dtype).transpose(1, 2)
-        og, sg = attend_lse(qg, kg, vg, lv.mask, scale)                       # [Ng, Hkv, R*G, D]
+        og, sg = attend_lse(qg, kg, vg, lv.mask, scale)  # [Ng, Hkv, R*G, D]
         og = og.view(Ng, Hkv, R, G, D).transpose(1, 2).reshape(Ng * R, Hq, D)
         sg = sg.view(Ng, Hkv, R, G).transpose(1, 2).reshape(Ng * R, Hq)
         if lv.keep is not None:

@@ -35,6 +35,7 @@ raises ``ValueError`` for ``float32``; use ``torch_native`` for fp32 runs.
 CUDA graphs: see :class:`FlashInferGraphSupport` (``backend.cuda_graph``) and
 ``radixrt/runtime/executor/cuda_graph_runner.py``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -85,14 +86,28 @@ def plan_args(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head
     kv_indptr = torch.tensor(_cumsum(pages), **i32)
     last_page_len = torch.tensor(last, **i32)
     if meta.is_decode:
-        plan = dict(indptr=kv_indptr, indices=meta.kv_indices, last_page_len=last_page_len,
-                    num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=P)
+        plan = dict(
+            indptr=kv_indptr,
+            indices=meta.kv_indices,
+            last_page_len=last_page_len,
+            num_qo_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=P,
+        )
         mode = "decode"
     else:
-        plan = dict(qo_indptr=torch.tensor(_cumsum(meta.q_lens), **i32), paged_kv_indptr=kv_indptr,
-                    paged_kv_indices=meta.kv_indices, paged_kv_last_page_len=last_page_len,
-                    num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim,
-                    page_size=P, causal=True)
+        plan = dict(
+            qo_indptr=torch.tensor(_cumsum(meta.q_lens), **i32),
+            paged_kv_indptr=kv_indptr,
+            paged_kv_indices=meta.kv_indices,
+            paged_kv_last_page_len=last_page_len,
+            num_qo_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim_qk=head_dim,
+            page_size=P,
+            causal=True,
+        )
         mode = "prefill"
     return {"mode": mode, "plan": plan, "kv_lens": list(meta.kv_lens)}
 
@@ -137,9 +152,12 @@ def pad_decode_plan(plan: dict, padded_bs: int, dummy_page: int = DUMMY_PAGE) ->
     tail = indptr[-1] + torch.arange(1, extra + 1, dtype=indptr.dtype)
     indices = plan["indices"]
     pad_pages = torch.full((extra,), dummy_page, dtype=indices.dtype, device=indices.device)
-    return {**plan, "indptr": torch.cat([indptr, tail]), "indices": torch.cat([indices, pad_pages]),
-            "last_page_len": torch.cat([plan["last_page_len"],
-                                        torch.ones(extra, dtype=plan["last_page_len"].dtype)])}
+    return {
+        **plan,
+        "indptr": torch.cat([indptr, tail]),
+        "indices": torch.cat([indices, pad_pages]),
+        "last_page_len": torch.cat([plan["last_page_len"], torch.ones(extra, dtype=plan["last_page_len"].dtype)]),
+    }
 
 
 def pad_out_cache_loc(loc: torch.Tensor, padded_bs: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,8 +188,13 @@ class FlashInferBackend(AttentionBackend):
             can run in captured CUDA graphs.
     """
 
-    def __init__(self, device: torch.device | str = "cuda", workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
-                 prefill_backend: str = "fa2", decode_use_tensor_cores: bool = True):
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+        prefill_backend: str = "fa2",
+        decode_use_tensor_cores: bool = True,
+    ):
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ValueError("FlashInferBackend needs a CUDA device; use the torch_native backend on CPU")
@@ -184,15 +207,17 @@ class FlashInferBackend(AttentionBackend):
         self.decode_use_tensor_cores = decode_use_tensor_cores
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend=prefill_backend)
+            self.workspace, "NHD", backend=prefill_backend
+        )
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=decode_use_tensor_cores)
+            self.workspace, "NHD", use_tensor_cores=decode_use_tensor_cores
+        )
         self.num_q_heads = self.num_kv_heads = self.head_dim = None
         self.dtype: torch.dtype | None = None
         self.sm_scale: float | None = None
         self.cuda_graph = FlashInferGraphSupport(self)
         self.cascade = CascadeWrappers(flashinfer, self.workspace)  # decode steps with prefix groups
-        self._active = None          # the wrapper planned for this step
+        self._active = None  # the wrapper planned for this step
         self._loc: torch.Tensor | None = None
         self._valid: torch.Tensor | None = None  # set while a padded graph batch is being captured
 
@@ -200,8 +225,15 @@ class FlashInferBackend(AttentionBackend):
     def configured(self) -> bool:
         return self.dtype is not None
 
-    def configure(self, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                  sm_scale: float | None = None, kv_dtype: torch.dtype | None = None) -> None:
+    def configure(
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        sm_scale: float | None = None,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         """Set the model's attention shape. ``sm_scale`` defaults to ``head_dim ** -0.5``; ``kv_dtype``
         (the paged KV pool's type, passed to the wrappers' ``plan`` as ``kv_data_type``) to ``dtype``.
 
@@ -210,8 +242,10 @@ class FlashInferBackend(AttentionBackend):
                 wired here), or head counts that are not GQA.
         """
         if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"attention_backend 'flashinfer' runs float16/bfloat16 only, got {dtype}; "
-                             "use attention_backend='torch_native' (or dtype='bfloat16')")
+            raise ValueError(
+                f"attention_backend 'flashinfer' runs float16/bfloat16 only, got {dtype}; "
+                "use attention_backend='torch_native' (or dtype='bfloat16')"
+            )
         kv_dtype = dtype if kv_dtype is None else kv_dtype
         if kv_dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"kv_cache_dtype: attention_backend 'flashinfer' takes fp16/bf16 pools, got {kv_dtype}")
@@ -220,7 +254,7 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
         self.dtype = dtype
-        self.sm_scale = float(head_dim ** -0.5 if sm_scale is None else sm_scale)
+        self.sm_scale = float(head_dim**-0.5 if sm_scale is None else sm_scale)
 
     def _common_kwargs(self) -> dict:
         return dict(q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=self.sm_scale)
@@ -241,8 +275,9 @@ class FlashInferBackend(AttentionBackend):
             self.prefill_wrapper.plan(**args["plan"], **self._common_kwargs())
             self._active = self.prefill_wrapper
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVCacheView, scale: float) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVCacheView, scale: float
+    ) -> torch.Tensor:
         if self._active is None:
             raise RuntimeError("FlashInferBackend.plan() must be called before forward()")
         if abs(scale - self.sm_scale) > 1e-9 * self.sm_scale:  # FlashInfer takes the scale at plan time
@@ -293,9 +328,14 @@ class FlashInferGraphSupport:
         self.valid = torch.ones(max_bs, dtype=torch.bool, device=dev)
         for B in batch_sizes:
             self.wrappers[B] = fi.BatchDecodeWithPagedKVCacheWrapper(
-                b.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=b.decode_use_tensor_cores,
-                paged_kv_indptr_buffer=self.indptr[:B + 1], paged_kv_indices_buffer=self.indices,
-                paged_kv_last_page_len_buffer=self.last_page_len[:B])
+                b.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=b.decode_use_tensor_cores,
+                paged_kv_indptr_buffer=self.indptr[: B + 1],
+                paged_kv_indices_buffer=self.indices,
+                paged_kv_last_page_len_buffer=self.last_page_len[:B],
+            )
 
     def fits(self, meta: AttentionMetadata) -> bool:
         """True when the padded page table fits the fixed indices buffer."""
@@ -314,13 +354,18 @@ class FlashInferGraphSupport:
         mode for batch size ``B`` (its forward then reads the fixed buffers). Only at start-up, before any
         request: the warm-up runs write slot ``DUMMY_PAGE * page_size``."""
         b = self.backend
-        plan = dict(indptr=torch.arange(B + 1, dtype=torch.int32),
-                    indices=torch.full((B,), DUMMY_PAGE, dtype=torch.int32),
-                    last_page_len=torch.ones(B, dtype=torch.int32),
-                    num_qo_heads=b.num_q_heads, num_kv_heads=b.num_kv_heads, head_dim=b.head_dim,
-                    page_size=self._page_size)
-        self._plan(B, plan, torch.full((B,), DUMMY_PAGE * self._page_size, dtype=torch.int64),
-                   torch.ones(B, dtype=torch.bool))
+        plan = dict(
+            indptr=torch.arange(B + 1, dtype=torch.int32),
+            indices=torch.full((B,), DUMMY_PAGE, dtype=torch.int32),
+            last_page_len=torch.ones(B, dtype=torch.int32),
+            num_qo_heads=b.num_q_heads,
+            num_kv_heads=b.num_kv_heads,
+            head_dim=b.head_dim,
+            page_size=self._page_size,
+        )
+        self._plan(
+            B, plan, torch.full((B,), DUMMY_PAGE * self._page_size, dtype=torch.int64), torch.ones(B, dtype=torch.bool)
+        )
         b._active, b._loc, b._valid = self.wrappers[B], self.loc[:B], self.valid[:B]
 
     def end_capture(self) -> None:

@@ -18,6 +18,7 @@ FlashInfer segments start at a page boundary, so every group range must be page-
 tree's ranges are (node keys are whole pages). Only pure decode steps run as a cascade. Importing this
 module never imports ``flashinfer``. Pure planning is tested on CPU (tests/test_flashinfer_cascade.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -85,9 +86,17 @@ def cascade_plan_args(meta: AttentionMetadata, num_q_heads: int, num_kv_heads: i
     indptr_arr.append(indptr.to(**i32))
     indices_arr.append(meta.kv_indices[src.to(meta.kv_indices.device)])
     last_arr.append((kv - (kv + P - 1) // P * P + P).to(**i32))
-    plan = dict(qo_indptr_arr=qo_arr, paged_kv_indptr_arr=indptr_arr, paged_kv_indices_arr=indices_arr,
-                paged_kv_last_page_len=last_arr, num_qo_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, page_size=P, causal=False)
+    plan = dict(
+        qo_indptr_arr=qo_arr,
+        paged_kv_indptr_arr=indptr_arr,
+        paged_kv_indices_arr=indices_arr,
+        paged_kv_last_page_len=last_arr,
+        num_qo_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        page_size=P,
+        causal=False,
+    )
     return {"num_levels": n + 1, "perm": perm, "inv": torch.argsort(perm), "plan": plan}
 
 
@@ -100,8 +109,7 @@ class CascadeWrappers:
         self.wrappers: dict[int, object] = {}
         self._active = self._perm = self._inv = None
 
-    def plan(self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int,
-             common: dict) -> None:
+    def plan(self, meta: AttentionMetadata, num_q_heads: int, num_kv_heads: int, head_dim: int, common: dict) -> None:
         args = cascade_plan_args(meta, num_q_heads, num_kv_heads, head_dim)
         n = args["num_levels"]
         if n not in self.wrappers:

@@ -15,6 +15,7 @@ the KV of their own request: row j of a request with q_len new tokens and kv_len
 positions ``< kv_len - q_len + j + 1``. The same object feeds the torch-native and FlashInfer backends, so
 it is tested on CPU once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,9 +47,15 @@ class AttentionMetadata:
         return all(q == 1 for q in self.q_lens)
 
     @classmethod
-    def build(cls, page_tables: list[list[int]], q_lens: list[int], kv_lens: list[int], page_size: int,
-              device: torch.device | str = "cpu",
-              prefix_groups: PrefixGroups | None = None) -> "AttentionMetadata":
+    def build(
+        cls,
+        page_tables: list[list[int]],
+        q_lens: list[int],
+        kv_lens: list[int],
+        page_size: int,
+        device: torch.device | str = "cpu",
+        prefix_groups: PrefixGroups | None = None,
+    ) -> "AttentionMetadata":
         """Build the metadata for one forward step.
 
         Args:

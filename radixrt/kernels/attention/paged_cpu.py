@@ -17,6 +17,7 @@ shared-prefix group's decode rows; an extend's rows, causal), and merges them in
 offset of the block's pages in ``kv_indices``, its tokens ``[start, end)``, causal (0/1)
 (``paged_rows.plan_rows``).
 """
+
 from __future__ import annotations
 
 

@@ -12,6 +12,7 @@ tokens, which it attends as small GEMMs and merges into the paged kernel's outpu
 
 No gather, no padding, one call of each kernel per layer for the whole step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,37 +71,48 @@ def plan_rows(meta: AttentionMetadata, groups: PrefixGroups | None) -> RowPlan:
     decode_reqs = (ql == 1).nonzero().squeeze(1)
     group_blocks = _group_blocks(groups, decode_reqs, B, indptr)
     T = int(ql.sum())
-    req = torch.repeat_interleave(torch.arange(B), ql)                        # [T] request of each token
+    req = torch.repeat_interleave(torch.arange(B), ql)  # [T] request of each token
     decode = (ql == 1)[req]
     rows = torch.cat([decode.nonzero().squeeze(1), (~decode).nonzero().squeeze(1)])
     r = req[rows]
     is_dec = ql[r] == 1
     start = torch.where(is_dec, start_req[r], 0)
     end = torch.where(is_dec, kv[r], 0)
-    ext = (ql > 1).nonzero().squeeze(1)                                        # extends, in batch order
+    ext = (ql > 1).nonzero().squeeze(1)  # extends, in batch order
     nd = decode_reqs.shape[0]
     size = ql[ext]
     stop = size.cumsum(0)
-    m0 = group_blocks[1].shape[0]                                              # extend members follow groups'
-    causal = torch.stack([m0 + stop - size, m0 + stop, indptr[ext], torch.zeros_like(size), kv[ext],
-                          torch.ones_like(size)], 1)
+    m0 = group_blocks[1].shape[0]  # extend members follow groups'
+    causal = torch.stack(
+        [m0 + stop - size, m0 + stop, indptr[ext], torch.zeros_like(size), kv[ext], torch.ones_like(size)], 1
+    )
     blocks = torch.cat([group_blocks[0], causal]).contiguous()
     members = torch.cat([group_blocks[1], torch.arange(nd, T)])
     covers_all = bool(torch.equal(rows, torch.arange(T)))
     return RowPlan(rows, indptr[r], start, end, decode_reqs, covers_all, blocks, members)
 
 
-def _group_blocks(groups: PrefixGroups | None, decode_reqs: torch.Tensor, batch_size: int,
-                  kv_indptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_blocks(
+    groups: PrefixGroups | None, decode_reqs: torch.Tensor, batch_size: int, kv_indptr: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The shared-prefix groups as blocks: ``([Ng, 6], members)``; levels need no order (their token ranges
     are disjoint), so nested groups are just more blocks. Members are kernel rows (decode-local)."""
     if groups is None or not groups.num_groups:
         return _NO_BLOCKS, _NO_MEMBERS
     local = torch.full((batch_size,), -1, dtype=torch.int64)
     local[decode_reqs] = torch.arange(decode_reqs.shape[0])
-    sizes = torch.tensor([len(m) for m in groups.rows])                       # a loop over groups, not rows
+    sizes = torch.tensor([len(m) for m in groups.rows])  # a loop over groups, not rows
     end = sizes.cumsum(0)
     first = torch.tensor([m[0] for m in groups.rows])
-    table = torch.stack([end - sizes, end, kv_indptr[first], torch.tensor(groups.starts),
-                         torch.tensor(groups.ends), torch.zeros_like(sizes)], 1)
+    table = torch.stack(
+        [
+            end - sizes,
+            end,
+            kv_indptr[first],
+            torch.tensor(groups.starts),
+            torch.tensor(groups.ends),
+            torch.zeros_like(sizes),
+        ],
+        1,
+    )
     return table, local[torch.tensor(list(chain.from_iterable(groups.rows)))]

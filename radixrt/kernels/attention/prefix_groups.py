@@ -9,6 +9,7 @@ what no group covers, ``[suffix_start, kv_len)``, is attended by the row alone.
 The attention of a row is then the exact log-sum-exp merge of its groups' partial attentions and its
 suffix's (Hydragen, arXiv 2402.05099; FlashInfer's multi-level cascade and ``merge_state``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,8 +61,9 @@ class PrefixGroups:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"PrefixGroups.{name} has {len(getattr(self, name))} entries for {n} groups")
         if len(self.suffix_starts) != len(kv_lens):
-            raise ValueError(f"PrefixGroups.suffix_starts has {len(self.suffix_starts)} entries for "
-                             f"{len(kv_lens)} rows")
+            raise ValueError(
+                f"PrefixGroups.suffix_starts has {len(self.suffix_starts)} entries for {len(kv_lens)} rows"
+            )
         chain: dict[int, list[tuple[int, int, int]]] = {}  # row -> [(level, start, end)]
         for g in range(n):
             s, e, members = self.starts[g], self.ends[g], self.rows[g]

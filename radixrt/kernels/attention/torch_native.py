@@ -20,6 +20,7 @@ The torch path (no C++ library) reads fp16/bf16 pools by casting the slots it ga
 pages of the step are dequantized once per layer into a compact fp32 copy (its page ids remapped). It is
 not batch-invariant (SDPA's reduction order depends on the shapes).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,14 @@ class TorchNativeBackend(AttentionBackend):
     element type (the torch path plans an int8 pool's steps on compact pages). ``uses_groups`` tells the
     model runner whether to plan groups at all."""
 
-    def __init__(self, device: torch.device | str = "cpu", kernel: bool | None = None,
-                 dtype: torch.dtype = torch.float32, cascade: bool = False, kv_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        kernel: bool | None = None,
+        dtype: torch.dtype = torch.float32,
+        cascade: bool = False,
+        kv_dtype: torch.dtype | None = None,
+    ):
         self.device = torch.device(device)
         usable = self.device.type == "cpu" and dtype == torch.float32
         self.ops = paged_ops() if usable and kernel is not False else None
@@ -55,7 +62,7 @@ class TorchNativeBackend(AttentionBackend):
         self.cascade, self.kv_dtype = cascade, kv_dtype
         self.uses_groups = cascade or self.ops is None
         self.pages: torch.Tensor | None = None  # torch path, int8 pool: the step's pages, ascending
-        self.loc: torch.Tensor | None = None    # the step's real out_cache_loc (meta's may be remapped)
+        self.loc: torch.Tensor | None = None  # the step's real out_cache_loc (meta's may be remapped)
         self.meta: AttentionMetadata | None = None
         self.decode: DecodePlan | None = None
         self.rows: RowPlan | None = None
@@ -88,8 +95,18 @@ class TorchNativeBackend(AttentionBackend):
         if self.ops is None:
             return None
         r, m = self.rows, self.meta
-        return (m.out_cache_loc, r.rows, r.page_ptr, r.start, r.end, m.kv_indices, m.page_size, r.blocks,
-                r.members, not r.covers_all)
+        return (
+            m.out_cache_loc,
+            r.rows,
+            r.page_ptr,
+            r.start,
+            r.end,
+            m.kv_indices,
+            m.page_size,
+            r.blocks,
+            r.members,
+            not r.covers_all,
+        )
 
     @property
     def qo(self) -> list[int]:
@@ -107,8 +124,9 @@ class TorchNativeBackend(AttentionBackend):
             decode_rows = decode_rows.to(dev)
             q_rows = decode_rows if all_decode else meta.qo_indptr.long()[decode_rows]
             kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int64, device=dev)
-            self.decode = plan_decode(decode_rows, q_rows, kv_lens, meta.kv_indptr, meta.kv_indices,
-                                      meta.page_size, groups)
+            self.decode = plan_decode(
+                decode_rows, q_rows, kv_lens, meta.kv_indptr, meta.kv_indices, meta.page_size, groups
+            )
 
     @property
     def slots(self) -> torch.Tensor:
@@ -125,25 +143,42 @@ class TorchNativeBackend(AttentionBackend):
     def _extend_slots(self, i: int, page_start: int) -> torch.Tensor:
         meta, P = self.meta, self.meta.page_size
         kv_len = meta.kv_lens[i]
-        pages = meta.kv_indices[page_start:page_start - (-kv_len // P)].long()
+        pages = meta.kv_indices[page_start : page_start - (-kv_len // P)].long()
         return (pages[:, None] * P + torch.arange(P, device=pages.device)).reshape(-1)[:kv_len]
 
     def _kernel(self, q, k, v, kflat, vflat, ks, vs, scale) -> torch.Tensor:
         """Write the step's K/V and attend every row: ``[T, Hq, D]``."""
         r, meta = self.rows, self.meta
-        o, lse = self.ops.paged_attention(q, k, v, meta.out_cache_loc, kflat, vflat, ks, vs, r.rows, r.page_ptr,
-                                          r.start, r.end, meta.kv_indices, meta.page_size, scale)
+        o, lse = self.ops.paged_attention(
+            q,
+            k,
+            v,
+            meta.out_cache_loc,
+            kflat,
+            vflat,
+            ks,
+            vs,
+            r.rows,
+            r.page_ptr,
+            r.start,
+            r.end,
+            meta.kv_indices,
+            meta.page_size,
+            scale,
+        )
         if r.blocks.shape[0]:
-            self.ops.block_attention(q, o, lse, r.rows, r.blocks, r.members, kflat, vflat, ks, vs,
-                                     meta.kv_indices, meta.page_size, scale)
+            self.ops.block_attention(
+                q, o, lse, r.rows, r.blocks, r.members, kflat, vflat, ks, vs, meta.kv_indices, meta.page_size, scale
+            )
         if r.covers_all:
             return o
         out = torch.empty_like(q)
         out[r.rows] = o
         return out
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-                kv: KVCacheView, scale: float) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVCacheView, scale: float
+    ) -> torch.Tensor:
         meta = self.meta
         kb, vb = kv.k_buffer(layer), kv.v_buffer(layer)
         ks, vs = scales(kv, layer)
@@ -168,8 +203,8 @@ class TorchNativeBackend(AttentionBackend):
             slots = self._extend_slots(i, page_ptr[i])
             # 4-D [1, H, L, D]: with 3-D inputs torch's CPU SDPA takes its math path (measured: 1024 causal
             # tokens, 9 q / 3 kv heads: 102 ms vs 14 ms through the flash kernel)
-            qi = q[s:e].transpose(0, 1).unsqueeze(0)                         # [1, H, q, D]
-            ki = kflat[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)       # [1, Hkv, L, D]
+            qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+            ki = kflat[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, Hkv, L, D]
             vi = vflat[slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
             if q_len == kv_len:  # no cached prefix: plain causal
                 o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)

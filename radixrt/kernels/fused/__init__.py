@@ -5,6 +5,7 @@ At decode batch sizes each tensor here is a few hundred floats, so the cost of a
 number of ops: one fused call replaces two to six ATen calls per use (vLLM's ``fused_add_rms_norm``,
 ``silu_and_mul`` and ``rotary_embedding`` are the GPU counterparts).
 """
+
 from __future__ import annotations
 
 import torch

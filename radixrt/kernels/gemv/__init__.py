@@ -18,6 +18,7 @@ with other jobs, so compare within the run): at 512 rows, against oneDNN fp32, f
 0.71-1.03x, bf16 0.83-1.00x on Llama-3.2-1B and SmolLM2-135M shapes; at 1 row fp32 reads 16-26 GB/s (the
 ``x.sum()`` probe: 16.5), and fp16 / bf16 run 1.2-2.1x fp32's products per second (1.7-2.1x on Llama's).
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,16 +45,16 @@ def pack_panels(w: torch.Tensor) -> torch.Tensor:
     # copied once, straight into the result: a reshape of the transposed view and a cat would hold two
     # more copies at once (the whole LM head's worth for a tied embedding, at load time)
     out = torch.empty(n * k, dtype=w.dtype, device=w.device)
-    out[:full * k].view(full // PANEL, k, PANEL).copy_(w[:full].reshape(full // PANEL, PANEL, k).transpose(1, 2))
-    out[full * k:].view(k, n - full).copy_(w[full:].t())
+    out[: full * k].view(full // PANEL, k, PANEL).copy_(w[:full].reshape(full // PANEL, PANEL, k).transpose(1, 2))
+    out[full * k :].view(k, n - full).copy_(w[full:].t())
     return out
 
 
 def unpack_panels(w_p: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The inverse of :func:`pack_panels`: ``[N * K]`` -> ``[N, K]``, same dtype."""
     full = n - n % PANEL
-    head = w_p[:full * k].reshape(full // PANEL, k, PANEL).transpose(1, 2).reshape(full, k)
-    return torch.cat([head, w_p[full * k:].reshape(k, n - full).t()])
+    head = w_p[: full * k].reshape(full // PANEL, k, PANEL).transpose(1, 2).reshape(full, k)
+    return torch.cat([head, w_p[full * k :].reshape(k, n - full).t()])
 
 
 class DenseWeight:
@@ -83,8 +84,10 @@ class DenseWeight:
             dtype = None
         dtype = weight.dtype if dtype is None else dtype
         if weight.dim() != 2 or weight.dtype not in DTYPES or dtype not in DTYPES:
-            raise ValueError(f"DenseWeight: weight must be [N, K] fp32, fp16 or bf16 and dtype one of those; got "
-                             f"{weight.dtype} {tuple(weight.shape)}, dtype={dtype}")
+            raise ValueError(
+                f"DenseWeight: weight must be [N, K] fp32, fp16 or bf16 and dtype one of those; got "
+                f"{weight.dtype} {tuple(weight.shape)}, dtype={dtype}"
+            )
         w = weight.detach().to("cpu", dtype).contiguous()
         self.shape = tuple(w.shape)
         self.dtype = dtype

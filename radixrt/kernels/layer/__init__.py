@@ -10,18 +10,19 @@ same bits, without ~80 us of Python per layer. ``kinds[i]`` says how ``weights[i
 multiplies: one of the constants below; a projection stored in parts of different types (a Q4_K_M file's
 qkv with ``attn_v`` in Q6_K) is one weight per part, every part after the first with ``| CONT``.
 """
+
 from __future__ import annotations
 
 from radixrt.kernels import cpp
 
 DENSE_T = 0  # torch mm with w_t [in, out] fp32
-GEMV = 1     # radixrt_gemv.gemv over the weight's panel layout (kernels/gemv.pack_panels)
-Q4_1X8 = 2   # radixrt_ggml.q4_1x8_mm over the 8-row Q4_1 layout
-Q4_1 = 3     # radixrt_ggml.q4_1_mm over Q4_1 blocks
-Q8_0 = 4     # radixrt_ggml.q8_0_mm over Q8_0 blocks
-ONEDNN = 5   # mkldnn._linear_pointwise over oneDNN's packed copy
+GEMV = 1  # radixrt_gemv.gemv over the weight's panel layout (kernels/gemv.pack_panels)
+Q4_1X8 = 2  # radixrt_ggml.q4_1x8_mm over the 8-row Q4_1 layout
+Q4_1 = 3  # radixrt_ggml.q4_1_mm over Q4_1 blocks
+Q8_0 = 4  # radixrt_ggml.q8_0_mm over Q8_0 blocks
+ONEDNN = 5  # mkldnn._linear_pointwise over oneDNN's packed copy
 GGML_BASE = 100  # + a GGMLQuantizationType value: radixrt_ggml.mm over that type's GGUF blocks
-CONT = 1 << 16   # | on a part's kind: its output is concatenated onto the previous part's (one projection)
+CONT = 1 << 16  # | on a part's kind: its output is concatenated onto the previous part's (one projection)
 KINDS = {"dense_t": DENSE_T, "gemv": GEMV, "onednn": ONEDNN}  # by DenseWeight.kernel's names
 
 

@@ -19,6 +19,7 @@ activations quantized like ``quantize_row_q8_0`` / ``q8_1`` (per 32, legacy type
 (per 256 with per-16 sums, K-quants), and the integer dot products of ``ggml_vec_dot_<type>_q8_<...>``
 (``ggml-cpu/arch/x86/quants.c``).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -31,6 +32,7 @@ from radixrt.kernels import cpp
 
 class GGMLType(NamedTuple):
     """A GGUF weight type: gguf's ``GGMLQuantizationType`` number, elements per block, bytes per block."""
+
     name: str
     ggml_type: int
     block_size: int
@@ -38,10 +40,19 @@ class GGMLType(NamedTuple):
 
 
 # gguf.constants.GGML_QUANT_SIZES for the types with a kernel
-TYPES: dict[int, GGMLType] = {t.ggml_type: t for t in (
-    GGMLType("Q4_0", 2, 32, 18), GGMLType("Q4_1", 3, 32, 20), GGMLType("Q5_0", 6, 32, 22),
-    GGMLType("Q5_1", 7, 32, 24), GGMLType("Q8_0", 8, 32, 34), GGMLType("Q4_K", 12, 256, 144),
-    GGMLType("Q5_K", 13, 256, 176), GGMLType("Q6_K", 14, 256, 210))}
+TYPES: dict[int, GGMLType] = {
+    t.ggml_type: t
+    for t in (
+        GGMLType("Q4_0", 2, 32, 18),
+        GGMLType("Q4_1", 3, 32, 20),
+        GGMLType("Q5_0", 6, 32, 22),
+        GGMLType("Q5_1", 7, 32, 24),
+        GGMLType("Q8_0", 8, 32, 34),
+        GGMLType("Q4_K", 12, 256, 144),
+        GGMLType("Q5_K", 13, 256, 176),
+        GGMLType("Q6_K", 14, 256, 210),
+    )
+}
 SUPPORTED: tuple[str, ...] = tuple(t.name for t in TYPES.values())
 BY_NAME: dict[str, GGMLType] = {t.name: t for t in TYPES.values()}
 
@@ -57,18 +68,24 @@ def check(x: torch.Tensor, w: torch.Tensor, ggml_type: int) -> GGMLType:
     same messages (an unknown type, x not fp32 2-D, K not a multiple of the block, w's shape or dtype)."""
     t = TYPES.get(int(ggml_type))
     if t is None:
-        raise ValueError(f"radixrt_ggml.mm: no kernel for ggml type {ggml_type} (supported: "
-                         + ", ".join(f"{v.name}={k}" for k, v in TYPES.items()) + ")")
+        raise ValueError(
+            f"radixrt_ggml.mm: no kernel for ggml type {ggml_type} (supported: "
+            + ", ".join(f"{v.name}={k}" for k, v in TYPES.items())
+            + ")"
+        )
     if x.dtype != torch.float32 or x.dim() != 2:
-        raise ValueError(f"radixrt_ggml.mm({t.name}): x must be a contiguous fp32 CPU tensor [M, K], got "
-                         f"{x.dtype} {list(x.shape)}")
+        raise ValueError(
+            f"radixrt_ggml.mm({t.name}): x must be a contiguous fp32 CPU tensor [M, K], got {x.dtype} {list(x.shape)}"
+        )
     k = x.shape[1]
     if k % t.block_size:
         raise ValueError(f"radixrt_ggml.mm({t.name}): K = {k} is not a multiple of the block size {t.block_size}")
     row = k // t.block_size * t.type_size
     if w.dtype != torch.uint8 or w.dim() != 2 or w.shape[1] != row:
-        raise ValueError(f"radixrt_ggml.mm({t.name}): w must be contiguous uint8 [N, K / {t.block_size} * "
-                         f"{t.type_size}] = [N, {row}] for K = {k}, got {w.dtype} {list(w.shape)}")
+        raise ValueError(
+            f"radixrt_ggml.mm({t.name}): w must be contiguous uint8 [N, K / {t.block_size} * "
+            f"{t.type_size}] = [N, {row}] for K = {k}, got {w.dtype} {list(w.shape)}"
+        )
     return t
 
 

@@ -6,6 +6,7 @@ that body: over ZMQ (:mod:`.zmq`), HTTP (:mod:`.http`), both built on :mod:`.rem
 :func:`.runtime_endpoint.RuntimeEndpoint`, or into an in-process Engine (:mod:`.engine`).
 Generation, prefill-only prefix caching and ``select`` scoring are built on top here.
 """
+
 from __future__ import annotations
 
 import threading
@@ -131,7 +132,7 @@ class BaseBackend:
         prev = ""
         for chunk in self._request_stream(self._body(exe, sp, stream=True)):
             text = chunk.get("text", "")
-            delta, prev = text[len(prev):], text
+            delta, prev = text[len(prev) :], text
             yield delta, chunk.get("meta_info", {})
 
     def prefill(self, body: dict) -> Any:
@@ -147,4 +148,5 @@ class BaseBackend:
     def select(self, exe: Any, choices: list[str], temperature: float, method: Any) -> Any:
         """Score ``choices`` after ``exe.text_`` (see :mod:`radixrt.lang.choices`)."""
         from radixrt.lang.choices import select_by_logprobs
+
         return select_by_logprobs(self, exe.text_, choices, method)

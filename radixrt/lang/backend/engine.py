@@ -1,12 +1,23 @@
 """In-process backend: a :class:`radixrt.runtime.engine.Engine` in this Python process."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
 
 from radixrt.lang.backend.base import BaseBackend, RequestError
 
-_KW = ("sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num", "stream",
-       "rid", "cache_salt", "return_text_in_logprobs", "session_id")
+_KW = (
+    "sampling_params",
+    "input_ids",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "stream",
+    "rid",
+    "cache_salt",
+    "return_text_in_logprobs",
+    "session_id",
+)
 
 
 class EngineBackend(BaseBackend):
@@ -20,6 +31,7 @@ class EngineBackend(BaseBackend):
         super().__init__()
         if engine is None:
             from radixrt.runtime.engine import Engine
+
             engine = Engine(**engine_kwargs)
         self.engine = engine
 

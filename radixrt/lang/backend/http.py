@@ -1,4 +1,5 @@
 """HTTP backend: SGLang's native API of ``radixrt serve`` (``POST /generate``, SSE streaming)."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,12 @@ class HttpEndpoint(RemoteEndpoint):
 
     def _connect(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers,
-                                    timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
-                                    limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
 
     def _send(self, method: str, path: str, json_body: Any = None, timeout: Optional[float] = None) -> Any:
         kw: dict = {} if timeout is None else {"timeout": httpx.Timeout(timeout)}
@@ -26,7 +30,8 @@ class HttpEndpoint(RemoteEndpoint):
         except httpx.TransportError as e:  # connect refused, timeouts, broken connections
             raise BackendConnectionError(
                 f"cannot reach the radixrt server at {self.base_url} ({type(e).__name__}: {e}); "
-                "is `radixrt serve` running there?") from e
+                "is `radixrt serve` running there?"
+            ) from e
         return self._decode(r)
 
     @staticmethod

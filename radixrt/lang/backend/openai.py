@@ -6,6 +6,7 @@ no regex-constrained decoding and returns no prompt-token logprobs, so ``gen(reg
 ``select`` raise :class:`RequestError` saying so. ``json_schema`` maps to ``response_format``.
 Roles render as ChatML locally (only the text shown by ``s.text()``; the server applies its template).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,24 @@ class OpenAI(BaseBackend):
         BackendConnectionError: ``model`` is None and the server cannot be reached.
     """
 
-    def __init__(self, model: Optional[str] = None, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 is_chat_model: bool = True, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        is_chat_model: bool = True,
+        timeout: float = 600.0,
+    ) -> None:
         super().__init__()
         import openai
+
         self._openai = openai
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                                    timeout=timeout, max_retries=0)
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
+            timeout=timeout,
+            max_retries=0,
+        )
         self.is_chat_model = is_chat_model
         self.model = model or self._call(lambda: self.client.models.list().data[0].id)
 
@@ -42,7 +54,8 @@ class OpenAI(BaseBackend):
             return fn()
         except (o.APIConnectionError, o.APITimeoutError) as e:
             raise BackendConnectionError(
-                f"cannot reach the OpenAI-compatible server at {self.client.base_url}: {e}") from e
+                f"cannot reach the OpenAI-compatible server at {self.client.base_url}: {e}"
+            ) from e
         except (o.BadRequestError, o.UnprocessableEntityError) as e:
             raise RequestError(str(e)) from e
         except o.APIError as e:
@@ -53,14 +66,30 @@ class OpenAI(BaseBackend):
 
     def _params(self, sp: SglSamplingParams) -> dict:
         if sp.regex is not None:
-            raise RequestError("regex (and dtype) constrained generation is not supported by the OpenAI backend: "
-                               "the OpenAI API has no regex grammar; use RuntimeEndpoint or Engine")
-        kw: dict = {"model": self.model, "max_tokens": sp.max_new_tokens, "temperature": sp.temperature,
-                    "top_p": sp.top_p, "frequency_penalty": sp.frequency_penalty,
-                    "presence_penalty": sp.presence_penalty, "seed": sp.seed,
-                    "stop": sp.stop if sp.stop else None}
-        extra = {k: v for k, v in (("top_k", sp.top_k), ("min_p", sp.min_p), ("ignore_eos", sp.ignore_eos),
-                                   ("min_tokens", sp.min_new_tokens)) if v not in (None, -1, 0.0, False, 0)}
+            raise RequestError(
+                "regex (and dtype) constrained generation is not supported by the OpenAI backend: "
+                "the OpenAI API has no regex grammar; use RuntimeEndpoint or Engine"
+            )
+        kw: dict = {
+            "model": self.model,
+            "max_tokens": sp.max_new_tokens,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "frequency_penalty": sp.frequency_penalty,
+            "presence_penalty": sp.presence_penalty,
+            "seed": sp.seed,
+            "stop": sp.stop if sp.stop else None,
+        }
+        extra = {
+            k: v
+            for k, v in (
+                ("top_k", sp.top_k),
+                ("min_p", sp.min_p),
+                ("ignore_eos", sp.ignore_eos),
+                ("min_tokens", sp.min_new_tokens),
+            )
+            if v not in (None, -1, 0.0, False, 0)
+        }
         if sp.speculative is not None:  # radixrt's own field (an OpenAI-compatible radixrt server)
             extra["speculative"] = sp.speculative
         if extra:
@@ -68,24 +97,32 @@ class OpenAI(BaseBackend):
         if sp.json_schema is not None:
             if not self.is_chat_model:
                 raise RequestError("json_schema needs a chat model on the OpenAI backend (response_format)")
-            kw["response_format"] = {"type": "json_schema",
-                                     "json_schema": {"name": "output", "schema": json.loads(sp.json_schema)}}
+            kw["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": json.loads(sp.json_schema)},
+            }
         return {k: v for k, v in kw.items() if v is not None}
 
     def _messages(self, exe: Any) -> list[dict]:
-        if exe.cur_role != "assistant" or exe.text_[exe.cur_role_begin_pos:]:
-            raise ValueError("the OpenAI backend (chat model) can only gen at the start of an assistant message: "
-                             "write s += assistant(gen(...))")
+        if exe.cur_role != "assistant" or exe.text_[exe.cur_role_begin_pos :]:
+            raise ValueError(
+                "the OpenAI backend (chat model) can only gen at the start of an assistant message: "
+                "write s += assistant(gen(...))"
+            )
         return list(exe.messages_)
 
     @staticmethod
     def _meta(r: Any, t0: float, finish: Any) -> dict:
         u = getattr(r, "usage", None)
         details = getattr(u, "prompt_tokens_details", None) if u else None
-        return {"id": getattr(r, "id", None), "prompt_tokens": getattr(u, "prompt_tokens", None),
-                "completion_tokens": getattr(u, "completion_tokens", None),
-                "cached_tokens": getattr(details, "cached_tokens", 0) if details else 0,
-                "finish_reason": {"type": finish} if finish else None, "e2e_latency": time.perf_counter() - t0}
+        return {
+            "id": getattr(r, "id", None),
+            "prompt_tokens": getattr(u, "prompt_tokens", None),
+            "completion_tokens": getattr(u, "completion_tokens", None),
+            "cached_tokens": getattr(details, "cached_tokens", 0) if details else 0,
+            "finish_reason": {"type": finish} if finish else None,
+            "e2e_latency": time.perf_counter() - t0,
+        }
 
     def generate(self, exe: Any, sp: SglSamplingParams) -> tuple[str, dict]:
         kw, t0 = self._params(sp), time.perf_counter()
@@ -113,8 +150,10 @@ class OpenAI(BaseBackend):
             yield delta, self._meta(ch, t0, finish)
 
     def select(self, exe: Any, choices: list[str], temperature: float, method: Any) -> Any:
-        raise RequestError("select is not supported by the OpenAI backend: scoring choices needs prompt-token "
-                           "logprobs, which the OpenAI API does not return; use RuntimeEndpoint or Engine")
+        raise RequestError(
+            "select is not supported by the OpenAI backend: scoring choices needs prompt-token "
+            "logprobs, which the OpenAI API does not return; use RuntimeEndpoint or Engine"
+        )
 
     def cache_prefix(self, text: str) -> dict:
         return {}  # no prefill-only requests in the OpenAI API

@@ -1,5 +1,6 @@
 """The shared part of the two ``radixrt serve`` clients (ZMQ and HTTP): connect, ask for the model, load
 its tokenizer locally."""
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,13 @@ class RemoteEndpoint(BaseBackend):
         BackendConnectionError: the server did not answer within ``connect_timeout``.
     """
 
-    def __init__(self, base_url: str = "tcp://127.0.0.1:30001", api_key: Optional[str] = None,
-                 timeout: float = 600.0, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        base_url: str = "tcp://127.0.0.1:30001",
+        api_key: Optional[str] = None,
+        timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
         super().__init__()
         self.base_url = base_url.rstrip("/")
         self.api_key, self.timeout, self.connect_timeout = api_key, timeout, connect_timeout
@@ -54,6 +60,7 @@ class RemoteEndpoint(BaseBackend):
 
     def _load_tokenizer(self) -> Any:
         from radixrt.runtime.models.loader import load_tokenizer
+
         for key in ("tokenizer_path", "model_path"):
             try:
                 return load_tokenizer(self.model_info.get(key))

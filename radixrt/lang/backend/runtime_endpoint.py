@@ -1,4 +1,5 @@
 """``RuntimeEndpoint(url)``: a client of a running ``radixrt serve``, its transport picked by URL scheme."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,8 +20,10 @@ def RuntimeEndpoint(base_url: str = "tcp://127.0.0.1:30001", *args: Any, **kwarg
         raise ValueError(f"base_url must be a string, got {base_url!r}")
     if base_url.startswith("tcp://"):
         from radixrt.lang.backend.zmq import ZmqEndpoint  # lazy: an HTTP client never imports zmq, and back
+
         return ZmqEndpoint(base_url, *args, **kwargs)
     if base_url.startswith(("http://", "https://")):
         from radixrt.lang.backend.http import HttpEndpoint
+
         return HttpEndpoint(base_url, *args, **kwargs)
     raise ValueError(f"base_url must start with tcp:// (ZMQ) or http(s):// (HTTP), got {base_url!r}")

@@ -4,6 +4,7 @@ Messages are :class:`radixrt.runtime.io_struct.DslRequest` / ``DslReply`` (msgsp
 at a time uses one socket; sockets are pooled, so the programs of a batch (many threads) each get their
 own. A reply's ``req_id`` is checked, so a late reply for an abandoned request is dropped.
 """
+
 from __future__ import annotations
 
 import queue
@@ -62,7 +63,8 @@ class ZmqEndpoint(RemoteEndpoint):
                     if left <= 0:
                         raise BackendConnectionError(
                             f"no reply from the radixrt server at {self.base_url} within {timeout:g} s "
-                            f"(op {op}); is `radixrt serve` running there?")
+                            f"(op {op}); is `radixrt serve` running there?"
+                        )
                     if sock.poll(int(left * 1000) + 1):
                         rep = _DEC.decode(sock.recv_multipart()[-1])
                         if rep.req_id == req_id:
@@ -83,8 +85,9 @@ class ZmqEndpoint(RemoteEndpoint):
     def _abort(self, rid: str) -> None:
         try:
             s = self._checkout()
-            s.send(_ENC.encode(DslRequest(req_id=uuid.uuid4().hex, op="abort", body={"rid": rid},
-                                          api_key=self.api_key)))
+            s.send(
+                _ENC.encode(DslRequest(req_id=uuid.uuid4().hex, op="abort", body={"rid": rid}, api_key=self.api_key))
+            )
             s.close(linger=100)
         except Exception:  # noqa: BLE001 - best effort
             pass

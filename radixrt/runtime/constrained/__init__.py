@@ -3,13 +3,23 @@
 See :mod:`.base` for the per-step protocol and EOS semantics, :mod:`.cache` for off-thread compilation,
 :mod:`.factory` to pick a backend by name, :mod:`.vocab` for special tokens and token bytes.
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from .base import (GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, CompiledGrammar, GrammarBackend, GrammarMatcher,
-                       allocate_token_bitmask, apply_token_bitmask_, choices_to_regex, validate_spec)
+    from .base import (
+        GRAMMAR_KINDS,
+        JSON_OBJECT_SCHEMA,
+        CompiledGrammar,
+        GrammarBackend,
+        GrammarMatcher,
+        allocate_token_bitmask,
+        apply_token_bitmask_,
+        choices_to_regex,
+        validate_spec,
+    )
     from .cache import CacheStats, GrammarCache
     from .factory import BACKEND_CHOICES, create_backend
 
@@ -35,7 +45,17 @@ __getattr__ = lazy_getattr(__name__, _WHERE)
 
 
 __all__ = [
-    "BACKEND_CHOICES", "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "CompiledGrammar", "GrammarBackend",
-    "GrammarMatcher", "allocate_token_bitmask", "apply_token_bitmask_", "choices_to_regex", "create_backend",
-    "validate_spec", "CacheStats", "GrammarCache",
+    "BACKEND_CHOICES",
+    "GRAMMAR_KINDS",
+    "JSON_OBJECT_SCHEMA",
+    "CompiledGrammar",
+    "GrammarBackend",
+    "GrammarMatcher",
+    "allocate_token_bitmask",
+    "apply_token_bitmask_",
+    "choices_to_regex",
+    "create_backend",
+    "validate_spec",
+    "CacheStats",
+    "GrammarCache",
 ]

@@ -15,6 +15,7 @@ alone. ``is_terminated()`` turns True once EOS was accepted; afterwards ``accept
 Bit layout: token ``t`` is allowed iff ``(bitmask[row, t // 32] >> (t % 32)) & 1`` (little-endian bits in
 int32 words; the same layout as xgrammar and outlines-core).
 """
+
 from __future__ import annotations
 
 import re
@@ -28,9 +29,19 @@ if TYPE_CHECKING:  # torch where bitmasks are built or applied: the main process
 from .specs import GRAMMAR_KINDS, JSON_OBJECT_SCHEMA, choices_to_regex, validate_spec
 
 __all__ = [
-    "GRAMMAR_KINDS", "JSON_OBJECT_SCHEMA", "GrammarMatcher", "RowMatcher", "CompiledGrammar",
-    "GrammarBackend", "allocate_token_bitmask", "apply_token_bitmask_",
-    "choices_to_regex", "validate_spec", "checked_spec", "compile_error", "fill_single_token",
+    "GRAMMAR_KINDS",
+    "JSON_OBJECT_SCHEMA",
+    "GrammarMatcher",
+    "RowMatcher",
+    "CompiledGrammar",
+    "GrammarBackend",
+    "allocate_token_bitmask",
+    "apply_token_bitmask_",
+    "choices_to_regex",
+    "validate_spec",
+    "checked_spec",
+    "compile_error",
+    "fill_single_token",
 ]
 
 
@@ -91,10 +102,13 @@ class RowMatcher(GrammarMatcher):
             ValueError: ``bitmask[row]`` is not a contiguous CPU int32 row.
         """
         import torch
+
         target = bitmask[row]
         if target.device.type != "cpu" or target.dtype != torch.int32 or not target.is_contiguous():
-            raise ValueError(f"{self.backend}: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
-                             f"on {bitmask.device}")
+            raise ValueError(
+                f"{self.backend}: bitmask must be a contiguous CPU int32 tensor, got {bitmask.dtype} "
+                f"on {bitmask.device}"
+            )
         if self._terminated:
             fill_single_token(bitmask, row, self._eos)
             return
@@ -146,7 +160,7 @@ def compile_error(backend: str, kind: str, reason: object) -> ValueError:
     # xgrammar's C++ checks prefix "[09:59:26] /project/cpp/json_schema_converter.cc:5088: ": not for users
     text = _CPP_PREFIX.sub("", text)
     if text.startswith(kind + ": "):
-        text = text[len(kind) + 2:]
+        text = text[len(kind) + 2 :]
     return ValueError(f"{backend}: cannot compile {kind}: {text}")
 
 
@@ -175,6 +189,7 @@ def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     if batch < 0 or vocab_size <= 0:
         raise ValueError(f"allocate_token_bitmask: bad shape batch={batch} vocab_size={vocab_size}")
     import torch
+
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
@@ -196,21 +211,27 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     import torch
 
     if logits.dim() != 2 or bitmask.dim() != 2:
-        raise ValueError(f"apply_token_bitmask_: need 2-D logits and bitmask, got {tuple(logits.shape)} "
-                         f"and {tuple(bitmask.shape)}")
+        raise ValueError(
+            f"apply_token_bitmask_: need 2-D logits and bitmask, got {tuple(logits.shape)} and {tuple(bitmask.shape)}"
+        )
     if bitmask.dtype != torch.int32:
         raise ValueError(f"apply_token_bitmask_: bitmask must be int32, got {bitmask.dtype}")
     if logits.shape[0] != bitmask.shape[0]:
-        raise ValueError(f"apply_token_bitmask_: batch mismatch, logits {logits.shape[0]} "
-                         f"vs bitmask {bitmask.shape[0]}")
+        raise ValueError(
+            f"apply_token_bitmask_: batch mismatch, logits {logits.shape[0]} vs bitmask {bitmask.shape[0]}"
+        )
     dev = logits.device
     batch, vocab = logits.shape
     covered = 32 * bitmask.shape[1]
     n = min(vocab, covered)
     if vocab > covered:
         logits[:, covered:] = float("-inf")
-    if dev.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() and _cpu_kernel(
-            logits, bitmask.to("cpu").contiguous(), n):
+    if (
+        dev.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+        and _cpu_kernel(logits, bitmask.to("cpu").contiguous(), n)
+    ):
         return
     mask = bitmask.to(dev, non_blocking=True)
     shifts = _SHIFTS.get(dev)
@@ -230,6 +251,7 @@ def load_cpu_kernel():
     if not _XGR_APPLY:
         try:
             import xgrammar
+
             _XGR_APPLY.append(xgrammar.apply_token_bitmask_inplace)
         except Exception:  # not installed / broken: the torch ops serve
             _XGR_APPLY.append(None)

@@ -11,6 +11,7 @@ submitted before it is built waits for it on its compile thread. With ``start=Fa
 :meth:`GrammarCache.start` or the first compile (the server starts it once idle after ready: on 2 cores a
 build beside the load or the first requests delays their tokens by its CPU time and its hold on the GIL).
 """
+
 from __future__ import annotations
 
 import threading
@@ -53,8 +54,14 @@ class GrammarCache:
             self._backend.set_result(backend)
 
     @classmethod
-    def building(cls, factory: Callable[[], GrammarBackend], name: str, max_workers: int = 2,
-                 max_entries: int = 1024, start: bool = True) -> "GrammarCache":
+    def building(
+        cls,
+        factory: Callable[[], GrammarBackend],
+        name: str,
+        max_workers: int = 2,
+        max_entries: int = 1024,
+        start: bool = True,
+    ) -> "GrammarCache":
         """A cache whose backend ``factory()`` runs on a thread of its own (a compile waits for it on the
         pool, ``max_workers`` >= 2); returns at once. ``name``: the backend's name, for a failed build's error.
         A build that raises makes every compile raise ``ValueError`` naming ``name`` and the cause.
@@ -80,8 +87,7 @@ class GrammarCache:
         try:
             self._backend.set_result(factory())
         except BaseException as e:  # noqa: BLE001 - every compile then says why (none waits forever)
-            self._backend.set_exception(ValueError(f"{name}: grammar backend set-up failed: "
-                                                   f"{type(e).__name__}: {e}"))
+            self._backend.set_exception(ValueError(f"{name}: grammar backend set-up failed: {type(e).__name__}: {e}"))
 
     @property
     def backend(self) -> GrammarBackend:
@@ -121,8 +127,7 @@ class GrammarCache:
             self._evict_locked()
             return fut
 
-    def get(self, kind: str, spec: str, any_whitespace: bool = False,
-            timeout: float | None = None) -> CompiledGrammar:
+    def get(self, kind: str, spec: str, any_whitespace: bool = False, timeout: float | None = None) -> CompiledGrammar:
         """Blocking convenience: ``submit(...).result(timeout)``. Raises ValueError on a bad spec."""
         return self.submit(kind, spec, any_whitespace).result(timeout)
 

@@ -1,4 +1,5 @@
 """Pick a grammar backend by name. Kept apart from :mod:`.base`, which the backends import."""
+
 from __future__ import annotations
 
 from .base import GrammarBackend
@@ -37,4 +38,3 @@ def create_backend(name: str | None, tokenizer, vocab_size: int, **kwargs) -> Gr
 
         return OutlinesBackend(tokenizer, vocab_size, **kwargs)
     raise ValueError(f"grammar_backend: unknown grammar backend {name!r}; choose one of {list(BACKEND_CHOICES)}")
-

@@ -7,6 +7,7 @@
 ``reqs`` are the sampled requests in logits-row order; a request is constrained when ``req.grammar`` is a
 :class:`~radixrt.runtime.constrained.base.GrammarMatcher`. Unconstrained rows pay nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,9 @@ class GrammarMask:
         logits[self.rows] = sub
 
 
-def build_grammar_mask(reqs: Sequence[Any], vocab_size: int,
-                       prefetch: "MaskPrefetcher | None" = None) -> GrammarMask | None:
+def build_grammar_mask(
+    reqs: Sequence[Any], vocab_size: int, prefetch: "MaskPrefetcher | None" = None
+) -> GrammarMask | None:
     """Every constrained request's next-token bits (matcher states are unchanged).
 
     Args:
@@ -105,6 +107,7 @@ def warm_up(backend: Any, masks: bool = True) -> None:
     bitmask = allocate_token_bitmask(1, backend.vocab_size)
     fill_rows([(matcher, 0)], bitmask)
     import torch
+
     apply_token_bitmask_(torch.zeros(1, backend.vocab_size), bitmask)
 
 
@@ -114,5 +117,6 @@ def make_matcher(compiled: Any, reasoning_end_ids: Sequence[int] = ()) -> Any:
     matcher = compiled.matcher()
     if reasoning_end_ids:
         from radixrt.runtime.constrained.reasoning_gate import ReasoningGate
+
         matcher = ReasoningGate(matcher, list(reasoning_end_ids))
     return matcher

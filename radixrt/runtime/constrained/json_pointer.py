@@ -1,4 +1,5 @@
 """RFC 6901 JSON pointers: a path of keys <-> ``"/a/b~1c"`` (``~`` is written ``~0``, ``/`` is ``~1``)."""
+
 from __future__ import annotations
 
 

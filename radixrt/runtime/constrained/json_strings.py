@@ -25,6 +25,7 @@ which also refuses every escape, so a pattern string can never contain ``"`` or 
 A pattern this module cannot convert (lookaround, backreferences) is refused (ValueError): xgrammar's own rule
 for it would not enforce the lookaround.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,10 @@ _BOUNDED_CLASS = '[^\\"\\\\\\r\\n]'
 # One decoded character: a raw char, a short escape, a non-surrogate \uXXXX or a \uD8xx\uDCxx pair. As a
 # regex: xgrammar compiles Regex(...) rules to FSMs with precomputed masks (microseconds per token),
 # whereas a repeated EBNF alternation costs ~20 ms per mask.
-_UNIT_RE = ('([^"\\\\\\x00-\\x1f]|\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|'
-            '[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2})))')
+_UNIT_RE = (
+    '([^"\\\\\\x00-\\x1f]|\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|'
+    "[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2})))"
+)
 _PLAIN = '[^\\0-\\x1f\\"\\\\]'  # one unescaped JSON string character (EBNF)
 EXACT_MAX = 64  # bounds up to this are exact (~10 ms of compile per unit; xgrammar's FSM stops near 200)
 WINDOW = 64  # longer bounds: escapes may appear among the first WINDOW characters, plain ones after
@@ -50,7 +53,7 @@ def _read_escape(s: str, i: int) -> tuple[int, int]:
     c = s[i + 1]
     for letter, width in (("u", 4), ("U", 8), ("x", 2)):
         if c == letter:
-            return int(s[i + 2:i + 2 + width], 16), i + 2 + width
+            return int(s[i + 2 : i + 2 + width], 16), i + 2 + width
     if c in _SIMPLE_ESC:
         return _SIMPLE_ESC[c], i + 2
     return ord(c), i + 2
@@ -169,7 +172,7 @@ def _dot_excludes_newlines(pattern: str) -> str:
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\":
-            out.append(pattern[i:i + 2])
+            out.append(pattern[i : i + 2])
             i += 2
             continue
         if in_class:
@@ -222,9 +225,9 @@ def regex_ebnf_to_json_string(body: str) -> str:
             i += 1
         elif ch == "{":
             j = body.index("}", i)
-            if not re.fullmatch(r"\{\d+(,\s*\d*)?\}", body[i:j + 1]):
-                raise ValueError(f"unexpected repetition {body[i:j + 1]!r}")
-            out.append(body[i:j + 1])
+            if not re.fullmatch(r"\{\d+(,\s*\d*)?\}", body[i : j + 1]):
+                raise ValueError(f"unexpected repetition {body[i : j + 1]!r}")
+            out.append(body[i : j + 1])
             i = j + 1
         else:
             raise ValueError(f"unexpected {ch!r} in regex EBNF")
@@ -239,15 +242,19 @@ def _ebnf_to_regex(ebnf: str) -> str:
         ch = ebnf[i]
         if ch == '"':
             text, i = _decode_literal(ebnf, i)
-            out.append("".join(c if c.isalnum() or c in " _-,:;'\"<>=!@#%&~`/" else
-                               (f"\\x{ord(c):02x}" if ord(c) < 0x80 else c) for c in text))
+            out.append(
+                "".join(
+                    c if c.isalnum() or c in " _-,:;'\"<>=!@#%&~`/" else (f"\\x{ord(c):02x}" if ord(c) < 0x80 else c)
+                    for c in text
+                )
+            )
         elif ch == "[":
             j = ebnf.index("]", i + 1)  # our classes hold only \uXXXX escapes, so no "\]" inside
-            out.append(ebnf[i:j + 1])
+            out.append(ebnf[i : j + 1])
             i = j + 1
         elif ch == "{":
             j = ebnf.index("}", i)
-            out.append(ebnf[i:j + 1].replace(" ", ""))
+            out.append(ebnf[i : j + 1].replace(" ", ""))
             i = j + 1
         elif ch in "()|*+?":
             out.append(ch)
@@ -286,6 +293,7 @@ def _bounded(lo: int, hi: int, rules: dict[str, str]) -> str:
     The Regex parts are shared rules (xgrammar compiles each rule once; ~1 s for 64 units) referenced
     inline (a rule holding both parts makes xgrammar's masks ~1000x slower).
     """
+
     def rule(a: int, b: int | None) -> str:
         name = f"radixrt_json_chars_{a}_{'inf' if b is None else b}"
         rules.setdefault(name, _regex_rule(_UNIT_RE + "{%d,%s}" % (a, "" if b is None else b)))

@@ -9,6 +9,7 @@ Output: free text in which each trigger starts a tag: its ``begin`` text, a JSON
 a trigger is a *lazy* lexeme (llguidance ends it at the first trigger, so free text cannot contain one),
 which is how llguidance's own ``StructTag`` lowers tool calls.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ def lowers_to_lark(text: str) -> bool:
     except (ValueError, TypeError, KeyError):
         return False
     tags = fmt.get("tags") if isinstance(fmt, dict) and fmt.get("type") == "triggered_tags" else None
-    return isinstance(tags, list) and all(isinstance(t, dict) and isinstance(t.get("content"), dict)
-                                          and t["content"].get("type") == "json_schema" for t in tags)
+    return isinstance(tags, list) and all(
+        isinstance(t, dict) and isinstance(t.get("content"), dict) and t["content"].get("type") == "json_schema"
+        for t in tags
+    )
 
 
 def structural_tag_lark(text: str) -> str:
@@ -41,7 +44,7 @@ def structural_tag_lark(text: str) -> str:
     """
     fmt = json.loads(normalize_structural_tag(text))["format"]
     if fmt.get("type") != "triggered_tags":
-        raise ValueError(f"format type {fmt.get('type')!r} is not supported (only \"triggered_tags\")")
+        raise ValueError(f'format type {fmt.get("type")!r} is not supported (only "triggered_tags")')
     triggers, tags = fmt.get("triggers") or [], fmt.get("tags") or []
     if not tags:
         raise ValueError("'tags' must not be empty")
@@ -60,8 +63,10 @@ def structural_tag_lark(text: str) -> str:
         if ws:
             opts["whitespace_pattern"] = f"[ \\n\\t]{{0,{ws}}}"
         schema["x-guidance"] = opts
-        rules.append(f"tag_{i}_trig[lazy]: TAG_TEXT {_lit(trig)}\n"
-                     f"tag_{i}: tag_{i}_trig {_lit(begin[len(trig):])} %json {json.dumps(schema)} {_lit(end)}\n")
+        rules.append(
+            f"tag_{i}_trig[lazy]: TAG_TEXT {_lit(trig)}\n"
+            f"tag_{i}: tag_{i}_trig {_lit(begin[len(trig) :])} %json {json.dumps(schema)} {_lit(end)}\n"
+        )
     alts = " | ".join(f"tag_{i}" for i in range(len(tags)))
     start = f"start: tag_end | ({alts})\n" if fmt.get("stop_after_first") else f"start: ({alts})* tag_end\n"
-    return ("%llguidance {}\n" + start + "tag_end: TAG_TEXT\nTAG_TEXT: /(.|\\n)*/\n" + "".join(rules))
+    return "%llguidance {}\n" + start + "tag_end: TAG_TEXT\nTAG_TEXT: /(.|\\n)*/\n" + "".join(rules)

@@ -15,6 +15,7 @@ grammar). ``accept_token`` uses ``try_consume_tokens`` so an illegal token leave
 (``consume_token`` would put the matcher in a sticky error state). Rollback is unlimited; the forced
 bytes (``compute_ff_bytes``) serve jump-forward.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,12 @@ def json_options(any_whitespace: bool) -> dict:
     """llguidance's JSON compile options for our whitespace rule (compact unless ``any_whitespace``)."""
     if any_whitespace:
         return {"whitespace_flexible": True, "json_allow_general_unicode_escapes": True}
-    return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
-            "json_allow_general_unicode_escapes": True}
+    return {
+        "whitespace_flexible": False,
+        "item_separator": ",",
+        "key_separator": ":",
+        "json_allow_general_unicode_escapes": True,
+    }
 
 
 def strict(schema) -> None:
@@ -56,8 +61,12 @@ def strict(schema) -> None:
         node = stack.pop()
         if not isinstance(node, dict):
             continue
-        if isinstance(node.get("properties"), dict) and id(node) not in open_ids and "allOf" not in node and not any(
-                k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties")):
+        if (
+            isinstance(node.get("properties"), dict)
+            and id(node) not in open_ids
+            and "allOf" not in node
+            and not any(k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))
+        ):
             node["additionalProperties"] = False
         stack.extend(sub for _, sub in _children(node))
 
@@ -185,8 +194,9 @@ class LLGuidanceBackend(GrammarBackend):
         self.vocab_size = int(vocab_size)
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
         self._tokenizer, self._xgrammar = tokenizer, None
-        self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
-                                                         eos_token=self.eos_token_id)
+        self.ll_tokenizer = llguidance.hf.from_tokenizer(
+            tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_id
+        )
 
     def grammar_text(self, kind: str, text: str, any_whitespace: bool = False) -> str:
         """llguidance's grammar for a validated spec (see the module doc for each kind)."""
@@ -202,6 +212,7 @@ class LLGuidanceBackend(GrammarBackend):
             return llg.LLMatcher.grammar_from_regex(text)
         if kind == "ebnf":
             from llguidance.gbnf_to_lark import any_to_lark
+
             return llg.LLMatcher.grammar_from_lark(any_to_lark(text))
         return llg.LLMatcher.grammar_from_lark(structural_tag_lark(text))
 

@@ -11,6 +11,7 @@ in parallel on Rust threads without the GIL (``llguidance.torch.fill_next_token_
 the other backends fill one row each. Matchers are not thread-safe: while a prefetch runs, the scheduler
 must not call them; :meth:`MaskPrefetcher.collect` (which ``build_grammar_mask`` calls first) waits for it.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,9 +80,10 @@ class MaskPrefetcher:
         self._index: dict[int, tuple[int, int]] = {}
         self._keep: list = []
         import torch
+
         self.bitmask = torch.empty(0, 0, dtype=torch.int32)
         self.prefetched = 0  # rows filled ahead so far
-        self.used = 0        # of those, rows a sample step took
+        self.used = 0  # of those, rows a sample step took
 
     def start(self, reqs: Sequence[Any], vocab_size: int) -> None:
         """Begin filling the masks of the constrained, unfinished ``reqs`` (their matchers now belong to the

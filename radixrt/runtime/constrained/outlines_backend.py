@@ -11,6 +11,7 @@ vocabulary, so large schemas take seconds (a root ``{}`` about a minute) or are 
 (``max_regex_chars``) with a ValueError. Schemas are rewritten first (``schema_prep``, and each
 ``pattern`` is turned into a regex over the JSON-escaped text: outlines-core splices it in verbatim).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,11 @@ from .vocab import piece_bytes, special_token_ids
 _HEX = "[0-9a-fA-F]"
 _FIXES = (
     ("[eE][+-][0-9]+", "[eE][+-]?[0-9]+"),
-    ('\\\\["\\\\/bfnrt]', '\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF]{h}{{3}}|[dD][0-7]{h}{{2}}|'
-     '[dD][89abAB]{h}{{2}}\\\\u[dD][c-fC-F]{h}{{2}}))'.format(h=_HEX)),
+    (
+        '\\\\["\\\\/bfnrt]',
+        '\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF]{h}{{3}}|[dD][0-7]{h}{{2}}|'
+        "[dD][89abAB]{h}{{2}}\\\\u[dD][c-fC-F]{h}{{2}}))".format(h=_HEX),
+    ),
     ('[^"\\\\\\x00-\\x1F\\x7F-\\x9F]', '[^"\\\\\\x00-\\x1F]'),
 )
 
@@ -41,7 +45,7 @@ _FIXES = (
 # index free of final states inside the grammar by appending an end sentinel, U+10FFFF, that stands for
 # EOS: the EOS id is mapped to its bytes, tokens that could start it are left out of the vocabulary, and
 # EOS is allowed exactly where consuming the sentinel reaches a final state.
-SENTINEL = "\U0010FFFF"
+SENTINEL = "\U0010ffff"
 _SENTINEL_BYTES = SENTINEL.encode("utf-8")
 _SENTINEL_REGEX = r"\x{10FFFF}"
 
@@ -157,9 +161,17 @@ class OutlinesBackend(GrammarBackend):
 
     name = "outlines"
 
-    def __init__(self, tokenizer, vocab_size: int, *, eos_token_id: int | None = None,
-                 whitespace_max: int = 8, max_recursion_depth: int = 3, max_rollback: int = 64,
-                 max_regex_chars: int = 100_000):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        *,
+        eos_token_id: int | None = None,
+        whitespace_max: int = 8,
+        max_recursion_depth: int = 3,
+        max_rollback: int = 64,
+        max_regex_chars: int = 100_000,
+    ):
         self.vocab_size = int(vocab_size)
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
         self.whitespace_max = whitespace_max
@@ -191,8 +203,9 @@ class OutlinesBackend(GrammarBackend):
         try:
             if kind == "json_schema":
                 schema = make_sound(rewrite_local_refs(json.loads(text)), self.name)
-                schema = rewrite_patterns(prepare_schema(schema, expand_types=False, explicit_any=True),
-                                          pattern_to_json_regex)
+                schema = rewrite_patterns(
+                    prepare_schema(schema, expand_types=False, explicit_any=True), pattern_to_json_regex
+                )
                 text = json.dumps(schema, ensure_ascii=False)
             regex = self.schema_to_regex(text, any_whitespace) if kind == "json_schema" else text
         except BaseException as e:
@@ -200,8 +213,12 @@ class OutlinesBackend(GrammarBackend):
             first = (str(e).strip().splitlines() or [""])[0]
             raise compile_error(self.name, kind, f"{type(e).__name__}: {first[:300]}") from None
         if len(regex) > self.max_regex_chars:
-            raise compile_error(self.name, kind, f"the spec expands to a {len(regex)}-character regex (limit "
-                                f"{self.max_regex_chars}); use --grammar-backend xgrammar")
+            raise compile_error(
+                self.name,
+                kind,
+                f"the spec expands to a {len(regex)}-character regex (limit "
+                f"{self.max_regex_chars}); use --grammar-backend xgrammar",
+            )
         try:
             index = oc.Index(f"(?:{_strip_anchors(regex)}){_SENTINEL_REGEX}", self.vocabulary)
         except BaseException as e:
@@ -209,6 +226,5 @@ class OutlinesBackend(GrammarBackend):
             msg = str(e)
             if len(msg) > 500:
                 msg = msg[:500] + "..."
-            raise compile_error(self.name, kind,
-                                f"cannot build the token index: {type(e).__name__}: {msg}") from None
+            raise compile_error(self.name, kind, f"cannot build the token index: {type(e).__name__}: {msg}") from None
         return OutlinesCompiled(kind, regex, index, self.eos_token_id, self.max_rollback)

@@ -6,6 +6,7 @@ ids, every token is allowed and nothing reaches the inner matcher; from the toke
 the inner matcher masks and accepts as usual. (SGLang wraps grammars the same way for its reasoning
 parsers.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,7 +37,7 @@ class ReasoningGate(GrammarMatcher):
     def accept_token(self, token_id: int) -> bool:
         if self.open:
             return self.inner.accept_token(token_id)
-        self.tail = (self.tail + [token_id])[-len(self.end_ids):]
+        self.tail = (self.tail + [token_id])[-len(self.end_ids) :]
         self.open = self.tail == self.end_ids
         return True
 

@@ -7,6 +7,7 @@ timed on the way (the per-token mask cost of the backend). The choice is biased 
 tokens (quotes, brackets, digits, literals) and toward EOS so that most walks finish within a few hundred
 tokens; it is seeded, so a failure reproduces.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def closer_ids(tokenizer) -> np.ndarray:
     return np.array(sorted(ids), dtype=np.int64)
 
 
-def random_walk(compiled, tokenizer, vocab_size: int, eos_id: int, rnd: random.Random,
-                closers: np.ndarray, max_tokens: int = 256) -> Walk:
+def random_walk(
+    compiled, tokenizer, vocab_size: int, eos_id: int, rnd: random.Random, closers: np.ndarray, max_tokens: int = 256
+) -> Walk:
     """Generate one output of ``compiled`` (a :class:`~.base.CompiledGrammar`) by a seeded random walk.
 
     Raises:
@@ -87,8 +89,11 @@ def schema_violation(text: str, schema) -> str | None:
         value = json.loads(text)
     except ValueError as e:
         return f"not JSON: {e}"
-    cls = validators.validator_for(schema, default=validators.Draft202012Validator) \
-        if isinstance(schema, dict) else validators.Draft202012Validator
+    cls = (
+        validators.validator_for(schema, default=validators.Draft202012Validator)
+        if isinstance(schema, dict)
+        else validators.Draft202012Validator
+    )
     try:
         cls(schema).validate(value)
     except ValidationError as e:

@@ -23,6 +23,7 @@ dropped (``{"maxLength": 2}`` would accept ``"foo"``). :func:`prepare_schema` re
    ``{"type": "string", "anyOf": [{"pattern": ...}, {"format": ...}]}`` accepted an object (dev corpus,
    Snowplow). Branches holding a ``$ref`` are left alone.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,11 +33,30 @@ from urllib.parse import urldefrag, urljoin
 from .json_pointer import json_pointer, split_pointer
 
 TYPE_KEYWORDS = {
-    "object": ("properties", "patternProperties", "additionalProperties", "required", "minProperties",
-               "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas",
-               "unevaluatedProperties"),
-    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
-              "minContains", "maxContains", "unevaluatedItems"),
+    "object": (
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "required",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedProperties",
+    ),
+    "array": (
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "unevaluatedItems",
+    ),
     "string": ("maxLength", "minLength", "pattern", "format", "contentEncoding", "contentMediaType"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
 }
@@ -44,11 +64,26 @@ ALL_TYPES = ["object", "array", "string", "number", "boolean", "null"]
 _SKIP_TYPING = ("$ref", "$dynamicRef", "anyOf", "oneOf", "allOf", "not", "if", "enum", "const")
 # Where subschemas live: keyword -> "one" (a schema), "map" (name -> schema), "list" (schemas).
 _SUBSCHEMAS = {
-    "properties": "map", "patternProperties": "map", "$defs": "map", "definitions": "map",
-    "dependentSchemas": "map", "items": "one", "additionalItems": "one", "additionalProperties": "one",
-    "contains": "one", "propertyNames": "one", "not": "one", "if": "one", "then": "one", "else": "one",
-    "unevaluatedItems": "one", "unevaluatedProperties": "one", "prefixItems": "list", "anyOf": "list",
-    "oneOf": "list", "allOf": "list",
+    "properties": "map",
+    "patternProperties": "map",
+    "$defs": "map",
+    "definitions": "map",
+    "dependentSchemas": "map",
+    "items": "one",
+    "additionalItems": "one",
+    "additionalProperties": "one",
+    "contains": "one",
+    "propertyNames": "one",
+    "not": "one",
+    "if": "one",
+    "then": "one",
+    "else": "one",
+    "unevaluatedItems": "one",
+    "unevaluatedProperties": "one",
+    "prefixItems": "list",
+    "anyOf": "list",
+    "oneOf": "list",
+    "allOf": "list",
 }
 
 
@@ -74,8 +109,11 @@ def _add_type(node: dict, expand_types: bool) -> None:
         elif groups and expand_types:
             node["type"] = list(ALL_TYPES)
     types = node.get("type")
-    if (types == "array" or isinstance(types, list) and "array" in types) and "items" not in node \
-            and "prefixItems" not in node:
+    if (
+        (types == "array" or isinstance(types, list) and "array" in types)
+        and "items" not in node
+        and "prefixItems" not in node
+    ):
         node["items"] = {}  # same meaning; xgrammar's strict mode otherwise allows only [] here
     if types == "object" or isinstance(types, list) and "object" in types:
         undeclared = not any(k in node for k in ("properties", "patternProperties", "additionalProperties"))
@@ -151,8 +189,10 @@ def _rewrite_refs(root: dict) -> None:
         else:
             target = ids.get(doc)
         if target is None:
-            raise ValueError(f"json_schema: cannot resolve $ref {ref!r} at {json_pointer(path) or '/'}: only local "
-                             "pointers and embedded $id/$anchor are supported (nothing is fetched)")
+            raise ValueError(
+                f"json_schema: cannot resolve $ref {ref!r} at {json_pointer(path) or '/'}: only local "
+                "pointers and embedded $id/$anchor are supported (nothing is fetched)"
+            )
         node["$ref"] = "#" + json_pointer(target) + frag
 
 

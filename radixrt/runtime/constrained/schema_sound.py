@@ -22,6 +22,7 @@ Both libraries drop some keywords silently, so a finished output could fail the 
    and a ``oneOf`` whose branches are not provably disjoint (distinct types, or distinct ``const``/``enum``
    values of one required property): both libraries treat ``oneOf`` as ``anyOf``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,25 +32,69 @@ from typing import Any
 from .json_pointer import json_pointer, split_pointer
 from .schema_prep import _children
 
-_ALWAYS_REFUSED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired",
-                   "dependentSchemas", "dependencies", "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-                   "$dynamicRef")
-XGRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "duration", "email", "uuid", "uri", "uri-reference",
-                              "uri-template", "ipv4", "ipv6", "hostname", "json-pointer", "relative-json-pointer"})
+_ALWAYS_REFUSED = (
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "minContains",
+    "maxContains",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+)
+XGRAMMAR_FORMATS = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "ipv4",
+        "ipv6",
+        "hostname",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
 # outlines-core's regexes for time, email and uri break the JSON string they sit in (0.1.x): TIME has "\\."
 # (a backslash, then any character: "01:08:31\*57" is an invalid escape), URI "[^\s]+" lets a '"' through and
 # EMAIL's quoted local part starts with a bare '"'; so outlines refuses those formats by name
 OUTLINES_FORMATS = frozenset({"date", "date-time", "uuid"})
-_ANNOTATIONS = ("title", "description", "$comment", "examples", "default", "$schema", "$id", "id", "definitions",
-                "$defs", "readOnly", "writeOnly", "deprecated")
+_ANNOTATIONS = (
+    "title",
+    "description",
+    "$comment",
+    "examples",
+    "default",
+    "$schema",
+    "$id",
+    "id",
+    "definitions",
+    "$defs",
+    "readOnly",
+    "writeOnly",
+    "deprecated",
+)
 _LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
 _UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
 def _refuse(backend: str, keyword: str, path: list[str], why: str) -> ValueError:
-    return ValueError(f"json_schema: '{keyword}' at {json_pointer(path) or '/'} is not supported by {backend}: "
-                      f"{why} (use --grammar-backend llguidance)")
+    return ValueError(
+        f"json_schema: '{keyword}' at {json_pointer(path) or '/'} is not supported by {backend}: "
+        f"{why} (use --grammar-backend llguidance)"
+    )
 
 
 def _resolve(root: dict, ref: str) -> Any:
@@ -66,15 +111,19 @@ def _types(t: Any) -> set[str]:
 def _merge_into(a: dict, b: dict, backend: str, path: list[str], kw: str = "allOf") -> None:
     for k, v in b.items():
         if k not in a:
-            if k in ("additionalProperties", "patternProperties") and isinstance(a.get("properties"), dict) and \
-                    set(a["properties"]) - set(b.get("properties") or {}):
+            if (
+                k in ("additionalProperties", "patternProperties")
+                and isinstance(a.get("properties"), dict)
+                and set(a["properties"]) - set(b.get("properties") or {})
+            ):
                 raise _refuse(backend, kw, path, f"'{k}' of one part would constrain the properties of another")
             a[k] = copy.deepcopy(v)
         elif k == "properties" and isinstance(v, dict) and isinstance(a[k], dict):
             extra = set(v) - set(a[k])
             if extra and ("additionalProperties" in a or "patternProperties" in a):
-                raise _refuse(backend, kw, path, "'additionalProperties' of one part would constrain the "
-                              "properties of another")
+                raise _refuse(
+                    backend, kw, path, "'additionalProperties' of one part would constrain the properties of another"
+                )
             for name, sub in v.items():
                 if name not in a[k] or a[k][name] == sub:
                     a[k][name] = copy.deepcopy(sub)
@@ -84,8 +133,9 @@ def _merge_into(a: dict, b: dict, backend: str, path: list[str], kw: str = "allO
             a[k] = a[k] + [x for x in v if x not in a[k]]
         elif k == "type":
             ta, tb = _types(a[k]), _types(v)
-            both = (ta & tb) | ({"integer"} if ("integer" in ta and "number" in tb) or
-                                ("number" in ta and "integer" in tb) else set())
+            both = (ta & tb) | (
+                {"integer"} if ("integer" in ta and "number" in tb) or ("number" in ta and "integer" in tb) else set()
+            )
             if not both:
                 raise _refuse(backend, kw, path, f"the parts' types {sorted(ta)} and {sorted(tb)} do not meet")
             a[k] = sorted(both) if len(both) > 1 else both.pop()
@@ -128,11 +178,31 @@ def merge_all_of(root: dict, node: dict, backend: str, path: list[str], depth: i
 
 
 _BY_TYPE = {  # keywords that constrain instances of one type only (JSON Schema validation, section 6)
-    "object": ("properties", "additionalProperties", "patternProperties", "required", "minProperties",
-               "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies",
-               "unevaluatedProperties"),
-    "array": ("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains",
-              "minContains", "maxContains", "unevaluatedItems"),
+    "object": (
+        "properties",
+        "additionalProperties",
+        "patternProperties",
+        "required",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "unevaluatedProperties",
+    ),
+    "array": (
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "unevaluatedItems",
+    ),
     "string": ("minLength", "maxLength", "pattern"),
     "number": _NUMBER_KEYWORDS,
 }
@@ -197,7 +267,7 @@ def _disjoint(branches: list) -> bool:
         norm = [t | ({"integer"} if "number" in t else set()) for t in types]
         if all(not (norm[i] & norm[j]) for i in range(len(norm)) for j in range(i)):
             return True
-    for key in (branches[0].get("properties") or {}):
+    for key in branches[0].get("properties") or {}:
         values = []
         for b in branches:
             vals = _values((b.get("properties") or {}).get(key))
@@ -234,8 +304,12 @@ def _check_node(node: dict, backend: str, path: list[str]) -> None:
     if isinstance(mult, (int, float)) and not isinstance(mult, bool) and not float(mult).is_integer():
         raise _refuse(backend, "multipleOf", path, "only integral multipleOf is enforced")
     if backend == "outlines" and ("minProperties" in node or "maxProperties" in node):
-        raise _refuse(backend, "minProperties" if "minProperties" in node else "maxProperties", path,
-                      "property counts are not enforced")
+        raise _refuse(
+            backend,
+            "minProperties" if "minProperties" in node else "maxProperties",
+            path,
+            "property counts are not enforced",
+        )
     if backend == "outlines" and any(k in node for k in _NUMBER_KEYWORDS):
         k = next(k for k in _NUMBER_KEYWORDS if k in node)
         raise _refuse(backend, k, path, "number bounds are not enforced")
@@ -246,8 +320,11 @@ def _check_node(node: dict, backend: str, path: list[str]) -> None:
     pat = node.get("pattern")
     if isinstance(pat, str) and isinstance(fmt, str):
         raise _refuse(backend, "format", path, "a 'pattern' beside a 'format' would be dropped")
-    if isinstance(pat, str) and ("minLength" in node or "maxLength" in node) and \
-            not _implied(pat, node.get("minLength", 0), node.get("maxLength")):
+    if (
+        isinstance(pat, str)
+        and ("minLength" in node or "maxLength" in node)
+        and not _implied(pat, node.get("minLength", 0), node.get("maxLength"))
+    ):
         key = "maxLength" if "maxLength" in node else "minLength"
         raise _refuse(backend, key, path, "a length beside a 'pattern' that does not imply it would be dropped")
     props, pprops = node.get("properties"), node.get("patternProperties")

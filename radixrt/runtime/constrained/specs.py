@@ -4,6 +4,7 @@
 400 with a message that names the field. Backends call it again in ``compile`` so that every path gives
 the same errors. ``choices_to_regex`` turns a ``select``/``choice`` list into a regex both backends accept.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,7 @@ def _check_patterns(node: Any, path: list[str]) -> None:
         try:
             _compile_regex(pat)
         except (re.error, RecursionError, OverflowError) as e:
-            raise ValueError(
-                f"json_schema: 'pattern' at {_where(path)} is not a valid regex: {pat!r}: {e}") from None
+            raise ValueError(f"json_schema: 'pattern' at {_where(path)} is not a valid regex: {pat!r}: {e}") from None
     pprops = node.get("patternProperties")
     if isinstance(pprops, dict):
         for key in pprops:
@@ -56,7 +56,8 @@ def _check_patterns(node: Any, path: list[str]) -> None:
             except (re.error, RecursionError, OverflowError) as e:
                 raise ValueError(
                     f"json_schema: 'patternProperties' key at {_where(path + ['patternProperties'])} "
-                    f"is not a valid regex: {key!r}: {e}") from None
+                    f"is not a valid regex: {key!r}: {e}"
+                ) from None
     for key, value in node.items():
         if key in _DATA_KEYWORDS or isinstance(value, str):
             continue
@@ -65,8 +66,10 @@ def _check_patterns(node: Any, path: list[str]) -> None:
 
 def _loads(field: str, text: str) -> Any:
     """Strict JSON (no NaN/Infinity); ValueError names ``field``."""
+
     def reject(name: str):
         raise ValueError(f"{field}: {name} is not valid JSON (RFC 8259 has no NaN/Infinity)")
+
     try:
         return json.loads(text, parse_constant=reject)
     except json.JSONDecodeError as e:

@@ -4,6 +4,7 @@ Accepted: xgrammar's ``{"type": "structural_tag", "format": {...}}``; a bare for
 (``{"type": "triggered_tags", ...}``); SGLang's legacy ``{"structures": [{"begin", "schema", "end"}],
 "triggers": [...]}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,15 @@ def normalize_structural_tag(text: str) -> str:
         for i, st in enumerate(structures):
             if not isinstance(st, dict) or not {"begin", "schema", "end"} <= st.keys():
                 raise ValueError(f"structures[{i}] needs 'begin', 'schema' and 'end'")
-            tags.append({"type": "tag", "begin": st["begin"], "end": st["end"],
-                         "content": {"type": "json_schema", "json_schema": st["schema"]}})
-        obj = {"type": "structural_tag",
-               "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
+            tags.append(
+                {
+                    "type": "tag",
+                    "begin": st["begin"],
+                    "end": st["end"],
+                    "content": {"type": "json_schema", "json_schema": st["schema"]},
+                }
+            )
+        obj = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": triggers, "tags": tags}}
     elif obj.get("type") != "structural_tag":
         if "type" not in obj:
             raise ValueError("missing 'type' (expected \"structural_tag\" with a 'format')")

@@ -14,6 +14,7 @@ reports each token's bytes in logprobs):
 Byte-level BPE vocabularies (GPT-2, Llama 3, SmolLM2) spell each byte with a printable stand-in
 character; :func:`byte_decoder` inverts that table (source: GPT-2's ``encoder.py``, ``bytes_to_unicode``).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

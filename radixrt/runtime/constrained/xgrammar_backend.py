@@ -8,6 +8,7 @@ Kinds: ``json_schema`` (compact separators ``,``/``:`` unless ``any_whitespace``
 JSON-schema grammars are post-processed by :mod:`.json_strings` so that strings with
 ``maxLength``/``minLength``/``pattern`` accept escapes and reject raw control characters.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,15 @@ import os
 import torch
 import xgrammar as xgr
 
-from .base import (CompiledGrammar, GrammarBackend, GrammarMatcher, checked_spec, compile_error,
-                   fill_single_token, reraise_fatal)
+from .base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    checked_spec,
+    compile_error,
+    fill_single_token,
+    reraise_fatal,
+)
 from .json_strings import enforceable_pattern, fix_json_string_rules
 from .schema_prep import prepare_schema, rewrite_local_refs, rewrite_patterns
 from .schema_sound import make_sound
@@ -42,8 +50,13 @@ def build_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]) 
     for tid in special_token_ids(tokenizer) - set(stop_token_ids):
         if tid < vocab_size:
             encoded[tid] = ""
-    return xgr.TokenizerInfo(encoded, probe.vocab_type, vocab_size=vocab_size, stop_token_ids=stop_token_ids,
-                             add_prefix_space=probe.add_prefix_space)
+    return xgr.TokenizerInfo(
+        encoded,
+        probe.vocab_type,
+        vocab_size=vocab_size,
+        stop_token_ids=stop_token_ids,
+        add_prefix_space=probe.add_prefix_space,
+    )
 
 
 class XGrammarMatcher(GrammarMatcher):
@@ -65,8 +78,9 @@ class XGrammarMatcher(GrammarMatcher):
         try:
             self._m.fill_next_token_bitmask(bitmask, row)
         except RuntimeError as e:
-            raise ValueError(f"xgrammar: bad bitmask {tuple(bitmask.shape)} {bitmask.dtype} "
-                             f"on {bitmask.device}: {e}") from None
+            raise ValueError(
+                f"xgrammar: bad bitmask {tuple(bitmask.shape)} {bitmask.dtype} on {bitmask.device}: {e}"
+            ) from None
 
     def accept_token(self, token_id: int) -> bool:
         return bool(self._m.accept_token(int(token_id)))
@@ -122,9 +136,17 @@ class XGrammarBackend(GrammarBackend):
 
     name = "xgrammar"
 
-    def __init__(self, tokenizer, vocab_size: int, *, stop_token_ids: list[int] | None = None,
-                 strict_mode: bool = True, fix_string_escapes: bool = True, max_threads: int | None = None,
-                 dynamic_compilation: bool = False):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        *,
+        stop_token_ids: list[int] | None = None,
+        strict_mode: bool = True,
+        fix_string_escapes: bool = True,
+        max_threads: int | None = None,
+        dynamic_compilation: bool = False,
+    ):
         eos = tokenizer.eos_token_id
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids else [eos]
         self.eos_token_id = self.stop_token_ids[0]
@@ -134,8 +156,12 @@ class XGrammarBackend(GrammarBackend):
         self.tokenizer_info = build_tokenizer_info(tokenizer, self.vocab_size, self.stop_token_ids)
         threads = max_threads or max(1, min(8, os.cpu_count() or 1))
         # Compiled grammars are cached by GrammarCache; xgrammar's own cache would hold a second copy.
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False,
-                                             enable_dynamic_compilation=dynamic_compilation)
+        self._compiler = xgr.GrammarCompiler(
+            self.tokenizer_info,
+            max_threads=threads,
+            cache_enabled=False,
+            enable_dynamic_compilation=dynamic_compilation,
+        )
 
     def _json_schema(self, text: str, any_whitespace: bool) -> xgr.CompiledGrammar:
         # a pattern xgrammar cannot lower (lookaround) would be dropped silently: refuse it first

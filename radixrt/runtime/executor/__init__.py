@@ -4,6 +4,7 @@
 graph, ``cuda_graph_runner``). It makes no decisions. May import models, layers, mem and kernels; never
 the scheduler or the server.
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr

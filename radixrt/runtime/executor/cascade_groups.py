@@ -10,6 +10,7 @@ few-shot block shared by a subset) each get read once.
 
 Cost: O(rows x path depth) dictionary work per step, no page or token loops.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,9 +21,14 @@ DEFAULT_MIN_TOKENS = 64
 DEFAULT_MIN_ROWS = 2
 
 
-def group_decode_rows(nodes: Sequence, page_tables: Sequence[Sequence[int]], q_lens: Sequence[int],
-                      page_size: int, min_tokens: int = DEFAULT_MIN_TOKENS,
-                      min_rows: int = DEFAULT_MIN_ROWS) -> PrefixGroups | None:
+def group_decode_rows(
+    nodes: Sequence,
+    page_tables: Sequence[Sequence[int]],
+    q_lens: Sequence[int],
+    page_size: int,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
+    min_rows: int = DEFAULT_MIN_ROWS,
+) -> PrefixGroups | None:
     """Prefix groups of a batch, from each request's locked radix node.
 
     Args:
@@ -73,7 +79,7 @@ def group_decode_rows(nodes: Sequence, page_tables: Sequence[Sequence[int]], q_l
                 out.rows.append(rows)
                 out.starts.append(start)
                 out.ends.append(end)
-                out.pages.append(list(page_tables[i][start // page_size:end // page_size]))
+                out.pages.append(list(page_tables[i][start // page_size : end // page_size]))
                 out.levels.append(level)
             start, level = end, level + 1
         out.suffix_starts[i] = start

@@ -14,6 +14,7 @@ How padded rows stay harmless is the backend's business (flashinfer.py: they rea
 
 The bucket arithmetic is pure Python and tested on CPU; the rest needs CUDA.
 """
+
 from __future__ import annotations
 
 import logging
@@ -101,8 +102,7 @@ class CudaGraphRunner:
         t0 = time.perf_counter()
         self.capture()
         self.capture_seconds = time.perf_counter() - t0
-        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s", self.buckets,
-                    self.capture_seconds)
+        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s", self.buckets, self.capture_seconds)
 
     def _run(self, B: int) -> torch.Tensor:
         m = self.mr.model
@@ -135,8 +135,12 @@ class CudaGraphRunner:
         """A pure decode step of 1..max_bs requests whose page table fits the fixed buffers."""
         if meta.prefix_groups is not None:  # shared-prefix steps run the cascade wrapper, eagerly
             return False
-        return (meta.is_decode and 1 <= meta.batch_size <= self.max_bs and meta.page_size == self.page_size
-                and self.attn.cuda_graph.fits(meta))
+        return (
+            meta.is_decode
+            and 1 <= meta.batch_size <= self.max_bs
+            and meta.page_size == self.page_size
+            and self.attn.cuda_graph.fits(meta)
+        )
 
     def replay(self, fb: "ForwardBatch") -> torch.Tensor:
         """Run one decode step. Returns fp32 logits ``[bs, vocab]``, rows in batch order.

@@ -4,6 +4,7 @@ The scheduler decides which ``(req, num_new_tokens)`` pairs run; the runner pack
 dataclass (nano-vllm's ``prepare_model_input``, SGLang's ``ForwardBatch``); the output processor reads the
 logit rows back by request. Token rows are packed request after request, in batch order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,8 +53,9 @@ class ForwardBatch:
     spec_at: list[tuple["Req", int]] = field(default_factory=list)
 
     @classmethod
-    def make(cls, input_ids: list[int], positions: list[int], attn_meta: AttentionMetadata,
-             logit_rows: list[int], **kw) -> "ForwardBatch":
+    def make(
+        cls, input_ids: list[int], positions: list[int], attn_meta: AttentionMetadata, logit_rows: list[int], **kw
+    ) -> "ForwardBatch":
         """Build from Python lists (ids and positions of equal length ``T``; rows in ``[0, T)``).
 
         Raises:
@@ -64,8 +66,14 @@ class ForwardBatch:
         if any(not 0 <= r < len(input_ids) for r in logit_rows):
             raise ValueError(f"logit_rows must lie in [0, {len(input_ids)})")
         i64 = dict(dtype=torch.int64)
-        return cls(torch.tensor(input_ids, **i64), torch.tensor(positions, **i64), attn_meta,
-                   torch.tensor(logit_rows, **i64), all_rows=logit_rows == list(range(len(input_ids))), **kw)
+        return cls(
+            torch.tensor(input_ids, **i64),
+            torch.tensor(positions, **i64),
+            attn_meta,
+            torch.tensor(logit_rows, **i64),
+            all_rows=logit_rows == list(range(len(input_ids))),
+            **kw,
+        )
 
     def is_spec(self, req: "Req") -> bool:
         """``req``'s row carried draft tokens this step."""

@@ -5,6 +5,7 @@ GGUF: the HF parity tests stay exact) and takes fp16 where they are quantized or
 format, ``q4``, ``int8``, ``fp16``, ``bf16``): half the bytes per token, and the weights' own rounding
 already exceeds fp16's on K/V. On CUDA ``auto`` is the model dtype (FlashInfer's kernels take fp16/bf16).
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,13 +17,17 @@ from radixrt.runtime.models.args import ModelArgs
 def fp32_params(a: ModelArgs) -> int:
     """Parameters of the projections and embeddings (norms left out): what an fp32 file holds x 4 bytes."""
     hd = a.head_dim
-    per_layer = a.hidden_size * (a.num_heads + 2 * a.num_kv_heads) * hd + a.num_heads * hd * a.hidden_size \
+    per_layer = (
+        a.hidden_size * (a.num_heads + 2 * a.num_kv_heads) * hd
+        + a.num_heads * hd * a.hidden_size
         + 3 * a.hidden_size * a.intermediate_size
+    )
     return a.vocab_size * a.hidden_size * (1 if a.tie_word_embeddings else 2) + a.num_layers * per_layer
 
 
-def resolve_kv_dtype(name: str, device: torch.device, dtype: torch.dtype, quantization: str,
-                     weight_bytes: int, margs: ModelArgs) -> torch.dtype:
+def resolve_kv_dtype(
+    name: str, device: torch.device, dtype: torch.dtype, quantization: str, weight_bytes: int, margs: ModelArgs
+) -> torch.dtype:
     """The pool's torch dtype for ``--kv-cache-dtype name``.
 
     Args:

@@ -3,6 +3,7 @@
 Reported by ``get_server_info`` (``memory``) and ``/metrics``, and used to size the KV pool on the CPU
 when ``--max-total-tokens`` is unset.
 """
+
 from __future__ import annotations
 
 import resource
@@ -93,4 +94,3 @@ def peaks_agreeing(memory: dict | None, pids: dict[str, int]) -> dict[str, int]:
         peaks["scheduler"] = memory["peak_rss_bytes"] = max(peaks["scheduler"], memory["peak_rss_bytes"])
         peaks["total"] = sum(v for k, v in peaks.items() if k != "total")
     return peaks
-

@@ -1,5 +1,6 @@
 """ModelRunner: loads the model and the KV pool; ``prepare`` packs a scheduled step into a ForwardBatch,
 ``forward`` runs it and returns the logits rows asked for."""
+
 from __future__ import annotations
 
 import logging
@@ -62,13 +63,13 @@ class ModelRunner:
         self.device, self.dtype = resolve_device_dtype(args.device, args.dtype)
         if tp is not None:  # one GPU per rank of this node
             from radixrt.runtime.layers.parallel import rank_device
+
             self.device = rank_device(self.device, tp.rank)
         self.source = resolve_model(args.model)
         cfg = load_model_config(args.model)  # no transformers import where the GGUF's files allow
         self.config = cfg
         margs = ModelArgs.from_hf(cfg)
-        self.context_length = min(args.context_length or margs.max_position_embeddings,
-                                  margs.max_position_embeddings)
+        self.context_length = min(args.context_length or margs.max_position_embeddings, margs.max_position_embeddings)
         num_heads, num_kv_heads = margs.num_heads, margs.num_kv_heads
         if self._direct_gguf(tp):  # the file's tensors, layer by layer, in their kernels' layouts
             path = os.path.join(self.source.directory, self.source.gguf_file)
@@ -78,8 +79,9 @@ class ModelRunner:
             if tp is not None and tp.size > 1:  # each rank read its own slices of the file (gguf_tp)
                 num_heads, num_kv_heads = local_heads(num_heads, num_kv_heads, tp.size)
         elif self._direct_gguf(tp, safetensors=True):  # a safetensors dir, tensor by tensor (st_load)
-            self.model, self.quantization = build_from_safetensors(self.source.directory, margs, args.quantization,
-                                                                   self.context_length)
+            self.model, self.quantization = build_from_safetensors(
+                self.source.directory, margs, args.quantization, self.context_length
+            )
         else:
             self.model = self._dense_model(margs, tp)
             if tp is not None and tp.size > 1:
@@ -87,46 +89,79 @@ class ModelRunner:
         self.vocab_size = margs.vocab_size
         self.page_size = args.page_size
         self._weight_bytes = None
-        self.kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, self.device, self.dtype, self.quantization,
-                                         self.weight_bytes, margs)
+        self.kv_dtype = resolve_kv_dtype(
+            args.kv_cache_dtype, self.device, self.dtype, self.quantization, self.weight_bytes, margs
+        )
         self.num_pages = self._pool_pages(margs.num_layers, num_kv_heads, margs.head_dim)
-        self.kv = KVPool(self.num_pages, self.page_size, margs.num_layers, num_kv_heads,
-                         margs.head_dim, self.kv_dtype, self.device)
-        self.attn = get_backend(args.attention_backend, self.device, self.dtype, kv_dtype=self.kv_dtype,
-                                cpu_cascade=args.cpu_cascade_attention)
+        self.kv = KVPool(
+            self.num_pages, self.page_size, margs.num_layers, num_kv_heads, margs.head_dim, self.kv_dtype, self.device
+        )
+        self.attn = get_backend(
+            args.attention_backend,
+            self.device,
+            self.dtype,
+            kv_dtype=self.kv_dtype,
+            cpu_cascade=args.cpu_cascade_attention,
+        )
         if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtypes up front
             self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype, kv_dtype=self.kv_dtype)
         self.cascade_steps = 0  # steps that attended shared prefixes once per group
-        self.cascade_rows = 0   # decode rows served by a group, summed over those steps
+        self.cascade_rows = 0  # decode rows served by a group, summed over those steps
         self.forward_time = 0.0  # seconds in forward(), summed (the scheduler's StepStats read it)
         self.graph_runner = None
         # under --tp, decode runs eagerly: collectives inside captured graphs are not wired here
-        if (self.device.type == "cuda" and not args.disable_cuda_graph and hasattr(self.attn, "cuda_graph")
-                and (tp is None or tp.size == 1)):
+        if (
+            self.device.type == "cuda"
+            and not args.disable_cuda_graph
+            and hasattr(self.attn, "cuda_graph")
+            and (tp is None or tp.size == 1)
+        ):
             from radixrt.runtime.executor.cuda_graph_runner import CudaGraphRunner
+
             self.graph_runner = CudaGraphRunner(self)
         m = self.memory_stats() if self.device.type == "cpu" else None
-        logger.info("model %s on %s/%s (%s): KV pool %s, %d pages x %d tokens = %d tokens%s", self.source.name,
-                    self.device, self.dtype, self.quantization, self.kv_dtype_name, self.num_pages, self.page_size,
-                    self.num_pages * self.page_size,
-                    "" if m is None else f"; weights {m['weight_bytes'] / 2**20:.0f} MiB, KV pool "
-                    f"{m['kv_pool_bytes'] / 2**20:.0f} MiB, RSS {m['rss_bytes'] / 2**20:.0f} MiB, "
-                    f"available {memory.available_bytes() / 2**20:.0f} MiB")
+        logger.info(
+            "model %s on %s/%s (%s): KV pool %s, %d pages x %d tokens = %d tokens%s",
+            self.source.name,
+            self.device,
+            self.dtype,
+            self.quantization,
+            self.kv_dtype_name,
+            self.num_pages,
+            self.page_size,
+            self.num_pages * self.page_size,
+            ""
+            if m is None
+            else f"; weights {m['weight_bytes'] / 2**20:.0f} MiB, KV pool "
+            f"{m['kv_pool_bytes'] / 2**20:.0f} MiB, RSS {m['rss_bytes'] / 2**20:.0f} MiB, "
+            f"available {memory.available_bytes() / 2**20:.0f} MiB",
+        )
 
     def _direct_gguf(self, tp, safetensors: bool = False) -> bool:
         """A GGUF (sharded or not) or with ``safetensors`` an unsharded safetensors directory, on the CPU:
         loaded from the files layer by layer in its format (gguf_load, gguf_tp, st_load), never through a
         whole-model state dict."""
         unsharded = tp is None or tp.size == 1
-        return ((self.source.gguf_file is None) == safetensors and self.device.type == "cpu"
-                and (unsharded or not safetensors) and self.dtype == torch.float32)
+        return (
+            (self.source.gguf_file is None) == safetensors
+            and self.device.type == "cpu"
+            and (unsharded or not safetensors)
+            and self.dtype == torch.float32
+        )
 
     def _dense_model(self, margs: ModelArgs, tp) -> LlamaForCausalLM:
         """The dense path (CUDA, a bf16/fp16 model on the CPU, safetensors directories under --tp): the
         files read layer by layer into ``self.dtype`` on the device (models/dense_load.py), then quantized
         where the format asks."""
-        model = build_dense(self.source.directory, self.source.gguf_file, margs, self.device, self.dtype, tp,
-                            max_pos=self.context_length)
+        model = build_dense(
+            self.source.directory,
+            self.source.gguf_file,
+            margs,
+            self.device,
+            self.dtype,
+            tp,
+            max_pos=self.context_length,
+        )
         self.quantization = quantize_for_source(model, self.args.quantization, self.source, self.device)
         return model
 
@@ -166,8 +201,13 @@ class ModelRunner:
         """Bytes: ``weight_bytes`` (as held, every layout), ``kv_pool_bytes``, and this process's
         ``rss_bytes`` / ``peak_rss_bytes``; ``kv_dtype``, the pool's element type."""
         rss = memory.rss_bytes()  # sampled apart from getrusage's peak: the peak is at least the current
-        return {"weight_bytes": self.weight_bytes, "kv_pool_bytes": self.kv.nbytes, "kv_dtype": self.kv_dtype_name,
-                "rss_bytes": rss, "peak_rss_bytes": max(rss, memory.peak_rss_bytes())}
+        return {
+            "weight_bytes": self.weight_bytes,
+            "kv_pool_bytes": self.kv.nbytes,
+            "kv_dtype": self.kv_dtype_name,
+            "rss_bytes": rss,
+            "peak_rss_bytes": max(rss, memory.peak_rss_bytes()),
+        }
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
         """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)`` of
@@ -202,8 +242,9 @@ class ModelRunner:
             self.cascade_steps += 1
             self.cascade_rows += len({r for members in groups.rows for r in members})
         meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size, prefix_groups=groups)
-        return ForwardBatch.make(ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at,
-                                 prefix_groups=groups, spec_at=spec_at)
+        return ForwardBatch.make(
+            ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at, prefix_groups=groups, spec_at=spec_at
+        )
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """One step. Returns fp32 logits ``[len(fb.logit_rows), vocab]``, rows in ``fb.logit_rows`` order.
@@ -229,8 +270,14 @@ class ModelRunner:
         hidden = self.model(ids, pos, self.attn, self.kv)
         return self.model.compute_logits(hidden if fb.all_rows else hidden[rows])
 
+
 def _to_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
     import dataclasses
-    return dataclasses.replace(meta, **{k: getattr(meta, k).to(device, non_blocking=True)
-                                        for k in ("qo_indptr", "kv_indptr", "kv_indices",
-                                                  "kv_last_page_len", "out_cache_loc")})
+
+    return dataclasses.replace(
+        meta,
+        **{
+            k: getattr(meta, k).to(device, non_blocking=True)
+            for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "out_cache_loc")
+        },
+    )

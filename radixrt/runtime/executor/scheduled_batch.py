@@ -6,6 +6,7 @@ the scheduler fills it, the runner only reads it (vLLM's ``SchedulerOutput``, na
 Ownership: the requests stay the scheduler's; a ScheduledBatch only names them for one step and is dropped
 after the step concludes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

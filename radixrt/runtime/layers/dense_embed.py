@@ -4,6 +4,7 @@ A tied LM head and its embedding share one copy: :class:`PanelEmbedding` reads i
 :class:`~radixrt.kernels.gemv.DenseWeight` panels (row ``r`` is column ``r % 32`` of panel ``r // 32``),
 so a 2-byte model holds its vocabulary table once, not as a row table plus the head's panels.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,10 +43,10 @@ class PanelEmbedding(nn.Module):
         out = torch.empty(ids.shape[0], k, dtype=torch.float32)
         inside = ids < full
         if bool(inside.any()):
-            head = h.panels[:full * k].view(full // PANEL, k, PANEL)
+            head = h.panels[: full * k].view(full // PANEL, k, PANEL)
             sel = ids[inside]
             out[inside] = head[sel // PANEL, :, sel % PANEL].float()
         if not bool(inside.all()):
-            tail = h.panels[full * k:].view(k, n - full)
+            tail = h.panels[full * k :].view(k, n - full)
             out[~inside] = tail[:, ids[~inside] - full].t().float()
         return out

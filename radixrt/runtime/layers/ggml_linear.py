@@ -4,6 +4,7 @@ Every row count runs the one block kernel of the weight's type (:func:`radixrt.k
 activations per row, a fixed reduction order), so a row's result does not depend on the rows beside it:
 a cache hit and a miss, alone or batched, give the same greedy tokens.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """The GGUF block types radixrt runs, as the layers call them: names in, kernels of
 :mod:`radixrt.kernels.quant` underneath (``radixrt_ggml.mm`` for every row count; a torch fallback that
 dequantizes where the C++ library cannot be built)."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ Block formats (llama.cpp ``ggml-common.h``), 32 weights along the input dimensio
 - Q8_0, 34 bytes: fp16 ``d`` and 32 int8; value ``q * d``.
 
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,9 +64,9 @@ def repack_q4_1_x8(raw: torch.Tensor) -> torch.Tensor:
     n, nb = raw.shape[0], raw.shape[1] // 20
     if n % 8:
         raise ValueError(f"the 8-row Q4_1 layout needs a multiple of 8 rows, got {n}")
-    b = raw.reshape(n // 8, 8, nb, 20).permute(0, 2, 1, 3)                 # [G, nb, 8 rows, 20]
-    qs = b[..., 4:].reshape(n // 8, nb, 8, 4, 4).transpose(2, 3)            # [G, nb, 4 chunks, 8 rows, 4]
-    d, m = b[..., 0:2], b[..., 2:4]                                         # [G, nb, 8, 2]
+    b = raw.reshape(n // 8, 8, nb, 20).permute(0, 2, 1, 3)  # [G, nb, 8 rows, 20]
+    qs = b[..., 4:].reshape(n // 8, nb, 8, 4, 4).transpose(2, 3)  # [G, nb, 4 chunks, 8 rows, 4]
+    d, m = b[..., 0:2], b[..., 2:4]  # [G, nb, 8, 2]
     out = torch.cat([qs.reshape(n // 8, nb, 128), d.reshape(n // 8, nb, 16), m.reshape(n // 8, nb, 16)], -1)
     return out.reshape(n // 8, nb * 160).contiguous()
 

@@ -17,6 +17,7 @@ single-device and readable:
 The collectives run on ``TPGroup.group`` (NCCL on CUDA, gloo on CPU). ``TPGroup.cpu_group`` is always
 gloo, for control messages (the scheduler's per-step broadcast).
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,8 @@ class TPGroup:
 
     rank: int = 0
     size: int = 1
-    group: Any = None       # device collectives
-    cpu_group: Any = None   # gloo, control messages
+    group: Any = None  # device collectives
+    cpu_group: Any = None  # gloo, control messages
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
@@ -75,14 +76,19 @@ class TPGroup:
         dist.all_gather(lens, n, group=self.cpu_group)
         width = int(max(lens))
         buf = torch.zeros(width, dtype=torch.uint8)
-        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         parts = [torch.empty(width, dtype=torch.uint8) for _ in range(self.size)]
         dist.all_gather(parts, buf, group=self.cpu_group)
-        return [msgspec.json.decode(p[:int(k)].numpy().tobytes()) for p, k in zip(parts, lens)]
+        return [msgspec.json.decode(p[: int(k)].numpy().tobytes()) for p, k in zip(parts, lens)]
 
 
-def init_tp(rank: int, size: int, device: torch.device, init_method: Optional[str] = None,
-            timeout: timedelta = timedelta(seconds=900)) -> TPGroup:
+def init_tp(
+    rank: int,
+    size: int,
+    device: torch.device,
+    init_method: Optional[str] = None,
+    timeout: timedelta = timedelta(seconds=900),
+) -> TPGroup:
     """Join the process group (``init_method`` None: torchrun's ``env://``, i.e. MASTER_ADDR/PORT). NCCL plus
     a gloo CPU group on CUDA, gloo alone on CPU. ``timeout`` bounds every collective: long enough for all
     ranks to load their weights on a busy host (a dead peer is noticed at once: its sockets close).
@@ -95,8 +101,7 @@ def init_tp(rank: int, size: int, device: torch.device, init_method: Optional[st
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=size,
-                            timeout=timeout)
+    dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=size, timeout=timeout)
     world = dist.group.WORLD
     cpu = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     return TPGroup(rank, size, world, cpu)

@@ -14,6 +14,7 @@ smallest weighted squared error; finally quantize the sub-block scales and mins 
 block's largest and re-round the weights on the stored grid. Measured on N(0, 1) weights (tests): RMS error
 0.087-0.09 of the weights' RMS, vs 0.10 for the plain min/max rounding.
 """
+
 from __future__ import annotations
 
 import torch

@@ -22,6 +22,7 @@ The block formats run :class:`~radixrt.runtime.layers.ggml_linear.GGMLLinear` (i
 This module applies the formats to an fp32 model (safetensors, ``--tp``); a GGUF on the CPU is built in
 its format directly, layer by layer (``models/gguf_load.py``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -80,8 +81,14 @@ def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(q))
 
 
-def make_linear(fmt: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None,
-                blocks: tuple[str, torch.Tensor] | None, kernel=None) -> nn.Module:
+def make_linear(
+    fmt: str,
+    name: str,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    blocks: tuple[str, torch.Tensor] | None,
+    kernel=None,
+) -> nn.Module:
     """The module of one projection ``name`` (``weight [out, in]``: fp32, or fp16/bf16 for those formats
     and the block ones, which quantize from it) in format ``fmt``; ``blocks``:
     the source's own ``(ggml type, bytes)`` of the same weight when it has them (a GGUF), reused where the

@@ -4,14 +4,22 @@ Called once after the full weights are loaded on CPU and before the model moves 
 keeps (copies of) its slices, so the full tensors can be freed. The model's attention modules are told
 their local head counts; ``compute_logits`` is replaced by one that all-gathers the vocab shards.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from radixrt.runtime.layers.parallel import (ColumnParallelLinear, RowParallelLinear, TPGroup,
-                                             VocabParallelEmbedding, inter_share, kv_heads, q_heads,
-                                             vocab_range)
+from radixrt.runtime.layers.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    inter_share,
+    kv_heads,
+    q_heads,
+    vocab_range,
+)
 
 
 def local_heads(num_heads: int, num_kv_heads: int, tp: int) -> tuple[int, int]:
@@ -30,8 +38,10 @@ def _rows(w: torch.Tensor, heads: list[int], head_dim: int) -> torch.Tensor:
 
 def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     if type(m) is not nn.Linear:
-        raise ValueError(f"tensor parallelism shards nn.Linear layers only, got {type(m).__name__} "
-                         "(quantized layers are not supported with --tp)")
+        raise ValueError(
+            f"tensor parallelism shards nn.Linear layers only, got {type(m).__name__} "
+            "(quantized layers are not supported with --tp)"
+        )
     return m.weight.detach(), None if m.bias is None else m.bias.detach()
 
 
@@ -66,8 +76,9 @@ def shard_layer(layer: nn.Module, a, tp: TPGroup) -> nn.Module:
     bias = None
     if b is not None:
         bq, bk, bv = b.split([q_size, kv_size, kv_size])
-        bias = torch.cat([_rows(bq[:, None], qh, hd)[:, 0], _rows(bk[:, None], kh, hd)[:, 0],
-                          _rows(bv[:, None], kh, hd)[:, 0]])
+        bias = torch.cat(
+            [_rows(bq[:, None], qh, hd)[:, 0], _rows(bk[:, None], kh, hd)[:, 0], _rows(bv[:, None], kh, hd)[:, 0]]
+        )
     attn.qkv_proj = ColumnParallelLinear(torch.cat(parts), bias)
     w, b = _linear(attn.o_proj)
     cols = w.view(w.shape[0], a.num_heads, hd)[:, qh].reshape(w.shape[0], -1)

@@ -4,6 +4,7 @@ request's own pages (``req_pages``: admit, grow, cache, release). The allocator 
 requests. Invariant: free + evictable + protected (+ private while busy) = total pages. Imports nothing
 else of radixrt.
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr

@@ -1,4 +1,5 @@
 """Free-page allocator. It hands out page ids and takes them back; it never knows about requests."""
+
 from __future__ import annotations
 
 

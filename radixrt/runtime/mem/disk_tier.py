@@ -18,6 +18,7 @@ every file of this model is checked whole (header, its name against the header, 
 one is deleted with a warning naming it; a temporary file whose writing process is gone is deleted too.
 Files of another model (another fingerprint) are left alone: several servers may share a directory.
 """
+
 from __future__ import annotations
 
 import collections
@@ -66,8 +67,9 @@ class DiskTier:
         self.shape = tuple(shape[1:])
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         os.chmod(self.dir, 0o700)  # makedirs leaves an existing directory's mode alone
-        found = [(os.stat(os.path.join(self.dir, n)).st_mtime, n[:-3]) for n in os.listdir(self.dir)
-                 if n.endswith(".kv")]
+        found = [
+            (os.stat(os.path.join(self.dir, n)).st_mtime, n[:-3]) for n in os.listdir(self.dir) if n.endswith(".kv")
+        ]
         self.known: set[str] = {n for _, n in found}
         self.max_files = max_bytes // (HEADER.size + page_bytes) if max_bytes > 0 else 0
         if max_bytes > 0 and self.max_files < 1:
@@ -106,8 +108,17 @@ class DiskTier:
             return False
         self.known.add(name)
         self._touch(name)
-        header = HEADER.pack(MAGIC, VERSION, self.dtype_code, *self.shape, self.fingerprint, salt_digest(salt),
-                             page_hash, len(row), hashlib.blake2b(row, digest_size=16).digest())
+        header = HEADER.pack(
+            MAGIC,
+            VERSION,
+            self.dtype_code,
+            *self.shape,
+            self.fingerprint,
+            salt_digest(salt),
+            page_hash,
+            len(row),
+            hashlib.blake2b(row, digest_size=16).digest(),
+        )
         with self._lock:
             self._pending += 1
         self._queue.put((name, header + row))
@@ -253,7 +264,7 @@ class DiskTier:
         self.bytes_read += len(data)
         if name in self.known:
             self._touch(name)
-        return data[HEADER.size:]
+        return data[HEADER.size :]
 
     def _check(self, data: bytes, salt: str | None, page_hash: int, digest8: bytes | None = None) -> str | None:
         """What is wrong with a file's bytes, or None (``digest8``: the salt's digest, when the salt itself
@@ -269,7 +280,7 @@ class DiskTier:
             return "another KV dtype or layout"
         if sd != (salt_digest(salt) if digest8 is None else digest8) or ph != page_hash:
             return "another cache_salt or prefix"
-        payload = data[HEADER.size:]
+        payload = data[HEADER.size :]
         if n != self.page_bytes or len(payload) != n:
             return f"payload of {len(payload)} bytes, expected {self.page_bytes}"
         if hashlib.blake2b(payload, digest_size=16).digest() != digest:

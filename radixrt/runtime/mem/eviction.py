@@ -27,6 +27,7 @@ but fell 1.1 points below LRU when the hot prompts changed (its counts never dec
 Hits (``TreeNode.hit_count``) count the admissions whose matched prefix passed through the node
 (``match_prefix(..., hit=True)``); scheduler look-ups for ordering do not count.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

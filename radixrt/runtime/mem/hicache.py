@@ -20,6 +20,7 @@ Write policies (``--hicache-write-policy``, SGLang's names) decide when tier 3 i
 still in tiers 1-2 at a crash are lost). Tier 2 is always filled on eviction: on the CPU the pool is host
 memory, so a second host copy of live pages would hold nothing more.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,9 +50,16 @@ class HiCache:
     Raises ValueError on an unknown ``write_policy``.
     """
 
-    def __init__(self, tree, codec: PageCodec, allocate: Callable[[int], list[int] | None], host: HostTier,
-                 disk: DiskTier | None = None, write_policy: str = "write_through",
-                 prefetch_threshold: int = 256) -> None:
+    def __init__(
+        self,
+        tree,
+        codec: PageCodec,
+        allocate: Callable[[int], list[int] | None],
+        host: HostTier,
+        disk: DiskTier | None = None,
+        write_policy: str = "write_through",
+        prefetch_threshold: int = 256,
+    ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
         self.tree, self.codec, self.allocate, self.host, self.disk = tree, codec, allocate, host, disk
@@ -94,7 +102,7 @@ class HiCache:
             return False
         t0 = time.perf_counter()
         key, salt = self._path(leaf)
-        hashes = page_hashes(key, self.ps)[-len(leaf.value):]
+        hashes = page_hashes(key, self.ps)[-len(leaf.value) :]
         keys = [(salt, h) for h in hashes]
         scores = [self.tree.policy.key(leaf)] * len(keys)
         if self.store_async and self.storer is not None and self._deferred is None:
@@ -178,8 +186,7 @@ class HiCache:
                 return 0
             if taken:
                 slots = [t[2] for t in taken]
-                self.codec.unpack([pages[t[0]] for t in taken],
-                                  self.host.rows[torch.tensor(slots, dtype=torch.long)])
+                self.codec.unpack([pages[t[0]] for t in taken], self.host.rows[torch.tensor(slots, dtype=torch.long)])
                 self.host.release(slots)
         finally:
             self.tree.dec_lock_ref(m.last_node)
@@ -229,10 +236,15 @@ class HiCache:
         put = 0
         for key, salt, start, hashes, rows in self.prefetcher.take_done():
             in_tree = len(self.tree.match_prefix(key, salt).pages)
-            busy = {**(self.restorer.in_flight if self.restorer else {}),
-                    **(self.storer.in_flight if self.storer else {})}
-            keep = [(h, r) for i, (h, r) in enumerate(zip(hashes, rows))
-                    if start + i >= in_tree and (salt, h) not in self.host and (salt, h) not in busy]
+            busy = {
+                **(self.restorer.in_flight if self.restorer else {}),
+                **(self.storer.in_flight if self.storer else {}),
+            }
+            keep = [
+                (h, r)
+                for i, (h, r) in enumerate(zip(hashes, rows))
+                if start + i >= in_tree and (salt, h) not in self.host and (salt, h) not in busy
+            ]
             if not keep:
                 continue
             data = torch.frombuffer(bytearray(b"".join(r for _, r in keep)), dtype=torch.uint8)
@@ -271,7 +283,7 @@ class HiCache:
             queued += self.disk.write(salt, h, self.host.rows[slot].numpy().tobytes())
         for node in list(self.tree.nodes()):
             key, salt = self._path(node)
-            hashes = page_hashes(key, self.ps)[-len(node.value):]
+            hashes = page_hashes(key, self.ps)[-len(node.value) :]
             todo = [(p, h) for p, h in zip(node.value, hashes) if (salt, h) not in self.disk]
             if todo:
                 rows = self.codec.pack([p for p, _ in todo]).numpy()
@@ -303,36 +315,57 @@ class HiCache:
         self.host.check()
         for node in list(self.tree.nodes()):
             key, salt = self._path(node)
-            for h in page_hashes(key, self.ps)[-len(node.value):]:
+            for h in page_hashes(key, self.ps)[-len(node.value) :]:
                 assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"
-        for k in (self.restorer.in_flight if self.restorer is not None else ()):  # being copied: in neither
+        for k in self.restorer.in_flight if self.restorer is not None else ():  # being copied: in neither
             assert k not in self.host, f"page {k} is being restored and still held in tier 2"
-        for k in (self.storer.in_flight if self.storer is not None else ()):  # matchable only once landed
+        for k in self.storer.in_flight if self.storer is not None else ():  # matchable only once landed
             assert k not in self.host, f"page {k} is being stored and already held in tier 2"
 
     def stats(self, query_tokens: int) -> dict:
         """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""
         pb, q = self.codec.page_bytes, max(query_tokens, 1)
-        out = {"write_policy": self.write_policy, "page_bytes": pb,
-               "host": {"capacity_pages": self.host.num_slots, "used_pages": self.host.num_used,
-                        "capacity_bytes": self.host.num_slots * pb, "used_bytes": self.host.num_used * pb,
-                        "hit_tokens": self.host_hit_tokens, "hit_rate": self.host_hit_tokens / q,
-                        "stored_pages": self.stored_pages, "evicted_pages": self.host_evicted_pages,
-                        "loaded_pages": self.loaded_pages, "store_seconds": self.store_seconds,
-                        "load_seconds": self.load_seconds,
-                        "restoring_jobs": len(self.restorer.jobs) if self.restorer else 0,
-                        "restoring_pages": self.restorer.pages if self.restorer else 0,
-                        "storing_jobs": len(self.storer.jobs) if self.storer else 0,
-                        "storing_pages": self.storer.pages if self.storer else 0}}
+        out = {
+            "write_policy": self.write_policy,
+            "page_bytes": pb,
+            "host": {
+                "capacity_pages": self.host.num_slots,
+                "used_pages": self.host.num_used,
+                "capacity_bytes": self.host.num_slots * pb,
+                "used_bytes": self.host.num_used * pb,
+                "hit_tokens": self.host_hit_tokens,
+                "hit_rate": self.host_hit_tokens / q,
+                "stored_pages": self.stored_pages,
+                "evicted_pages": self.host_evicted_pages,
+                "loaded_pages": self.loaded_pages,
+                "store_seconds": self.store_seconds,
+                "load_seconds": self.load_seconds,
+                "restoring_jobs": len(self.restorer.jobs) if self.restorer else 0,
+                "restoring_pages": self.restorer.pages if self.restorer else 0,
+                "storing_jobs": len(self.storer.jobs) if self.storer else 0,
+                "storing_pages": self.storer.pages if self.storer else 0,
+            },
+        }
         d = self.disk
         if d is not None:
-            out["disk"] = {"dir": d.dir, "files": len(d.known), "hit_tokens": self.disk_hit_tokens,
-                           "hit_rate": self.disk_hit_tokens / q, "written_pages": d.written,
-                           "read_pages": d.read_pages, "dropped_pages": d.dropped, "pending_writes": d.pending_writes,
-                           "bytes_written": d.bytes_written, "bytes_read": d.bytes_read,
-                           "write_seconds": d.write_seconds, "read_seconds": d.read_seconds,
-                           "prefetched_pages": self.prefetched_pages, "dir_recreated": d.recreated,
-                           "max_files": d.max_files, "evicted_files": d.evicted_files}
+            out["disk"] = {
+                "dir": d.dir,
+                "files": len(d.known),
+                "hit_tokens": self.disk_hit_tokens,
+                "hit_rate": self.disk_hit_tokens / q,
+                "written_pages": d.written,
+                "read_pages": d.read_pages,
+                "dropped_pages": d.dropped,
+                "pending_writes": d.pending_writes,
+                "bytes_written": d.bytes_written,
+                "bytes_read": d.bytes_read,
+                "write_seconds": d.write_seconds,
+                "read_seconds": d.read_seconds,
+                "prefetched_pages": self.prefetched_pages,
+                "dir_recreated": d.recreated,
+                "max_files": d.max_files,
+                "evicted_files": d.evicted_files,
+            }
         return out
 
 

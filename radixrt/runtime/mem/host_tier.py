@@ -14,6 +14,7 @@ tree's GDSF inflation is already inside those scores, so the tier adds no aging 
 keeps the node's hit count, which a restore gives back to the node it re-creates: GDSF and LFU rank a
 prefix by its hits, and a prefix that went down a tier and came back must not restart from zero.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -67,8 +68,9 @@ class HostTier:
         """Every held page as ``(key, slot)``: its row is ``rows[slot]``."""
         return [(k, e.slot) for k, e in self._index.items()]
 
-    def store(self, keys: list[Key], scores: list[tuple], rows: torch.Tensor, hits: int = 0,
-              keep_evicted: bool = True) -> list[tuple[Key, torch.Tensor | None]]:
+    def store(
+        self, keys: list[Key], scores: list[tuple], rows: torch.Tensor, hits: int = 0, keep_evicted: bool = True
+    ) -> list[tuple[Key, torch.Tensor | None]]:
         """Keep ``rows`` (uint8 ``[len(keys), page_bytes]``) under ``keys`` with the node's ``hits``,
         evicting the lowest-scored entries when full. A key already present keeps its bytes (the same
         prefix, the same KV) and takes the higher score and hit count. Returns the evicted ``(key, row)``
@@ -80,8 +82,9 @@ class HostTier:
         self.commit(keys, new, scores, hits)
         return evicted
 
-    def reserve(self, keys: list[Key], scores: list[tuple], hits: int = 0
-                ) -> tuple[list[tuple[int, int]], list[tuple[Key, int]]]:
+    def reserve(
+        self, keys: list[Key], scores: list[tuple], hits: int = 0
+    ) -> tuple[list[tuple[int, int]], list[tuple[Key, int]]]:
         """Take slots for the keys not held yet, evicting the lowest-scored entries when full (keys held
         take the higher score and hits now). Returns ``(new, spilled)``: ``new`` pairs ``(index in keys,
         slot)``, the slots "being written" (neither free nor held) until ``commit``; ``spilled`` the evicted
@@ -110,8 +113,14 @@ class HostTier:
         src = rows if len(new) == n_keys else rows[torch.tensor([i for i, _ in new], dtype=torch.long)]
         self.rows[torch.tensor([s for _, s in new], dtype=torch.long)] = src
 
-    def commit(self, keys: list[Key], new: list[tuple[int, int]], scores: list[tuple], hits: int = 0,
-               skip: set | frozenset = frozenset()) -> None:
+    def commit(
+        self,
+        keys: list[Key],
+        new: list[tuple[int, int]],
+        scores: list[tuple],
+        hits: int = 0,
+        skip: set | frozenset = frozenset(),
+    ) -> None:
         """Make written slots hold their keys; keys in ``skip`` (back in the pool meanwhile) or held again
         by now free their slot instead."""
         # deepest page first: among equal scores the heap pops the oldest push, so a node's tail goes before
@@ -186,4 +195,5 @@ class HostTier:
         assert not set(held) & set(self._free), "a host slot is both free and held"
         assert len(set(self._free)) == len(self._free), "a host slot is free twice"
         assert len(held) + len(self._free) == self.num_slots, (
-            f"host tier accounting broken: {len(held)} held + {len(self._free)} free != {self.num_slots}")
+            f"host tier accounting broken: {len(held)} held + {len(self._free)} free != {self.num_slots}"
+        )

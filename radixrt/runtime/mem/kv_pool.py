@@ -9,6 +9,7 @@ Element types (``--kv-cache-dtype``): fp32, fp16, bf16, or int8 with one fp32 sc
 the same page never changes an earlier token's stored values (a per-page scale rewritten as the page fills
 would, and so would break cache- and batch-invariance).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,8 +40,16 @@ class KVPool:
         ValueError: a page count or page size below 1, or another dtype.
     """
 
-    def __init__(self, num_pages: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
         if dtype not in KV_DTYPES.values():

@@ -6,6 +6,7 @@ These are the pool's exact bytes: a page that goes out and comes back holds what
 over it (and greedy output) is identical to the recomputed page's (the kernels' fixed reduction order
 makes a row's output depend on KV content only; docs/DESIGN.md).
 """
+
 from __future__ import annotations
 
 import torch
@@ -56,6 +57,6 @@ class PageCodec:
             return
         idx, off = self._index(pages), 0
         for t, size in zip(self.tensors, self.sizes):
-            part = rows[:, off:off + size].contiguous().view(t.dtype).reshape((n,) + tuple(t.shape[1:]))
+            part = rows[:, off : off + size].contiguous().view(t.dtype).reshape((n,) + tuple(t.shape[1:]))
             t[idx] = part.to(t.device)
             off += size

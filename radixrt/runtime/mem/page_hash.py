@@ -4,6 +4,7 @@ the hash of the page before, so equal hashes mean equal prefixes (vLLM's block h
 The request log (``--request-log-hash``) writes these hashes, and the cache tiers under the radix tree
 (``hicache.py``) key evicted pages by them: the hash of a page names the whole prefix that produced its KV.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,7 @@ def page_hashes(ids: list[int], page_size: int) -> list[int]:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     out, prev = [], b""
     for i in range(len(ids) // page_size):
-        page = ids[i * page_size:(i + 1) * page_size]
+        page = ids[i * page_size : (i + 1) * page_size]
         prev = hashlib.blake2b(prev + struct.pack(f"<{len(page)}q", *page), digest_size=8).digest()
         out.append(int.from_bytes(prev, "little") & HASH_MASK)
     return out

@@ -8,6 +8,7 @@ Only the worker thread touches the files; only the scheduler thread touches the 
 request was admitted and read it directly, or recomputed it) is dropped at drain, so a page is never in
 both the pool and tier 2.
 """
+
 from __future__ import annotations
 
 import collections

@@ -20,6 +20,7 @@ Invariants (``check_invariants`` verifies them):
   6. ``cache_salt`` namespaces keys: one root per salt (``None`` is the default root); different salts
      never share nodes or pages.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -39,13 +40,19 @@ HELD = "held"  # on_evict's answer when it keeps the evicted pages out of the fr
 class TreeNode:
     """One edge of the radix tree: ``key`` tokens whose KV lives in the ``value`` pages."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "hit_count", "score",
-                 "id")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "hit_count", "score", "id")
     _ids: ClassVar[Iterator[int]] = itertools.count()
 
-    def __init__(self, key: list[int], value: list[int], parent: TreeNode | None,
-                 lock_ref: int = 0, last_access_time: float = 0.0, hit_count: int = 0,
-                 score: float = 0.0) -> None:
+    def __init__(
+        self,
+        key: list[int],
+        value: list[int],
+        parent: TreeNode | None,
+        lock_ref: int = 0,
+        last_access_time: float = 0.0,
+        hit_count: int = 0,
+        score: float = 0.0,
+    ) -> None:
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.parent: TreeNode | None = parent  # None only for roots
         self.key: list[int] = key  # token ids, a multiple of page_size long
@@ -61,8 +68,10 @@ class TreeNode:
         return self.parent is None
 
     def __repr__(self) -> str:
-        return (f"TreeNode(id={self.id}, tokens={len(self.key)}, pages={self.value}, "
-                f"lock_ref={self.lock_ref}, t={self.last_access_time}, hits={self.hit_count})")
+        return (
+            f"TreeNode(id={self.id}, tokens={len(self.key)}, pages={self.value}, "
+            f"lock_ref={self.lock_ref}, t={self.last_access_time}, hits={self.hit_count})"
+        )
 
 
 @dataclass
@@ -78,8 +87,7 @@ class RadixCache:
     """``policy``: an eviction policy name (``eviction.POLICIES``) or instance; raises ValueError on an
     unknown name or a page_size below 1."""
 
-    def __init__(self, page_size: int, allocator: PageAllocator,
-                 policy: str | EvictionPolicy = DEFAULT_POLICY) -> None:
+    def __init__(self, page_size: int, allocator: PageAllocator, policy: str | EvictionPolicy = DEFAULT_POLICY) -> None:
         if page_size < 1:
             raise ValueError(f"page_size ({page_size}) must be >= 1")
         self.page_size = page_size
@@ -140,7 +148,7 @@ class RadixCache:
         pages: list[int] = []
         pos = 0
         while pos < n:
-            child = node.children.get(tuple(key[pos:pos + ps]))
+            child = node.children.get(tuple(key[pos : pos + ps]))
             if child is None:
                 break
             m = self._matched_pages(key, pos, child.key)
@@ -173,10 +181,10 @@ class RadixCache:
         now = self._clock
         pos = 0
         while pos < n:
-            first = tuple(key[pos:pos + ps])
+            first = tuple(key[pos : pos + ps])
             child = node.children.get(first)
             if child is None:
-                leaf = TreeNode(key[pos:], list(pages[pos // ps:]), node)
+                leaf = TreeNode(key[pos:], list(pages[pos // ps :]), node)
                 self.policy.touch(leaf, now, False)
                 node.children[first] = leaf
                 self._evictable += len(leaf.value)
@@ -191,7 +199,7 @@ class RadixCache:
 
     def _matched_pages(self, key: list[int], start: int, node_key: list[int]) -> int:
         """Whole pages of ``node_key`` equal to ``key[start:]`` (both are page multiples)."""
-        if key[start:start + len(node_key)] == node_key:  # fast path: whole node matches
+        if key[start : start + len(node_key)] == node_key:  # fast path: whole node matches
             return len(node_key) // self.page_size
         limit = min(len(key) - start, len(node_key))
         i = 0
@@ -205,17 +213,24 @@ class RadixCache:
         parent = node.parent
         assert parent is not None and 0 < num_pages < len(node.value)
         cut = num_pages * self.page_size
-        upper = TreeNode(node.key[:cut], node.value[:num_pages], parent, node.lock_ref,
-                         node.last_access_time, node.hit_count, node.score)
+        upper = TreeNode(
+            node.key[:cut],
+            node.value[:num_pages],
+            parent,
+            node.lock_ref,
+            node.last_access_time,
+            node.hit_count,
+            node.score,
+        )
         node.key, node.value, node.parent = node.key[cut:], node.value[num_pages:], upper
-        upper.children[tuple(node.key[:self.page_size])] = node
-        parent.children[tuple(upper.key[:self.page_size])] = upper
+        upper.children[tuple(node.key[: self.page_size])] = node
+        parent.children[tuple(upper.key[: self.page_size])] = upper
         return upper
 
     # ----------------------------------------------------------------------------- locking
     def _is_attached(self, node: TreeNode) -> bool:
         parent = node.parent
-        return parent is None or parent.children.get(tuple(node.key[:self.page_size])) is node
+        return parent is None or parent.children.get(tuple(node.key[: self.page_size])) is node
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction. No-op on a root. O(depth)."""
@@ -266,7 +281,7 @@ class RadixCache:
             parent = leaf.parent
             assert parent is not None
             kept = self.on_evict(leaf) if self.on_evict is not None else False
-            del parent.children[tuple(leaf.key[:self.page_size])]
+            del parent.children[tuple(leaf.key[: self.page_size])]
             if kept is not HELD:
                 self.allocator.free(leaf.value)
             if not kept:

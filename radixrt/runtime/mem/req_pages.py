@@ -4,6 +4,7 @@ Page ownership: every page is exactly one of free (allocator), in the tree (evic
 private to one running request (``req.page_table[req.prefix_len // P:]``). The first ``prefix_len``
 tokens' pages belong to the tree and are locked through ``req.last_node``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -18,9 +19,9 @@ if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [to
 
 class ReqPages:
     """Attributes:
-        unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
-            evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
-        hicache: the tiers under the tree (``hicache.HiCache``), or None.
+    unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
+        evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
+    hicache: the tiers under the tree (``hicache.HiCache``), or None.
     """
 
     def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):
@@ -74,8 +75,9 @@ class ReqPages:
                 self.hicache.restore(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
             # one hit per request: an admission retried for want of pages, or after a preemption, is the
             # same access (each retry counted before, inflating LFU/GDSF's frequencies of queued prefixes)
-            m = self.tree.match_prefix(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt,
-                                       hit=not req.hit_counted)
+            m = self.tree.match_prefix(
+                req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt, hit=not req.hit_counted
+            )
             req.hit_counted = True
             pages, node = m.pages, m.last_node
             self.tree.inc_lock_ref(node)
@@ -141,12 +143,12 @@ class ReqPages:
             return
         key = req.fill_ids[:k]
         present = self.tree.insert(key, req.page_table[: k // self.P], req.cache_salt)
-        dup = req.page_table[req.prefix_len // self.P: present // self.P]
+        dup = req.page_table[req.prefix_len // self.P : present // self.P]
         if dup:
             self.allocator.free(dup)
         if self.hicache is not None:
             first = present // self.P
-            self.hicache.inserted(key, req.cache_salt, first, req.page_table[first: k // self.P])
+            self.hicache.inserted(key, req.cache_salt, first, req.page_table[first : k // self.P])
         m = self.tree.match_prefix(key, req.cache_salt)
         assert len(m.pages) * self.P == k, "inserted prefix must match in full"
         req.page_table[: k // self.P] = m.pages
@@ -161,7 +163,7 @@ class ReqPages:
         With ``keep_lock`` the lock on the deepest cached node is not released but returned, for a session
         to pin: ``(node, cached tokens)``; ``(None, 0)`` when nothing is locked."""
         self.cache(req)
-        own = req.page_table[req.prefix_len // self.P:]
+        own = req.page_table[req.prefix_len // self.P :]
         if own:
             self.allocator.free(own)
         kept = (None, 0)
@@ -197,8 +199,13 @@ class ReqPages:
         and stores' in flight; ``storing_pages`` the last)."""
         private = sum(len(r.page_table) - r.prefix_len // self.P for r in running) + self.restoring_pages
         private += self.storing_pages
-        return {"total_pages": self.allocator.num_pages, "free_pages": self.allocator.num_free,
-                "evictable_pages": self.tree.evictable_pages if self.tree else 0,
-                "protected_pages": self.tree.protected_pages if self.tree else 0,
-                "private_pages": private, "storing_pages": self.storing_pages, "page_size": self.P,
-                "enabled": self.tree is not None}
+        return {
+            "total_pages": self.allocator.num_pages,
+            "free_pages": self.allocator.num_free,
+            "evictable_pages": self.tree.evictable_pages if self.tree else 0,
+            "protected_pages": self.tree.protected_pages if self.tree else 0,
+            "private_pages": private,
+            "storing_pages": self.storing_pages,
+            "page_size": self.P,
+            "enabled": self.tree is not None,
+        }

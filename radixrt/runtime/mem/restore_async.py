@@ -25,6 +25,7 @@ evictable + protected + private = total), and tier 2's slots it took are "being 
 starting a second one. A request aborted while waiting leaves its job running: the job's pages still land
 in the tree (their KV is valid) and its lock is released, so no page or lock_ref is lost.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,6 +57,7 @@ class RestoreJob:
     """One run of pages on its way into the pool. ``host``: ``(index in run, key, slot, score, hits)``;
     ``disk``: ``(index in run, page hash)``; ``landed`` (set by the copy thread): leading run pages whose
     bytes are in the pool."""
+
     key: list[int]
     salt: str | None
     start: int  # pages matched in the tree when the job began
@@ -102,8 +104,9 @@ class Restorer:
         hc.drain_prefetched()
         m = hc.tree.match_prefix(key, salt)
         start = len(m.pages)
-        if start >= n_pages or not (hc.host.num_used or hc.disk is not None or self.in_flight
-                                    or (hc.storer is not None and hc.storer.in_flight)):
+        if start >= n_pages or not (
+            hc.host.num_used or hc.disk is not None or self.in_flight or (hc.storer is not None and hc.storer.in_flight)
+        ):
             return None
         hashes = page_hashes(key[: n_pages * ps], ps)
         storing = hc.storer.in_flight if hc.storer is not None else {}
@@ -145,9 +148,20 @@ class Restorer:
             for item in deferred:
                 hc._store(*item)
             return None
-        keys = [(salt, h) for h in hashes[start:start + n]]
-        job = RestoreJob(list(key[: (start + n) * ps]), salt, start, m.last_node, list(m.pages), pages, keys,
-                         host, disk, deferred, to_pack)
+        keys = [(salt, h) for h in hashes[start : start + n]]
+        job = RestoreJob(
+            list(key[: (start + n) * ps]),
+            salt,
+            start,
+            m.last_node,
+            list(m.pages),
+            pages,
+            keys,
+            host,
+            disk,
+            deferred,
+            to_pack,
+        )
         for k in keys:
             self.in_flight[k] = job
         self.jobs.append(job)
@@ -259,4 +273,4 @@ CHUNK = 8  # pages per copy (see Restorer._copy)
 
 
 def _chunks(items: list) -> list[list]:
-    return [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
+    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]

@@ -22,6 +22,7 @@ with ``wait=False``); an allocation that cannot wait (a decode's next page) evic
 or, when only in-flight stores are left, waits for them (``drain``): a page whose copy is in flight is never
 handed out. A match reaching a key in flight waits for its job (``Restorer.begin`` returns it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 class StoreJob:
     """One evicted run on its way into tier 2. ``new``: ``(index in keys, slot)`` reserved; ``spilled``:
     ``(key, slot)`` entries pushed out whose rows go to files first (``write_back`` with a disk only)."""
+
     keys: list[tuple]
     scores: list[tuple]
     hits: int
@@ -75,8 +77,14 @@ class Storer:
         """Pool pages held by stores not yet landed."""
         return sum(len(j.pages) for j in self.jobs)
 
-    def begin(self, keys: list[tuple], scores: list[tuple], hits: int, pages: list[int] | None = None,
-              rows: torch.Tensor | None = None) -> StoreJob:
+    def begin(
+        self,
+        keys: list[tuple],
+        scores: list[tuple],
+        hits: int,
+        pages: list[int] | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> StoreJob:
         """Queue the copy of pool ``pages`` (or of packed ``rows``, uint8 ``[len(keys), page_bytes]``) under
         ``keys``; the caller gives up ``pages`` to the job until it lands."""
         hc = self.hc

@@ -1,5 +1,6 @@
 """The radix cache's invariants (listed in ``radix_cache.py``), checked by walking the whole tree. Tests call
 this after every step; it is O(tree) and never runs on the serving path."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,6 +9,7 @@ from typing import Any
 def check_tree(cache: Any) -> None:
     """Raise AssertionError naming the first broken invariant of ``cache`` (a ``RadixCache``; not imported,
     as it imports this module)."""
+
     def fail(msg: str) -> None:
         raise AssertionError(f"RadixCache invariant broken: {msg}")
 
@@ -32,8 +34,11 @@ def check_tree(cache: Any) -> None:
         child_locks = sum(c.lock_ref for c in node.children.values())
         if node.lock_ref < child_locks:
             fail(f"{node!r} lock_ref < its children's total {child_locks}")
-        if parent.parent is not None and (parent.last_access_time < node.last_access_time
-                                          or parent.hit_count < node.hit_count or key(parent) < key(node)):
+        if parent.parent is not None and (
+            parent.last_access_time < node.last_access_time
+            or parent.hit_count < node.hit_count
+            or key(parent) < key(node)
+        ):
             fail(f"{node!r} was accessed, hit or scored after its parent {parent!r}")
         for page in node.value:
             if page in seen or not 0 <= page < cache.allocator.num_pages:
@@ -44,5 +49,7 @@ def check_tree(cache: Any) -> None:
         else:
             protected += len(node.value)
     if (evictable, protected) != (cache.evictable_pages, cache.protected_pages):
-        fail(f"counters evictable={cache.evictable_pages} protected={cache.protected_pages}, "
-             f"tree has evictable={evictable} protected={protected}")
+        fail(
+            f"counters evictable={cache.evictable_pages} protected={cache.protected_pages}, "
+            f"tree has evictable={evictable} protected={protected}"
+        )

@@ -5,6 +5,7 @@ edge), ``hits`` (admissions matched through it), ``lock_ref`` (requests holding 
 ``cache_salt`` namespace; the salt itself is not shown), and ``head_ids``: the prefix's first token ids,
 for the caller to decode. O(nodes) per call; it runs in the scheduler between steps.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,9 +20,17 @@ def summarize_tree(tree: Any, top: int, head_tokens: int = 24) -> dict:
         while stack:
             node, depth, head = stack.pop()
             end = depth + len(node.key)
-            head = head if len(head) >= head_tokens else head + node.key[:head_tokens - len(head)]
-            rows.append({"tokens": end, "node_tokens": len(node.key), "hits": node.hit_count,
-                         "lock_ref": node.lock_ref, "salted": salt is not None, "head_ids": head})
+            head = head if len(head) >= head_tokens else head + node.key[: head_tokens - len(head)]
+            rows.append(
+                {
+                    "tokens": end,
+                    "node_tokens": len(node.key),
+                    "hits": node.hit_count,
+                    "lock_ref": node.lock_ref,
+                    "salted": salt is not None,
+                    "head_ids": head,
+                }
+            )
             stack.extend((c, end, head) for c in node.children.values())
     largest = sorted(rows, key=lambda r: (-r["tokens"], -r["hits"]))[:top]
     most_hit = sorted(rows, key=lambda r: (-r["hits"], -r["tokens"]))[:top]

@@ -5,6 +5,7 @@ directory). May import layers and kernels; never the runtime's upper layers. The
 are re-exported here (the decoder itself is imported from :mod:`.llama`, so that a tokenizer-only user
 does not build kernels).
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr

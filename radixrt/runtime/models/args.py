@@ -10,6 +10,7 @@ only in the switches of :class:`Family`:
 - qwen2 (Qwen2, Qwen2.5): q/k/v biases, none on o_proj;
 - qwen3: RMSNorm over each q and k head (``q_norm``/``k_norm``) before RoPE.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,9 +24,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Family:
-    arch: str                         # transformers architecture name
-    qkv_bias: Optional[bool]          # None: the config's ``attention_bias``
-    qk_norm: bool                     # Qwen3: q_norm/k_norm over head_dim
+    arch: str  # transformers architecture name
+    qkv_bias: Optional[bool]  # None: the config's ``attention_bias``
+    qk_norm: bool  # Qwen3: q_norm/k_norm over head_dim
 
 
 FAMILIES: dict[str, Family] = {
@@ -63,9 +64,9 @@ class ModelArgs:
     head_dim: int
     rms_norm_eps: float
     tie_word_embeddings: bool
-    max_position_embeddings: int      # tokens; capped by a sliding window (full attention inside it)
-    inv_freq: torch.Tensor            # [head_dim // 2] fp32
-    rope_scaling: float = 1.0         # multiplies cos/sin (YaRN)
+    max_position_embeddings: int  # tokens; capped by a sliding window (full attention inside it)
+    inv_freq: torch.Tensor  # [head_dim // 2] fp32
+    rope_scaling: float = 1.0  # multiplies cos/sin (YaRN)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
@@ -95,10 +96,22 @@ class ModelArgs:
         window = getattr(cfg, "sliding_window", None)
         if window:  # no sliding-window kernel: serve only contexts where the window covers everything
             max_pos = min(max_pos, window)
-        return cls(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
-                   cfg.num_attention_heads, cfg.num_key_value_heads, head_dim, cfg.rms_norm_eps,
-                   bool(getattr(cfg, "tie_word_embeddings", False)), max_pos, freqs, scaling,
-                   qkv_bias=attn_bias if fam.qkv_bias is None else fam.qkv_bias,
-                   o_bias=attn_bias and fam.qkv_bias is None,
-                   mlp_bias=bool(getattr(cfg, "mlp_bias", False)), qk_norm=fam.qk_norm,
-                   model_type=cfg.model_type)
+        return cls(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_hidden_layers,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            head_dim,
+            cfg.rms_norm_eps,
+            bool(getattr(cfg, "tie_word_embeddings", False)),
+            max_pos,
+            freqs,
+            scaling,
+            qkv_bias=attn_bias if fam.qkv_bias is None else fam.qkv_bias,
+            o_bias=attn_bias and fam.qkv_bias is None,
+            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            qk_norm=fam.qk_norm,
+            model_type=cfg.model_type,
+        )

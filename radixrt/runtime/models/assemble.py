@@ -1,5 +1,6 @@
 """A :class:`LlamaForCausalLM` on the CPU over modules and tensors built by a loader (``gguf_load``,
 ``st_load``), without allocating the dense layers it replaces (the model is made on the meta device)."""
+
 from __future__ import annotations
 
 import contextlib

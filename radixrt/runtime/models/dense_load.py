@@ -16,6 +16,7 @@ so the peak is the model in ``dtype`` (where the device is the CPU) plus one lay
 embedding, in fp32; never a whole-model fp32 state dict (8B: 32 GB). A GGUF tensor is dequantized by
 ``gguf.quants`` (llama.cpp's reference), as transformers' GGUF loader does.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,15 @@ from radixrt.runtime.models.rope import Rotary
 Getter = Callable[[str], torch.Tensor]  # a transformers tensor name -> its fp32 values (KeyError: none)
 
 
-def build_dense(directory: str, gguf_file: str | None, margs: ModelArgs, device: torch.device,
-                dtype: torch.dtype, tp: TPGroup | None = None, max_pos: int | None = None) -> LlamaForCausalLM:
+def build_dense(
+    directory: str,
+    gguf_file: str | None,
+    margs: ModelArgs,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TPGroup | None = None,
+    max_pos: int | None = None,
+) -> LlamaForCausalLM:
     """The model of ``directory`` (``gguf_file`` in it, or its ``*.safetensors``) in ``dtype`` on ``device``,
     sharded for ``tp``'s rank; rotary tables for ``max_pos`` positions (default: the architecture's).
 
@@ -86,8 +94,11 @@ def gguf_getter(path: str, margs: ModelArgs) -> Getter:
     unpermuted by :class:`.GGUFWeights`). Raises ValueError for a file that does not parse or a type radixrt
     does not read (the message names the tensor)."""
     w = open_gguf(path, margs.num_heads, margs.num_kv_heads, GGUF_TYPES)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     to_part = {hf: part for part, hf in HF_NAMES.items()}
 
     def get(name: str) -> torch.Tensor:

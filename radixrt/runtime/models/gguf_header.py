@@ -8,6 +8,7 @@ The format (``gguf-py/gguf/constants.py``, ``docs/gguf.md`` in llama.cpp): magic
 3), tensor count and metadata count (uint64), the metadata key/value pairs, the tensor infos, then the
 data from the next multiple of ``general.alignment`` (default 32). Little-endian files only.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -47,8 +48,9 @@ class _Cursor:
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
-            raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt? the header ends at "
-                             f"byte {len(self.buf)})")
+            raise ValueError(
+                f"{self.path}: not a readable GGUF file (truncated or corrupt? the header ends at byte {len(self.buf)})"
+            )
         v = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += size
         return v[0] if len(v) == 1 else v
@@ -56,9 +58,11 @@ class _Cursor:
     def string(self) -> str:
         n = self.take("Q")
         if self.pos + n > len(self.buf):
-            raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt? a string of {n} bytes "
-                             f"at byte {self.pos})")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+            raise ValueError(
+                f"{self.path}: not a readable GGUF file (truncated or corrupt? a string of {n} bytes "
+                f"at byte {self.pos})"
+            )
+        s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
@@ -76,8 +80,9 @@ class _Cursor:
         else:
             raise ValueError(f"{self.path}: not a readable GGUF file (unknown metadata type {kind})")
         if self.pos > len(self.buf):
-            raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt? an array runs past "
-                             f"the end)")
+            raise ValueError(
+                f"{self.path}: not a readable GGUF file (truncated or corrupt? an array runs past the end)"
+            )
         return count
 
 

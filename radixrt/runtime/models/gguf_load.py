@@ -20,6 +20,7 @@ Peak memory while loading: the weights built so far, plus one layer's transient 
 the memory map read since the last :func:`_drop_mapped` (released after every layer; the views read them
 back at first use).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,7 @@ from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLEmbedding, GGML
 from radixrt.runtime.layers.quant import FORMATS, DenseLinear, make_linear
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.assemble import assemble
-from radixrt.runtime.models.gguf_weights import (GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor,
-                                                huge_empty)
+from radixrt.runtime.models.gguf_weights import GGUF_TYPES, NORMS, PROJECTIONS, GGUFWeights, RawTensor, huge_empty
 from radixrt.runtime.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:  # gguf_tp imports torch.distributed: only a --tp load pays for it (cold start)
@@ -89,8 +89,9 @@ def make_projection(weights: list[RawTensor], biases: list[RawTensor] | None, fm
         cuts = [0]
         for w in weights:
             cuts.append(cuts[-1] + w.shape[0])
-        return ConcatLinear([_native(w, None if bias is None else bias[cuts[i]:cuts[i + 1]])
-                             for i, w in enumerate(weights)])
+        return ConcatLinear(
+            [_native(w, None if bias is None else bias[cuts[i] : cuts[i + 1]]) for i, w in enumerate(weights)]
+        )
     dense = torch.cat([w.fp32() for w in weights])
     blocks = None
     if len({w.type_name for w in weights}) == 1 and weights[0].type_name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K"):
@@ -113,8 +114,9 @@ def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module, slic
     return make_projection([t], None, fmt, "lm_head")
 
 
-def _embed_and_head(w: GGUFWeights, margs: ModelArgs, fmt: str,
-                    slices: TPSlices | None = None) -> tuple[nn.Module, nn.Module]:
+def _embed_and_head(
+    w: GGUFWeights, margs: ModelArgs, fmt: str, slices: TPSlices | None = None
+) -> tuple[nn.Module, nn.Module]:
     """``(embedding, lm_head)``. Block types stay in blocks at every format, F16/BF16/F32 in their own dtype
     (a row widens to exactly the fp32 table's values). At ``auto`` a tied dense table is held once, as the
     head's panels, and the embedding reads its rows from them. Under ``--tp`` both hold this rank's
@@ -132,6 +134,7 @@ def _embed_and_head(w: GGUFWeights, margs: ModelArgs, fmt: str,
     if slices is None:
         return emb, head
     from radixrt.runtime.models.gguf_tp import VocabShard
+
     return VocabShard(emb, *slices.vocab, slices.tp), head
 
 
@@ -154,6 +157,7 @@ def load_gguf_weights(path: str, margs: ModelArgs, fmt: str, tp: TPGroup | None 
     slices = None
     if tp is not None and tp.size > 1:
         from radixrt.runtime.models.gguf_tp import TPSlices
+
         slices = TPSlices(margs, tp)
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, fmt, None if slices is None else tp.rank)
     if key not in _CACHE:
@@ -190,8 +194,9 @@ def _load(path: str, margs: ModelArgs, fmt: str, slices: TPSlices | None = None)
     return out
 
 
-def build_from_gguf(path: str, margs: ModelArgs, fmt: str, max_pos: int | None = None,
-                    tp: TPGroup | None = None) -> LlamaForCausalLM:
+def build_from_gguf(
+    path: str, margs: ModelArgs, fmt: str, max_pos: int | None = None, tp: TPGroup | None = None
+) -> LlamaForCausalLM:
     """A :class:`LlamaForCausalLM` on the CPU over :func:`load_gguf_weights` (shared modules, own layers),
     rotary tables for ``max_pos`` positions (default the architecture's); under ``--tp`` rank ``tp.rank``'s
     shard, whose logits are gathered from every rank."""
@@ -199,4 +204,5 @@ def build_from_gguf(path: str, margs: ModelArgs, fmt: str, max_pos: int | None =
     if tp is None or tp.size == 1:
         return model
     from radixrt.runtime.models import gguf_tp
+
     return gguf_tp.finish(model, gguf_tp.TPSlices(margs, tp))

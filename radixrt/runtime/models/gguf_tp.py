@@ -18,6 +18,7 @@ device's and with the batch (gloo's ring reduces each element in an order that d
 size). Gathering keeps ``--tp N`` bit-identical to ``--tp 1`` and batch-invariant at every format. Every
 split is by whole rows (views of the map), so no block is ever cut.
 """
+
 from __future__ import annotations
 
 import torch
@@ -65,8 +66,10 @@ class TPSlices:
             ranges = [self.inter] * 2
         else:  # o_proj, down_proj: rows of the hidden size (their whole input is gathered first)
             ranges = [self.hidden]
-        return ([_row_range(p, *r) for p, r in zip(weights, ranges)],
-                None if biases is None else [_row_range(b, *r) for b, r in zip(biases, ranges)])
+        return (
+            [_row_range(p, *r) for p, r in zip(weights, ranges)],
+            None if biases is None else [_row_range(b, *r) for b, r in zip(biases, ranges)],
+        )
 
     def gathered(self, module: str, inner: nn.Module) -> nn.Module:
         """``o_proj`` / ``down_proj`` over this rank's output rows, between the two all-gathers."""

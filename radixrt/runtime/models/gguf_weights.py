@@ -11,6 +11,7 @@ Tensor names (llama.cpp ``gguf-py/gguf/constants.py``): ``token_embd``, ``output
 ``blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down,
 attn_q_norm, attn_k_norm}`` with ``.weight`` / ``.bias``.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -24,15 +25,32 @@ import torch
 from radixrt.runtime.models.gguf_header import read_header
 
 # module of LlamaForCausalLM -> the GGUF tensors it fuses, in order
-PROJECTIONS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "self_attn.o_proj": ("attn_output",),
-               "mlp.gate_up_proj": ("ffn_gate", "ffn_up"), "mlp.down_proj": ("ffn_down",)}
-NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+PROJECTIONS = {
+    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "self_attn.o_proj": ("attn_output",),
+    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+    "mlp.down_proj": ("ffn_down",),
+}
+NORMS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
 # transformers' names of the same tensors (models/dense_load.py reads them by these names)
-HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-            "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-            "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+HF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
 DENSE_TYPES = ("F32", "F16", "BF16")
 # every type a GGUF weight may have here (a kernel each; the rest are refused at load, naming the tensor)
 GGUF_TYPES = DENSE_TYPES + ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -56,7 +74,7 @@ def huge_empty(shape: tuple, dtype=np.uint8) -> np.ndarray:
     m.madvise(mmap.MADV_HUGEPAGE)
     raw = np.frombuffer(m, dtype=np.uint8)  # holds the mapping: unmapped when the last view goes
     off = -raw.ctypes.data % HUGE
-    return raw[off:off + n].view(dtype).reshape(shape)
+    return raw[off : off + n].view(dtype).reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -85,15 +103,21 @@ class RawTensor:
 
     def rows(self, index: np.ndarray) -> "RawTensor":
         """The same tensor with its rows in ``index`` order (a copy)."""
-        return RawTensor(self.name, self.type_name, self.type_id, (len(index),) + self.shape[1:],
-                         np.take(self.data, index, axis=0, out=huge_empty((len(index),) + self.data.shape[1:],
-                                                                          self.data.dtype)), owned=True)
+        return RawTensor(
+            self.name,
+            self.type_name,
+            self.type_id,
+            (len(index),) + self.shape[1:],
+            np.take(self.data, index, axis=0, out=huge_empty((len(index),) + self.data.shape[1:], self.data.dtype)),
+            owned=True,
+        )
 
     def fp32(self) -> torch.Tensor:
         """The values as fp32 ``shape`` (a new tensor: ``gguf.quants.dequantize``, llama.cpp's reference)."""
         from gguf.quants import dequantize
 
         from gguf import GGMLQuantizationType
+
         if self.type_name == "F32":
             return torch.from_numpy(np.array(self.data, dtype=np.float32)).reshape(self.shape)
         out = dequantize(np.asarray(self.data), GGMLQuantizationType(self.type_id))
@@ -148,13 +172,16 @@ class GGUFWeights:
             n = int(np.prod(info.dims))
             nbytes = n // block * size
             if info.offset + nbytes > len(self.mapping) or n % block:
-                raise ValueError(f"{path}: not a readable GGUF file (truncated or corrupt? tensor {info.name} "
-                                 f"runs past the end)")
+                raise ValueError(
+                    f"{path}: not a readable GGUF file (truncated or corrupt? tensor {info.name} runs past the end)"
+                )
             shape = tuple(reversed(info.dims)) if len(info.dims) == 2 else (n,)
             if len(shape) == 2 and kind.name not in supported:
-                raise ValueError(f"{path}: tensor {info.name} has type {kind.name}, which radixrt does not run; "
-                                 f"supported: {list(supported)}")
-            flat = self.mapping[info.offset:info.offset + nbytes]
+                raise ValueError(
+                    f"{path}: tensor {info.name} has type {kind.name}, which radixrt does not run; "
+                    f"supported: {list(supported)}"
+                )
+            flat = self.mapping[info.offset : info.offset + nbytes]
             if kind.name in ("F32", "F16"):  # as GGUFReader lays them out: items for these, bytes for the rest
                 data = flat.view(np.float32 if kind.name == "F32" else np.float16).reshape(shape)
             else:

@@ -13,6 +13,7 @@ default, and radixrt reads none of those), so each attribute read here has the v
 give. An older writer, or a rope type whose frequencies :func:`.rope.inv_freq` takes from transformers
 (``yarn``), is left to ``AutoConfig``.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,6 +68,7 @@ def eos_token_id(directory: str) -> int | None:
     with open(os.path.join(directory, "tokenizer_config.json")) as f:
         tc = json.load(f)
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
 
     def token_id(key: str) -> int | None:
@@ -87,8 +89,9 @@ class DeferredTokenizer:
     (given), so the scheduler's EOS check needs no wait. ``future``: the tokenizer, for the grammar backend."""
 
     def __init__(self, load: Callable[[], Any], eos_token_id: int | None):
-        self.__dict__.update(_load=load, eos_token_id=eos_token_id, future=Future(), _started=False,
-                             _lock=threading.Lock())
+        self.__dict__.update(
+            _load=load, eos_token_id=eos_token_id, future=Future(), _started=False, _lock=threading.Lock()
+        )
 
     def start(self) -> None:
         """Load on a daemon thread (once)."""

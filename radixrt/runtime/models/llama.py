@@ -13,6 +13,7 @@ ops in the same order, without the Python between them.
 The projections stay plain ``nn.Linear`` attributes named ``qkv_proj``, ``o_proj``, ``gate_up_proj`` and
 ``down_proj`` so that they can be swapped for quantized modules after loading.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,10 +49,11 @@ class RMSNorm(nn.Module):
 @dataclass(frozen=True)
 class LayerWeights:
     """One layer's own arguments of ``radixrt_layer.decode_layer`` at a row count."""
-    ln1: torch.Tensor          # input_layernorm weight [hidden] fp32
-    ln2: torch.Tensor          # post_attention_layernorm weight [hidden] fp32
-    eps: float                 # both norms' epsilon
-    kinds: list[int]           # how each of qkv, o, gate_up, down multiplies (kernels/layer constants;
+
+    ln1: torch.Tensor  # input_layernorm weight [hidden] fp32
+    ln2: torch.Tensor  # post_attention_layernorm weight [hidden] fp32
+    eps: float  # both norms' epsilon
+    kinds: list[int]  # how each of qkv, o, gate_up, down multiplies (kernels/layer constants;
     #                            a projection in parts: one per part, | CONT after the first)
     weights: list[torch.Tensor]  # the weights, each in its kind's layout
 
@@ -59,19 +61,34 @@ class LayerWeights:
 @dataclass(frozen=True)
 class FusedStep:
     """What every layer's ``decode_layer`` call shares in one step; ``step(i, w, x, residual)`` runs layer i."""
-    op: Callable               # torch.ops.radixrt_layer.decode_layer
-    cos: torch.Tensor          # the step's rotary tables [T, head_dim / 2] fp32
+
+    op: Callable  # torch.ops.radixrt_layer.decode_layer
+    cos: torch.Tensor  # the step's rotary tables [T, head_dim / 2] fp32
     sin: torch.Tensor
     num_heads: int
     num_kv_heads: int
-    scale: float               # head_dim ** -0.5
-    pools: list                # per layer: flat K, V pools [slots, num_kv_heads, head_dim] and their int8
+    scale: float  # head_dim ** -0.5
+    pools: list  # per layer: flat K, V pools [slots, num_kv_heads, head_dim] and their int8
     #                            scales [slots, num_kv_heads] (empty tensors for a float pool)
-    attn_args: tuple           # the backend's kernel_args(): slots written, rows and blocks attended
+    attn_args: tuple  # the backend's kernel_args(): slots written, rows and blocks attended
 
     def __call__(self, i: int, w: LayerWeights, x: torch.Tensor, residual: torch.Tensor | None):
-        return self.op(x, residual, w.ln1, w.ln2, w.eps, w.kinds, w.weights, self.cos, self.sin, self.num_heads,
-                       self.num_kv_heads, self.scale, *self.pools[i], *self.attn_args)
+        return self.op(
+            x,
+            residual,
+            w.ln1,
+            w.ln2,
+            w.eps,
+            w.kinds,
+            w.weights,
+            self.cos,
+            self.sin,
+            self.num_heads,
+            self.num_kv_heads,
+            self.scale,
+            *self.pools[i],
+            *self.attn_args,
+        )
 
 
 class Attention(nn.Module):
@@ -82,7 +99,7 @@ class Attention(nn.Module):
         # q, k and v fused into one matmul: one pass over the activations instead of three.
         self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=a.o_bias)
-        self.scale = a.head_dim ** -0.5
+        self.scale = a.head_dim**-0.5
         # Qwen3 normalises every q and k head over head_dim before RoPE (keeps attention logits bounded)
         self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
         self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps) if a.qk_norm else None
@@ -91,13 +108,13 @@ class Attention(nn.Module):
         """``rope``: the step's ``(cos, sin)`` tables (:meth:`Rotary.tables`)."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size:].view(T, self.nkv, self.hd)
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.nkv, self.hd)
         if self.q_norm is None:  # q and k heads rotated in one call, in place in the qkv output
-            qk = fused.rope_(qkv[:, :self.q_size + self.kv_size].view(T, self.nh + self.nkv, self.hd), *rope)
-            q, k = qk[:, :self.nh], qk[:, self.nh:]
+            qk = fused.rope_(qkv[:, : self.q_size + self.kv_size].view(T, self.nh + self.nkv, self.hd), *rope)
+            q, k = qk[:, : self.nh], qk[:, self.nh :]
         else:
-            q = self.q_norm(qkv[:, :self.q_size].reshape(T * self.nh, self.hd)).view(T, self.nh, self.hd)
-            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(T * self.nkv, self.hd))
+            q = self.q_norm(qkv[:, : self.q_size].reshape(T * self.nh, self.hd)).view(T, self.nh, self.hd)
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T * self.nkv, self.hd))
             q, k = fused.rope_(q, *rope), fused.rope_(k.view(T, self.nkv, self.hd), *rope)
         o = attn.forward(q, k, v, self.layer, kv, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
@@ -142,9 +159,17 @@ class DecoderLayer(nn.Module):
             parts = [_kernel_parts(lin, rows) for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
             ok = a.q_norm is None and all(p is not None for p in parts)
             kinds = [k | (CONT if j else 0) for p in parts if ok for j, (k, _) in enumerate(p)]
-            cache[rows] = LayerWeights(self.input_layernorm.weight, self.post_attention_layernorm.weight,
-                                       self.input_layernorm.eps, kinds,
-                                       [w for p in parts for _, w in p]) if ok else None
+            cache[rows] = (
+                LayerWeights(
+                    self.input_layernorm.weight,
+                    self.post_attention_layernorm.weight,
+                    self.input_layernorm.eps,
+                    kinds,
+                    [w for p in parts for _, w in p],
+                )
+                if ok
+                else None
+            )
         return cache[rows]
 
 
@@ -168,8 +193,9 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = Rotary(a.inv_freq, a.max_position_embeddings, a.rope_scaling)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
-                kv: KVCacheView) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, kv: KVCacheView
+    ) -> torch.Tensor:
         """Run all layers. ``input_ids``/``positions``: ``[T]`` int64. Returns hidden ``[T, hidden]``.
 
         ``attn.plan(meta)`` must have been called for this step.
@@ -196,11 +222,20 @@ class LlamaForCausalLM(nn.Module):
         a = self.layers[0].self_attn
         if getattr(self, "_pools", (None,))[0] is not kv:  # flat [slots, Hkv, D] views, made once per pool
             none = torch.zeros(0)
-            self._pools = kv, [(kv.k_buffer(i).view(-1, a.nkv, a.hd), kv.v_buffer(i).view(-1, a.nkv, a.hd),
-                                *(none if s is None else s.view(-1, a.nkv) for s in scales(kv, i)))
-                               for i in range(len(self.layers))]
-        return FusedStep(ops.decode_layer, rope[0].squeeze(1), rope[1].squeeze(1), a.nh, a.nkv, a.scale,
-                         self._pools[1], tuple(args))
+            self._pools = (
+                kv,
+                [
+                    (
+                        kv.k_buffer(i).view(-1, a.nkv, a.hd),
+                        kv.v_buffer(i).view(-1, a.nkv, a.hd),
+                        *(none if s is None else s.view(-1, a.nkv) for s in scales(kv, i)),
+                    )
+                    for i in range(len(self.layers))
+                ],
+            )
+        return FusedStep(
+            ops.decode_layer, rope[0].squeeze(1), rope[1].squeeze(1), a.nh, a.nkv, a.scale, self._pools[1], tuple(args)
+        )
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ Accepted forms:
 
 Nothing is ever downloaded.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -77,7 +78,8 @@ def resolve_model(model: str | None) -> ModelSource:
         what = f"model {model!r} not found"
     raise ValueError(
         f"{what}. Supported: the aliases {list(ALIASES)}, a path to a .gguf file "
-        f"of {list(SUPPORTED_ARCHS)}, or a local Hugging Face directory with config.json and safetensors")
+        f"of {list(SUPPORTED_ARCHS)}, or a local Hugging Face directory with config.json and safetensors"
+    )
 
 
 _TOKENIZER_ONLY = False  # set by tokenizer_only_transformers: GGUF metadata is then converted in a child
@@ -101,6 +103,7 @@ def tokenizer_only_transformers() -> None:
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"  # not its "PyTorch was not found" warning
     try:
         from transformers.utils.import_utils import is_torch_available
+
         is_torch_available()
     finally:
         del sys.modules["torch"]
@@ -119,6 +122,7 @@ def _cache_dir(src: ModelSource) -> str | None:
     if src.gguf_file is None:
         return None
     from radixrt.runtime.models.meta_cache import cache_dir
+
     return cache_dir(os.path.join(src.directory, src.gguf_file))
 
 
@@ -128,6 +132,7 @@ def _converted(model: str | None) -> tuple[ModelSource, str | None]:
     if src.gguf_file is None:
         return src, None
     from radixrt.runtime.models.meta_cache import ensure_converted
+
     return src, ensure_converted(os.path.join(src.directory, src.gguf_file), in_child=_TOKENIZER_ONLY)
 
 
@@ -226,6 +231,7 @@ def load_state_dict(model: str | None = None) -> dict[str, torch.Tensor]:
     src = resolve_model(model)
     if src.gguf_file is not None:
         from radixrt.runtime.models.gguf_weights import GGUF_TYPES, GGUFWeights
+
         a = ModelArgs.from_hf(cfg)
         w = GGUFWeights(os.path.join(src.directory, src.gguf_file), a.num_heads, a.num_kv_heads, GGUF_TYPES)
         return w.hf_state_dict(a.num_layers, a.tie_word_embeddings)
@@ -249,5 +255,4 @@ def load_hf_model(model: str | None = None, dtype: "torch.dtype | None" = None):
     load_config(model)
     hf_logging.disable_progress_bar()
     src = resolve_model(model)
-    return AutoModelForCausalLM.from_pretrained(src.directory, dtype=dtype or torch.float32,
-                                                **_kw(src)).eval()
+    return AutoModelForCausalLM.from_pretrained(src.directory, dtype=dtype or torch.float32, **_kw(src)).eval()

@@ -12,6 +12,7 @@ partial write, a file edited or added by hand) is removed and converted again. T
 corruption and stale or foreign files, not against someone who can write the cache and recompute hashes.
 ``RADIXRT_CACHE_DIR`` overrides the location (default ``~/.cache/radixrt``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -86,8 +87,9 @@ def ensure_converted(gguf_path: str, in_child: bool = False) -> str:
         cfg = AutoConfig.from_pretrained(directory, gguf_file=name)
     except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which, not the reader's trace
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"{gguf_path}: not a readable GGUF file (truncated or corrupt? {type(e).__name__}: "
-                         f"{str(e)[:200]})") from None
+        raise ValueError(
+            f"{gguf_path}: not a readable GGUF file (truncated or corrupt? {type(e).__name__}: {str(e)[:200]})"
+        ) from None
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
     cfg.save_pretrained(tmp)
@@ -104,14 +106,19 @@ def _convert_in_child(gguf_path: str, cache: str) -> str:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom radixrt.runtime.models.meta_cache import ensure_converted\ntry:\n"
-            "    ensure_converted(sys.argv[1])\nexcept ValueError as e:\n    print(e, file=sys.stderr)\n"
-            "    sys.exit(2)\n")
+    code = (
+        "import sys\nfrom radixrt.runtime.models.meta_cache import ensure_converted\ntry:\n"
+        "    ensure_converted(sys.argv[1])\nexcept ValueError as e:\n    print(e, file=sys.stderr)\n"
+        "    sys.exit(2)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code, gguf_path], capture_output=True, text=True)
     if r.returncode != 0:
         lines = r.stderr.strip().splitlines()
-        raise ValueError(lines[-1] if r.returncode == 2 and lines else
-                         f"{gguf_path}: converting its metadata failed (exit {r.returncode}): {r.stderr[-300:]}")
+        raise ValueError(
+            lines[-1]
+            if r.returncode == 2 and lines
+            else f"{gguf_path}: converting its metadata failed (exit {r.returncode}): {r.stderr[-300:]}"
+        )
     if not verified(cache):
         raise ValueError(f"{gguf_path}: its converted metadata in {cache} fails its manifest check")
     return cache

@@ -5,6 +5,7 @@ A cold start reads the whole file once either way; asking the kernel for it at o
 stream at its rate while the scheduler process imports torch, converts the tokenizer and sets up the
 grammar backend, instead of page faults of the layer-by-layer load pulling 128 KiB at a time later.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,7 +41,8 @@ def prefetch(directory: str, gguf_file: str | None) -> threading.Thread | None:
     reads); returns the thread, or None where ``posix_fadvise`` does not exist."""
     if not hasattr(os, "posix_fadvise"):
         return None
-    t = threading.Thread(target=_advise, args=(weight_files(directory, gguf_file),), name="weights-prefetch",
-                         daemon=True)
+    t = threading.Thread(
+        target=_advise, args=(weight_files(directory, gguf_file),), name="weights-prefetch", daemon=True
+    )
     t.start()
     return t

@@ -8,6 +8,7 @@ scheduler process needs no transformers import; ``yarn`` takes its frequencies f
 and ``longrope`` are refused because their frequencies change with the sequence length at run time, which a
 fixed table cannot express.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,6 +39,7 @@ def inv_freq(cfg, head_dim: int) -> tuple[torch.Tensor, float]:
             freqs = _llama3(freqs, rope, cfg.max_position_embeddings)
         return freqs, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     freqs, scaling = ROPE_INIT_FUNCTIONS[rtype](cfg, torch.device("cpu"))
     return freqs.float(), float(scaling)
 
@@ -86,4 +88,3 @@ class Rotary(nn.Module):
         """``(cos, sin)`` ``[T, 1, head_dim]`` in ``dtype`` for ``positions [T]`` int64: gathered once per
         step and shared by every layer."""
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype)
-

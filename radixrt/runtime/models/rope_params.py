@@ -3,6 +3,7 @@
 Split from :mod:`.rope` so that the server's main process (which checks a model before it starts any child,
 and never runs it) can refuse an unsupported rope without importing torch.
 """
+
 from __future__ import annotations
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")

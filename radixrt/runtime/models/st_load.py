@@ -17,6 +17,7 @@ from them (:class:`~radixrt.runtime.layers.dense_embed.PanelEmbedding`). Norms a
 Peak memory while loading: the weights built so far plus one layer's tensors as stored and their
 transient copies.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,9 @@ class SafetensorsDir:
                     for k in h.keys():
                         self.where[k] = path
             except Exception as e:  # noqa: BLE001 - a bad file: say which, not the reader's trace
-                raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {str(e)[:200]})") from None
+                raise ValueError(
+                    f"{path}: not a readable safetensors file ({type(e).__name__}: {str(e)[:200]})"
+                ) from None
             self.dtypes.update(_header_dtypes(path))
 
     def dtype(self) -> torch.dtype:
@@ -108,8 +111,9 @@ def _need(sd: dict, name: str, where: str) -> torch.Tensor:
 def _projection(sd: dict, hf_names: list[str], fmt: str, name: str, where: str) -> nn.Module:
     w = torch.cat([_need(sd, f"{n}.weight", where) for n in hf_names])
     biases = [sd.get(f"{n}.bias") for n in hf_names]
-    bias = None if all(b is None for b in biases) else torch.cat([_need(sd, f"{n}.bias", where).float()
-                                                                  for n in hf_names])
+    bias = (
+        None if all(b is None for b in biases) else torch.cat([_need(sd, f"{n}.bias", where).float() for n in hf_names])
+    )
     if fmt in DTYPES:
         return DenseLinear(w, bias, DTYPES[fmt])
     return make_linear(fmt, name, w, bias, None)
@@ -149,8 +153,7 @@ def load_safetensors_weights(directory: str, margs: ModelArgs, fmt: str) -> tupl
     # are the largest transient of the load (a tied bf16 table at Llama-3.2-1B's shape: 501 MiB each)
     sd = src.read(["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"])
     head = None if margs.tie_word_embeddings else _need(sd, "lm_head.weight", directory)
-    out["embed_tokens"], out["lm_head"] = _embed_and_head(_need(sd, "model.embed_tokens.weight", directory),
-                                                          head, fmt)
+    out["embed_tokens"], out["lm_head"] = _embed_and_head(_need(sd, "model.embed_tokens.weight", directory), head, fmt)
     out["norm.weight"] = _need(sd, "model.norm.weight", directory).to(torch.float32, copy=True)
     del sd, head
     for i in range(margs.num_layers):
@@ -169,8 +172,9 @@ def load_safetensors_weights(directory: str, margs: ModelArgs, fmt: str) -> tupl
     return out, fmt
 
 
-def build_from_safetensors(directory: str, margs: ModelArgs, fmt: str,
-                           max_pos: int | None = None) -> tuple[LlamaForCausalLM, str]:
+def build_from_safetensors(
+    directory: str, margs: ModelArgs, fmt: str, max_pos: int | None = None
+) -> tuple[LlamaForCausalLM, str]:
     """``(model, format used)``: a :class:`LlamaForCausalLM` on the CPU over :func:`load_safetensors_weights`,
     rotary tables for ``max_pos`` positions (default the architecture's)."""
     parts, used = load_safetensors_weights(directory, margs, fmt)

@@ -4,9 +4,18 @@ tagged/array/object styles), the one streaming tool-call parser (``tool_stream``
 (``reasoning``), choices (``choice``) and the JSON scanning they share (``json_scan``). May import
 constrained only.
 """
+
 from radixrt.runtime.parsers.reasoning import ReasoningFormat, ReasoningStream, get_reasoning_format
 from radixrt.runtime.parsers.tool_formats import ToolFormat, detect_tool_format, get_tool_format
 from radixrt.runtime.parsers.tool_stream import ToolCallStream, parse_tool_output
 
-__all__ = ["ReasoningFormat", "ReasoningStream", "ToolCallStream", "ToolFormat", "detect_tool_format",
-           "get_reasoning_format", "get_tool_format", "parse_tool_output"]
+__all__ = [
+    "ReasoningFormat",
+    "ReasoningStream",
+    "ToolCallStream",
+    "ToolFormat",
+    "detect_tool_format",
+    "get_reasoning_format",
+    "get_tool_format",
+    "parse_tool_output",
+]

@@ -7,6 +7,7 @@ SmolLM2's does not — the server then injects its Hermes-style tool prompt inst
 released templates expect (they ``tojson`` the arguments). ``chat_template_kwargs`` (for example Qwen3's
 ``enable_thinking``) become template variables, as in SGLang and vLLM.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,12 +45,18 @@ def _template_call(call: Any) -> Any:
 
 def template_messages(msgs: list[dict]) -> list[dict]:
     """``msgs`` with each assistant tool call's ``function.arguments`` parsed from JSON text."""
-    return [{**m, "tool_calls": [_template_call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
-            for m in msgs]
+    return [
+        {**m, "tool_calls": [_template_call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in msgs
+    ]
 
 
-def render(tokenizer, msgs: list[dict], tools: Optional[list[dict]] = None,
-           kwargs: Optional[dict] = None, add_generation_prompt: bool = True) -> str:
+def render(
+    tokenizer,
+    msgs: list[dict],
+    tools: Optional[list[dict]] = None,
+    kwargs: Optional[dict] = None,
+    add_generation_prompt: bool = True,
+) -> str:
     """The generation prompt of ``msgs`` (template-ready dicts) through the model's template, with
     ``tools`` (OpenAI tool objects) and ``kwargs`` as template variables (``add_generation_prompt=False``:
     the conversation as it stands, which turn continuity compares with the generation prompt).
@@ -62,6 +69,10 @@ def render(tokenizer, msgs: list[dict], tools: Optional[list[dict]] = None,
     bad = [k for k in kwargs if k in RESERVED_KWARGS or not isinstance(k, str)]
     if bad:
         raise ValueError(f"chat_template_kwargs may not set {bad}")
-    return tokenizer.apply_chat_template(template_messages(msgs), tools=tools or None,
-                                         add_generation_prompt=add_generation_prompt,
-                                         tokenize=False, **kwargs)
+    return tokenizer.apply_chat_template(
+        template_messages(msgs),
+        tools=tools or None,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+        **kwargs,
+    )

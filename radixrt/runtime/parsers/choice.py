@@ -4,6 +4,7 @@ answer, which is either plain ``content`` or, with tools, content and ``tool_cal
 Streamed and non-streamed answers come from the same object: the non-streamed one feeds the whole text at
 once, so both agree exactly.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ from radixrt.runtime.parsers.reasoning import ReasoningStream
 @dataclass
 class ChoiceParser:
     reasoning: Optional[ReasoningStream] = None
-    tools: Any = None            # a tool-call stream: feed / finish / message / finish_reason
-    content: str = ""            # plain content sent (no tools)
+    tools: Any = None  # a tool-call stream: feed / finish / message / finish_reason
+    content: str = ""  # plain content sent (no tools)
 
     def feed(self, delta: str, final: bool = False) -> list[dict]:
         """Model text in; OpenAI chat deltas out (``reasoning_content``, ``content``, ``tool_calls``)."""

@@ -6,6 +6,7 @@ arguments, and ``json.loads`` of a finished call's ``args`` text is what a calle
 text is incomplete the scan reports what it has (the name once its string closed, the raw arguments text so
 far), so that streamed argument deltas are always prefixes of the final text.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ class NotACall(Exception):
 @dataclass
 class Call:
     name: Optional[str] = None
-    args: Optional[str] = None    # raw JSON text of the arguments so far (a prefix of the final text)
+    args: Optional[str] = None  # raw JSON text of the arguments so far (a prefix of the final text)
     complete: bool = False
 
 

@@ -14,6 +14,7 @@ The reasoning text is stripped of surrounding whitespace, and so is the start of
 ``</think>``. Streaming and non-streaming agree: both rescan the whole text and the stream sends the
 difference (trailing whitespace is held back until more text shows whether it is trailing).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class ReasoningFormat:
     name: str
     start: str = "<think>"
     end: str = "</think>"
-    forced: bool = False   # the output starts inside reasoning
+    forced: bool = False  # the output starts inside reasoning
 
     def starts_in_reasoning(self, prompt: str) -> bool:
         """True when the output begins inside reasoning: forced, or ``prompt`` leaves a start tag open."""
@@ -51,9 +52,9 @@ class ReasoningFormat:
         if j < 0:
             body = text[i:]
             if not final:
-                body = body[:len(body) - held_back(body, self.end)]
+                body = body[: len(body) - held_back(body, self.end)]
             return body.strip(), ""
-        return text[i:j].strip(), text[j + len(self.end):].lstrip()
+        return text[i:j].strip(), text[j + len(self.end) :].lstrip()
 
 
 REASONING_PARSERS = {
@@ -83,8 +84,8 @@ class ReasoningStream:
     def feed(self, delta: str, final: bool = False) -> tuple[str, str]:
         self.text += delta
         reasoning, content = self.fmt.split(self.text, self.in_reasoning, final)
-        r = reasoning[len(self.sent_reasoning):] if reasoning.startswith(self.sent_reasoning) else ""
-        c = content[len(self.sent_content):] if content.startswith(self.sent_content) else ""
+        r = reasoning[len(self.sent_reasoning) :] if reasoning.startswith(self.sent_reasoning) else ""
+        c = content[len(self.sent_content) :] if content.startswith(self.sent_content) else ""
         self.sent_reasoning += r
         self.sent_content += c
         return r, c

@@ -12,6 +12,7 @@ the model may produce — and builds the xgrammar structural tag that constrains
 output to its own syntax: free text until a trigger, then one of the tools' calls with arguments that
 match the tool's ``parameters`` schema.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import Optional
 
-from radixrt.runtime.parsers.json_scan import (Call, Incomplete, NotACall, call_list, call_object, held_back,
-                                                skip_ws)
+from radixrt.runtime.parsers.json_scan import Call, Incomplete, NotACall, call_list, call_object, held_back, skip_ws
 
 MAX_WS_IN_TAG = 1  # JSON whitespace characters allowed between tokens inside a constrained call
 
@@ -29,10 +29,10 @@ class ToolFormat(ABC):
     """One format: ``scan`` parses output, ``structural_tag`` constrains it."""
 
     name: str
-    markers: tuple[str, ...]     # literal text that opens a call block
-    trigger: str                 # the structural tag's trigger: free text until the model writes it
-    end: str                     # constrained text after a call's arguments
-    skip_special_tokens = True   # False when a marker is a special token the detokenizer would drop
+    markers: tuple[str, ...]  # literal text that opens a call block
+    trigger: str  # the structural tag's trigger: free text until the model writes it
+    end: str  # constrained text after a call's arguments
+    skip_special_tokens = True  # False when a marker is a special token the detokenizer would drop
     end_texts: tuple[str, ...] = ()  # end-of-turn tokens' text, kept by skip_special_tokens=False: not content
 
     def _find(self, text: str, pos: int) -> tuple[int, str]:
@@ -61,7 +61,7 @@ class ToolFormat(ABC):
         pos = 0
         for e in self.end_texts:  # an end-of-turn token is the last one: drop its text
             if text.endswith(e):
-                text = text[:-len(e)]
+                text = text[: -len(e)]
                 break
         while True:
             j, m = self._find(text, pos)
@@ -69,7 +69,7 @@ class ToolFormat(ABC):
                 tail = text[pos:]
                 if not final:
                     k = max([self.hold(tail)] + [held_back(tail, e) for e in self.end_texts])
-                    tail = tail[:len(tail) - k]
+                    tail = tail[: len(tail) - k]
                 out.append(tail)
                 return "".join(out), calls
             out.append(text[pos:j])
@@ -88,12 +88,28 @@ class ToolFormat(ABC):
         ``.parameters``); ``parallel=False`` stops after the first call."""
         from radixrt.runtime.constrained.schema_prep import prepare_schema
 
-        tags = [{"type": "tag", "begin": self.begin(t.name),
-                 "content": {"type": "json_schema", "json_schema": prepare_schema(copy.deepcopy(t.parameters)),
-                             "max_whitespace_cnt": MAX_WS_IN_TAG},
-                 "end": self.end} for t in tools]
-        return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [self.trigger],
-                                                     "tags": tags, "stop_after_first": not parallel}}
+        tags = [
+            {
+                "type": "tag",
+                "begin": self.begin(t.name),
+                "content": {
+                    "type": "json_schema",
+                    "json_schema": prepare_schema(copy.deepcopy(t.parameters)),
+                    "max_whitespace_cnt": MAX_WS_IN_TAG,
+                },
+                "end": self.end,
+            }
+            for t in tools
+        ]
+        return {
+            "type": "structural_tag",
+            "format": {
+                "type": "triggered_tags",
+                "triggers": [self.trigger],
+                "tags": tags,
+                "stop_after_first": not parallel,
+            },
+        }
 
     @abstractmethod
     def begin(self, name: str) -> str:

@@ -6,6 +6,7 @@ run once). Delta shapes are OpenAI's: ``{"content": ...}``; a call's first piece
 id, type: "function", function: {name, arguments: ""}}]}``, then ``{"tool_calls": [{index, function:
 {arguments: <chunk>}}]}``.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -30,19 +31,31 @@ def call_deltas(calls: list, ids: list[str], sent_args: list[int]) -> list[dict]
         if idx == len(ids):
             ids.append(new_call_id())
             sent_args.append(0)
-            out.append({"tool_calls": [{"index": idx, "id": ids[idx], "type": "function",
-                                        "function": {"name": c.name, "arguments": ""}}]})
+            out.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": idx,
+                            "id": ids[idx],
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": ""},
+                        }
+                    ]
+                }
+            )
         args = c.args or ""
         if len(args) > sent_args[idx]:
-            out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[sent_args[idx]:]}}]})
+            out.append({"tool_calls": [{"index": idx, "function": {"arguments": args[sent_args[idx] :]}}]})
             sent_args[idx] = len(args)
     return out
 
 
 def sent_message(content: str, ids: list[str], calls: list) -> tuple[Optional[str], list[dict]]:
     """``(content, tool_calls)`` as streamed: ``content`` is None when empty and there are calls."""
-    out = [{"id": ids[i], "type": "function", "function": {"name": c.name, "arguments": c.args or ""}}
-           for i, c in enumerate(calls[:len(ids)])]
+    out = [
+        {"id": ids[i], "type": "function", "function": {"name": c.name, "arguments": c.args or ""}}
+        for i, c in enumerate(calls[: len(ids)])
+    ]
     return (None if out and not content else content), out
 
 
@@ -58,8 +71,8 @@ class ToolCallStream:
     fmt: Union[ToolFormat, StyleFormat, str]
     text: str = ""
     sent_content: str = ""
-    ids: list = field(default_factory=list)          # per emitted call: its id
-    sent_args: list = field(default_factory=list)    # per emitted call: characters of arguments sent
+    ids: list = field(default_factory=list)  # per emitted call: its id
+    sent_args: list = field(default_factory=list)  # per emitted call: characters of arguments sent
     _calls: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -84,7 +97,7 @@ class ToolCallStream:
         else:
             target = default_content_target(content, calls, final)
         if len(target) > len(self.sent_content) and target.startswith(self.sent_content):
-            out.append({"content": target[len(self.sent_content):]})
+            out.append({"content": target[len(self.sent_content) :]})
             self.sent_content = target
         return out + call_deltas(calls, self.ids, self.sent_args)
 
@@ -93,7 +106,7 @@ class ToolCallStream:
         return len(self.ids)
 
     def has_complete_call(self) -> bool:
-        return any(c.complete for c in self._calls[:len(self.ids)])
+        return any(c.complete for c in self._calls[: len(self.ids)])
 
     def message(self) -> tuple[Optional[str], list[dict]]:
         """After :meth:`finish`: ``(content, tool_calls)`` as sent (``content`` None when empty and there

@@ -5,6 +5,7 @@ blocks (``tagged``, for auto), one JSON array of call objects (``array``, for re
 The JSON scanning itself is :mod:`radixrt.runtime.parsers.json_scan`, shared with the per-family formats of
 :mod:`radixrt.runtime.parsers.tool_formats`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def scan(text: str, style: str, final: bool) -> tuple[str, list[_Call], bool]:
                     if text[i] != ",":
                         raise _Bad
                     i += 1
-        if text[_ws(text, i):].strip():
+        if text[_ws(text, i) :].strip():
             raise _Bad
     except _Incomplete:
         pass

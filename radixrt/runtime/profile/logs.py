@@ -1,6 +1,7 @@
 """Read radixrt's request log (token or hash form, fields in ``radixrt/runtime/scheduler/request_log.py``) as
 ``ReplayReq`` lists in arrival order. (Plain OpenAI chat files: ``server/chat_log.py``, which renders them as
 the server does.)"""
+
 from __future__ import annotations
 
 import json

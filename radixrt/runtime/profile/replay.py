@@ -16,6 +16,7 @@ Units: lengths are tokens; ``num_pages`` counts pages of ``page_size`` tokens. A
 token ids (``unit == 1``) or a chain of page hashes (``unit`` = the hash page size, each hash naming the
 whole prefix up to its page), in which case ``page_size`` must be a multiple of ``unit``.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -49,7 +50,7 @@ class ReplayReq:
         if self.unit == 1:
             return self.key[:n]
         k = page_size // self.unit
-        return self.key[k - 1:n // self.unit:k]
+        return self.key[k - 1 : n // self.unit : k]
 
 
 @dataclass
@@ -81,8 +82,9 @@ class _Live:
 class Replayer:
     """The tree and allocator of one cache configuration; feed it requests with ``run``."""
 
-    def __init__(self, num_pages: int, page_size: int, policy: str = "lru", host_pages: int = 0,
-                 disk_pages: Optional[int] = None):
+    def __init__(
+        self, num_pages: int, page_size: int, policy: str = "lru", host_pages: int = 0, disk_pages: Optional[int] = None
+    ):
         """``host_pages`` > 0: tier 2 of that many pages under the tree; ``disk_pages``: tier 3 too (0: no
         bound), the server's ``HiCache`` (``tiers.py``)."""
         self.host_pages, self.disk_pages, self.tiers = host_pages, disk_pages, None
@@ -102,6 +104,7 @@ class Replayer:
             self.tree = RadixCache(ps, self.alloc, self.policy)
             if self.host_pages > 0:
                 from radixrt.runtime.profile.tiers import make_tiers
+
                 # a tree page is one pool page in both key forms (a token key's page, or one hash per page)
                 self.tiers = make_tiers(self.tree, self._allocate, self.host_pages, self.disk_pages)
         elif ps != self.tree_ps:
@@ -123,11 +126,11 @@ class Replayer:
             return
         key = r.tokens_key(n, self.P)
         present = tree.insert(key, lv.pages[: n // self.P], r.salt) * (self.P // self.tree_ps)
-        dup = lv.pages[lv.cached // self.P: present // self.P]
+        dup = lv.pages[lv.cached // self.P : present // self.P]
         if dup:
             self.alloc.free(dup)
         if self.tiers is not None:
-            self.tiers.inserted(key, r.salt, present // self.P, lv.pages[present // self.P: n // self.P])
+            self.tiers.inserted(key, r.salt, present // self.P, lv.pages[present // self.P : n // self.P])
         m = tree.match_prefix(key, r.salt)
         lv.pages[: n // self.P] = m.pages
         tree.inc_lock_ref(m.last_node)
@@ -173,7 +176,7 @@ class Replayer:
                 self._insert(lv, computed)
             else:
                 self.res.overflow += 1
-            own = lv.pages[lv.cached // self.P:]
+            own = lv.pages[lv.cached // self.P :]
             if own:
                 self.alloc.free(own)
         self.tree.dec_lock_ref(lv.node)
@@ -223,8 +226,14 @@ class Replayer:
         return self.res
 
 
-def replay(reqs: list[ReplayReq], num_pages: int, page_size: int, policy: str = "lru", host_pages: int = 0,
-           disk_pages: Optional[int] = None) -> ReplayResult:
+def replay(
+    reqs: list[ReplayReq],
+    num_pages: int,
+    page_size: int,
+    policy: str = "lru",
+    host_pages: int = 0,
+    disk_pages: Optional[int] = None,
+) -> ReplayResult:
     """Hit rate of ``reqs`` on a pool of ``num_pages`` pages of ``page_size`` tokens under ``policy``, with
     tier 2 of ``host_pages`` and tier 3 of ``disk_pages`` (0: unbounded; None: none) under it.
     Raises ValueError on an unknown policy or a page size the log's hashes cannot express."""
@@ -234,4 +243,3 @@ def replay(reqs: list[ReplayReq], num_pages: int, page_size: int, policy: str = 
 def pages_needed(reqs: list[ReplayReq], page_size: int) -> int:
     """Pages that hold every request at once: a pool this large never evicts (the infinite cache)."""
     return sum(-(-(r.prompt_len + r.output_len) // page_size) for r in reqs if not r.flush) + 1
-

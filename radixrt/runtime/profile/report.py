@@ -7,6 +7,7 @@ with a cache that never evicts), the prefill tokens saved and, given a prefill s
 per-s``, or ``--measure-prefill`` on this machine's model), the prefill time saved. Writes a PNG of hit rate
 against cache size, one line per policy (``--plot``), and the rows as JSON (``--json``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -57,9 +58,16 @@ def auto_cache_sizes(reqs: list[ReplayReq], page_size: int) -> list[int]:
     return sorted({(floor + int((foot - floor) * s)) * page_size for s in AUTO_SHARES})
 
 
-def profile(reqs: list[ReplayReq], page_sizes: list[int], cache_sizes: Optional[list[int]] = None,
-            policies: Optional[list[str]] = None, prefill_tps: Optional[float] = None,
-            progress: bool = False, tier2_tokens: int = 0, tier3_tokens: Optional[int] = None) -> list[Row]:
+def profile(
+    reqs: list[ReplayReq],
+    page_sizes: list[int],
+    cache_sizes: Optional[list[int]] = None,
+    policies: Optional[list[str]] = None,
+    prefill_tps: Optional[float] = None,
+    progress: bool = False,
+    tier2_tokens: int = 0,
+    tier3_tokens: Optional[int] = None,
+) -> list[Row]:
     """One row per page size x cache size (tokens) x policy. ``cache_sizes`` None: ``auto_cache_sizes`` of
     the first page size. ``tier2_tokens`` > 0: each cache has a host tier of that size under it (the
     server's ``--hicache-size``), and with ``tier3_tokens`` files too (0: unbounded); rows then split the
@@ -84,27 +92,44 @@ def profile(reqs: list[ReplayReq], page_sizes: list[int], cache_sizes: Optional[
                     res = replay(reqs, max(size // ps, 1), ps, pol, host, disk)
                     secs = res.hit_tokens / prefill_tps if prefill_tps else None
                     q = max(res.query_tokens, 1)
-                    rows.append(Row(ps, size, pol, res.hit_rate, opt, res.query_tokens, res.hit_tokens, secs,
-                                    res.overflow, res.host_hit_tokens / q if host else None,
-                                    res.disk_hit_tokens / q if disk is not None else None))
+                    rows.append(
+                        Row(
+                            ps,
+                            size,
+                            pol,
+                            res.hit_rate,
+                            opt,
+                            res.query_tokens,
+                            res.hit_tokens,
+                            secs,
+                            res.overflow,
+                            res.host_hit_tokens / q if host else None,
+                            res.disk_hit_tokens / q if disk is not None else None,
+                        )
+                    )
                     bar.update()
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    head = (f"{'page':>5} {'cache tokens':>13} {'policy':>7} {'hit rate':>9} {'optimal':>8} "
-            f"{'prefill tokens saved':>21} {'prefill s saved':>16} {'overflow':>9}")
+    head = (
+        f"{'page':>5} {'cache tokens':>13} {'policy':>7} {'hit rate':>9} {'optimal':>8} "
+        f"{'prefill tokens saved':>21} {'prefill s saved':>16} {'overflow':>9}"
+    )
     tiers = any(r.host_hit_rate is not None for r in rows)
     if tiers:
         head += f" {'from tier 2':>12} {'from tier 3':>12}"
     lines = [head, "-" * len(head)]
     for r in rows:
         secs = f"{r.saved_seconds:.1f}" if r.saved_seconds is not None else "n/a"
-        line = (f"{r.page_size:>5} {r.cache_tokens:>13} {r.policy:>7} {100 * r.hit_rate:>8.1f}% "
-                f"{100 * r.optimal_hit_rate:>7.1f}% {r.saved_tokens:>21} {secs:>16} {r.overflow:>9}")
+        line = (
+            f"{r.page_size:>5} {r.cache_tokens:>13} {r.policy:>7} {100 * r.hit_rate:>8.1f}% "
+            f"{100 * r.optimal_hit_rate:>7.1f}% {r.saved_tokens:>21} {secs:>16} {r.overflow:>9}"
+        )
         if tiers:
-            line += "".join(f" {100 * v:>11.1f}%" if v is not None else f" {'n/a':>12}"
-                            for v in (r.host_hit_rate, r.disk_hit_rate))
+            line += "".join(
+                f" {100 * v:>11.1f}%" if v is not None else f" {'n/a':>12}" for v in (r.host_hit_rate, r.disk_hit_rate)
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -112,6 +137,7 @@ def format_table(rows: list[Row]) -> str:
 def plot(rows: list[Row], path: str, title: str = "") -> None:
     """Hit rate against cache size, one line per policy, one panel per page size; optimum dashed."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,6 +1,7 @@
 """Cache tiers for ``radixrt profile``'s replay: the server's own ``HiCache`` logic (``mem/hicache.py``:
 what goes down on eviction, what a match restores, the same eviction order) over stand-ins that hold no
 bytes, since a replay has no KV: pages are one byte each, and tier 3 is an in-memory LRU of page names."""
+
 from __future__ import annotations
 
 import collections
@@ -55,8 +56,13 @@ class MemoryDisk:
         pass
 
 
-def make_tiers(tree, allocate: Callable[[int], Optional[list[int]]], host_pages: int,
-               disk_pages: Optional[int], write_policy: str = "write_through") -> HiCache:
+def make_tiers(
+    tree,
+    allocate: Callable[[int], Optional[list[int]]],
+    host_pages: int,
+    disk_pages: Optional[int],
+    write_policy: str = "write_through",
+) -> HiCache:
     """A ``HiCache`` under ``tree``: ``host_pages`` in tier 2 (>= 1), tier 3 of ``disk_pages`` (0: no
     bound; None: no tier 3). No prefetch: a replay has no queue to read ahead of."""
     disk = MemoryDisk(disk_pages) if disk_pages is not None else None

@@ -7,6 +7,7 @@ has cached. Old entries are evicted least-recently-used first once the tree hold
 This is the idea of SGLang's cache-aware router (sgl-router ``policies/cache_aware``, an approximate tree
 per worker), here at token granularity and one tree per replica.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -18,10 +19,10 @@ class _Node:
     _ids = itertools.count()
 
     def __init__(self, key: tuple[int, ...], parent: "_Node | None", now: int) -> None:
-        self.children: dict[int, _Node] = {}   # first token of the child's key -> child
+        self.children: dict[int, _Node] = {}  # first token of the child's key -> child
         self.parent = parent
-        self.key = key                          # token ids on the edge into this node
-        self.last_access = now                  # logical clock; a parent is never older than a child
+        self.key = key  # token ids on the edge into this node
+        self.last_access = now  # logical clock; a parent is never older than a child
         self.id = next(_Node._ids)
 
 
@@ -40,7 +41,7 @@ class ApproxTree:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.max_tokens = max_tokens
         self.root = _Node((), None, 0)
-        self.size = 0          # tokens held (sum of edge lengths)
+        self.size = 0  # tokens held (sum of edge lengths)
         self._clock = 0
 
     def match(self, tokens: list[int]) -> int:

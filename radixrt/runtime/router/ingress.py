@@ -11,6 +11,7 @@ Session key (sticky routing): the ``X-Session-Id`` header, else a ``session_id``
 A replica that dies while serving a request ends that request with HTTP 503 and an OpenAI-style error body
 naming the failure; the router drops the replica and later requests go to the others.
 """
+
 # No ``from __future__ import annotations``: FastAPI must see ``Request`` itself in the route signatures.
 import asyncio
 import hmac
@@ -29,8 +30,9 @@ REPLICA_DIED = (RayActorError, ActorUnavailableError)
 STATS_TIMEOUT_S = 30
 
 
-def error_body(message: str, param: Optional[str] = None, typ: str = "invalid_request_error",
-               code: Optional[str] = None) -> dict:
+def error_body(
+    message: str, param: Optional[str] = None, typ: str = "invalid_request_error", code: Optional[str] = None
+) -> dict:
     """An OpenAI-style error body (the server's shape; the router sits below the server, so its own)."""
     return {"error": {"message": message, "type": typ, "param": param, "code": code}}
 
@@ -43,8 +45,9 @@ def _err(status: int, message: str, param: Optional[str] = None, typ: str = "inv
 class RouterIngress:
     def __init__(self, replicas, model: Optional[str], api_key: Optional[str], policy: str):
         from radixrt.runtime.models.loader import load_tokenizer
+
         self.replicas, self.policy = replicas, policy
-        self.routed: dict[str, int] = {}   # replica id -> requests it answered, since the last policy swap
+        self.routed: dict[str, int] = {}  # replica id -> requests it answered, since the last policy swap
         self.tokenizer = load_tokenizer(model)
         self.expected = f"Bearer {api_key}".encode() if api_key else None
 
@@ -55,8 +58,15 @@ class RouterIngress:
         got = request.headers.get("authorization", "").encode()
         if hmac.compare_digest(got, self.expected):
             return None
-        return JSONResponse(error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                                       None, "invalid_request_error", "invalid_api_key"), status_code=401)
+        return JSONResponse(
+            error_body(
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                None,
+                "invalid_request_error",
+                "invalid_api_key",
+            ),
+            status_code=401,
+        )
 
     def _tokens(self, path: str, body: dict) -> list[int]:
         """The routing key. Only needs to be stable per prefix, not byte-exact with the replica's."""
@@ -87,15 +97,25 @@ class RouterIngress:
         if not isinstance(body, dict):
             return _err(400, "the request body must be a JSON object", "body")
         session = request.headers.get("x-session-id") or body.get("session_id")
-        req = {"tokens": self._tokens(path, body), "session": session, "path": path, "body": body,
-               "policy": self.policy}
+        req = {
+            "tokens": self._tokens(path, body),
+            "session": session,
+            "path": path,
+            "body": body,
+            "policy": self.policy,
+        }
         if body.get("stream"):
             return StreamingResponse(self._stream(req), media_type="text/event-stream")
         try:
             out = await self.replicas.remote(req)
         except REPLICA_DIED as e:
-            return _err(503, f"the replica serving this request died: {type(e).__name__}: {str(e)[:300]}; "
-                             "the other replicas keep serving, retry", None, "service_unavailable")
+            return _err(
+                503,
+                f"the replica serving this request died: {type(e).__name__}: {str(e)[:300]}; "
+                "the other replicas keep serving, retry",
+                None,
+                "service_unavailable",
+            )
         self.routed[out["replica"]] = self.routed.get(out["replica"], 0) + 1
         return JSONResponse(out["body"], status_code=out["status"], headers={"X-Radixrt-Replica": out["replica"]})
 
@@ -104,8 +124,7 @@ class RouterIngress:
             async for chunk in self.replicas.options(stream=True, method_name="stream").remote(req):
                 yield chunk
         except REPLICA_DIED as e:
-            err = error_body(f"the replica serving this request died: {type(e).__name__}", None,
-                             "service_unavailable")
+            err = error_body(f"the replica serving this request died: {type(e).__name__}", None, "service_unavailable")
             yield f"data: {json.dumps(err)}\n\n".encode()
 
     # ---- routes ------------------------------------------------------------------------------------------
@@ -157,6 +176,7 @@ class RouterIngress:
         if denied is not None:
             return denied
         from radixrt.runtime.config import ROUTER_POLICIES
+
         body = await request.json()
         policy = body.get("policy") if isinstance(body, dict) else None
         if policy not in ROUTER_POLICIES:

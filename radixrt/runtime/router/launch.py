@@ -10,6 +10,7 @@ cache hit rate. The ready line has the single-server shape:
 ``radixrt ready: http://127.0.0.1:30000 (dp=2 router=cache_aware) model=...``.
 Ctrl-C / SIGTERM shut Serve down (each replica stops its server) and stop the local Ray.
 """
+
 from __future__ import annotations
 
 import signal
@@ -32,15 +33,26 @@ def build_app(args: ServerArgs):
     from radixrt.runtime.router.serve_router import PolicyRequestRouter
 
     replica = serve.deployment(RadixrtReplica).options(
-        name="radixrt_replica", num_replicas=args.dp, ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=args.max_running_requests, health_check_period_s=5, health_check_timeout_s=30,
+        name="radixrt_replica",
+        num_replicas=args.dp,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=args.max_running_requests,
+        health_check_period_s=5,
+        health_check_timeout_s=30,
         graceful_shutdown_timeout_s=args.drain_timeout + DRAIN_MARGIN_S,  # the replica drains its server
-        request_router_config=RequestRouterConfig(request_router_class=PolicyRequestRouter,
-                                                  request_router_kwargs={"policy": args.router_policy}))
-    ingress = serve.deployment(RouterIngress).options(name="radixrt_ingress", ray_actor_options={"num_cpus": 0},
-                                                      max_ongoing_requests=10000)
-    return ingress.bind(replica.bind(args.to_cli(skip=_NOT_FOR_REPLICA), args.drain_timeout), args.model, args.api_key,
-                        args.router_policy)
+        request_router_config=RequestRouterConfig(
+            request_router_class=PolicyRequestRouter, request_router_kwargs={"policy": args.router_policy}
+        ),
+    )
+    ingress = serve.deployment(RouterIngress).options(
+        name="radixrt_ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10000
+    )
+    return ingress.bind(
+        replica.bind(args.to_cli(skip=_NOT_FOR_REPLICA), args.drain_timeout),
+        args.model,
+        args.api_key,
+        args.router_policy,
+    )
 
 
 def serve_dp(args: ServerArgs) -> int:
@@ -52,6 +64,7 @@ def serve_dp(args: ServerArgs) -> int:
         print("radixrt: error: --dp needs Ray Serve: pip install 'radixrt[cluster]'", file=sys.stderr)
         return 2
     from radixrt.runtime.models.loader import resolve_model
+
     name = resolve_model(args.model).name
     if args.ray_address:
         ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
@@ -64,8 +77,10 @@ def serve_dp(args: ServerArgs) -> int:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(build_app(args), name="radixrt", route_prefix="/", blocking=False)
         host = args.host if ":" not in args.host else f"[{args.host}]"
-        print(f"radixrt ready: http://{host}:{args.port} (dp={args.dp} router={args.router_policy}) model={name}",
-              flush=True)
+        print(
+            f"radixrt ready: http://{host}:{args.port} (dp={args.dp} router={args.router_policy}) model={name}",
+            flush=True,
+        )
         stop.wait()
     finally:
         serve.shutdown()

@@ -18,6 +18,7 @@ replica id. Ray Serve's request router calls it (router/serve_router.py); tests 
   ``consistent_hash`` (a hash ring with virtual nodes over the session key, or the first
   ``hash_prefix_tokens`` tokens when there is none).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -66,13 +67,21 @@ class CacheAwarePolicy(RoutingPolicy):
 
     name = "cache_aware"
 
-    def __init__(self, cache_threshold: float = 0.5, balance_abs_threshold: int = 4,
-                 balance_rel_threshold: float = 1.5, max_tree_tokens: int = 1 << 18, max_sessions: int = 65536):
+    def __init__(
+        self,
+        cache_threshold: float = 0.5,
+        balance_abs_threshold: int = 4,
+        balance_rel_threshold: float = 1.5,
+        max_tree_tokens: int = 1 << 18,
+        max_sessions: int = 65536,
+    ):
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold}")
         if balance_abs_threshold < 0 or balance_rel_threshold < 1.0:
-            raise ValueError("balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1, got "
-                             f"{balance_abs_threshold}, {balance_rel_threshold}")
+            raise ValueError(
+                "balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1, got "
+                f"{balance_abs_threshold}, {balance_rel_threshold}"
+            )
         self.cache_threshold = cache_threshold
         self.abs_thr, self.rel_thr = balance_abs_threshold, balance_rel_threshold
         self.max_tree_tokens = max_tree_tokens
@@ -163,7 +172,7 @@ class ConsistentHashPolicy(RoutingPolicy):
         if self._members != frozenset(ids):
             self._ring = sorted((_h(f"{r}#{v}"), r) for r in ids for v in range(self.vnodes))
             self._members = frozenset(ids)
-        key = session if session is not None else ",".join(map(str, tokens[:self.hash_prefix_tokens]))
+        key = session if session is not None else ",".join(map(str, tokens[: self.hash_prefix_tokens]))
         i = bisect.bisect(self._ring, (_h(key), "")) % len(self._ring)
         return self._ring[i][1]
 

@@ -11,6 +11,7 @@ that Ray Serve retires (scale-down, redeploy, shutdown: it calls ``__del__``) dr
 ``radixrt serve`` does on SIGTERM (:func:`drain_server`): running requests finish for up to
 ``--drain-timeout`` seconds, new ones get 503 meanwhile (the router sends them elsewhere).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -68,16 +69,15 @@ class RadixrtReplica:
 
     def __init__(self, server_argv: list[str], drain_timeout: float = 30.0):
         from ray import serve
+
         self.drain_timeout = drain_timeout
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         port, zmq_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{port}"
         # an unnamed file (already unlinked): nothing is left behind however the replica ends
         self.log = tempfile.TemporaryFile(prefix=f"radixrt-replica-{self.replica_id}-")
-        cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(zmq_port),
-               *server_argv]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log,
-                                     preexec_fn=_die_with_parent)
+        cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(port), "--zmq-port", str(zmq_port), *server_argv]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, preexec_fn=_die_with_parent)
         self._wait_ready()
         self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
 
@@ -112,8 +112,13 @@ class RadixrtReplica:
     async def stats(self) -> dict:
         """This replica's radix-cache counters (hit/query tokens, pages) and pids."""
         info = (await self.client.get("/get_server_info")).json()
-        return {"replica": self.replica_id, "cache": info["cache"], "num_running": info["num_running"],
-                "pid": os.getpid(), "server_pid": self.proc.pid}
+        return {
+            "replica": self.replica_id,
+            "cache": info["cache"],
+            "num_running": info["num_running"],
+            "pid": os.getpid(),
+            "server_pid": self.proc.pid,
+        }
 
     async def flush(self) -> dict:
         """Empty this replica's radix cache (``POST /flush_cache``)."""

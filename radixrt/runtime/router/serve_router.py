@@ -17,6 +17,7 @@ handle (here: the ingress) and, per request, returns ranked lists of candidate r
 Ray Serve imports this class by path but may rebuild it by value (cloudpickle), so module-level state here
 is not shared with the ingress: everything the ingress needs travels in the request instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,9 @@ class PolicyRequestRouter(FIFOMixin, RequestRouter):
         self.policies = {policy: make_policy(policy, **policy_kwargs)}
         self.in_flight: dict[str, int] = defaultdict(int)
 
-    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
-                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: List[RunningReplica], pending_request: Optional[PendingRequest] = None
+    ) -> List[List[RunningReplica]]:
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}

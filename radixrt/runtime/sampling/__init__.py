@@ -2,6 +2,7 @@
 names, logit bias, the grammar a request asks for) and the sampler (``sampler``: penalties, grammar mask,
 temperature, top-k/top-p/min-p, logprobs). May import constrained, kernels and the loose runtime modules.
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr

@@ -4,6 +4,7 @@ Every check raises :class:`ValidationError` (a ``ValueError``) whose ``param`` n
 anything is queued. Unknown keys are
 rejected (a typo such as ``max_token`` must not silently fall back to a default).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ MAX_N = 128  # samples per prompt (n)
 KNOWN_KEYS = _FIELDS | {"choices", "sampling_seed", "custom_params"}  # every key normalize() accepts
 
 
-def _num(name: str, v: Any, lo: float | None = None, hi: float | None = None, integer: bool = False,
-         lo_open: bool = False) -> None:
+def _num(
+    name: str, v: Any, lo: float | None = None, hi: float | None = None, integer: bool = False, lo_open: bool = False
+) -> None:
     ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
     if not ok_type or isinstance(v, bool):
         raise ValidationError(f"{name} must be {'an integer' if integer else 'a number'}, got {v!r}", name)
@@ -57,8 +59,9 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
     _aliases(p)
     unknown = sorted(set(p) - _FIELDS)
     if unknown:
-        raise ValidationError(f"unknown sampling parameter(s) {unknown}; known: {sorted(KNOWN_KEYS)}",
-                              "sampling_params")
+        raise ValidationError(
+            f"unknown sampling parameter(s) {unknown}; known: {sorted(KNOWN_KEYS)}", "sampling_params"
+        )
     if isinstance(p.get("json_schema"), (dict, bool)):
         p["json_schema"] = json.dumps(p["json_schema"])
     if isinstance(p.get("stop"), str):
@@ -67,6 +70,7 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         p.pop("stop", None)
     if choices is not None:
         from radixrt.runtime.constrained import choices_to_regex
+
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
             raise ValidationError("choices must be a non-empty list of strings", "choices")
         if p.get("regex") is not None:  # choices become the regex: the given one would be dropped
@@ -84,8 +88,9 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         _num("max_new_tokens", sp.max_new_tokens, lo=0, integer=True)
     _num("min_new_tokens", sp.min_new_tokens, lo=0, integer=True)
     if sp.max_new_tokens is not None and sp.min_new_tokens > sp.max_new_tokens:
-        raise ValidationError(f"min_new_tokens ({sp.min_new_tokens}) must be <= max_new_tokens ({sp.max_new_tokens})",
-                              "min_new_tokens")
+        raise ValidationError(
+            f"min_new_tokens ({sp.min_new_tokens}) must be <= max_new_tokens ({sp.max_new_tokens})", "min_new_tokens"
+        )
     _num("temperature", sp.temperature, lo=0)
     _num("top_p", sp.top_p, lo=0, hi=1, lo_open=True)
     _num("top_k", sp.top_k, lo=-1, integer=True)
@@ -108,8 +113,9 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         _num("reasoning_end_ids", t, lo=0, integer=True)
     grammars = [g for g in _GRAMMAR_FIELDS if getattr(sp, g) is not None]
     if len(grammars) > 1:
-        raise ValidationError(f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}",
-                              "sampling_params")
+        raise ValidationError(
+            f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}", "sampling_params"
+        )
     return sp
 
 
@@ -120,8 +126,9 @@ def _aliases(p: dict) -> None:
     if "sampling_seed" in p:
         seed = p.pop("sampling_seed")
         if "seed" in p and p["seed"] != seed:
-            raise ValidationError(f"sampling_seed ({seed!r}) and seed ({p['seed']!r}) differ; give one",
-                                  "sampling_seed")
+            raise ValidationError(
+                f"sampling_seed ({seed!r}) and seed ({p['seed']!r}) differ; give one", "sampling_seed"
+            )
         p["seed"] = seed
     custom = p.pop("custom_params", None)
     if custom is not None and not isinstance(custom, dict):
@@ -134,8 +141,9 @@ def logit_bias(bias: Any) -> dict[int, float]:
     """``{token id (int or decimal string): bias}`` -> ``{int: float}``; biases in [-100, 100] (OpenAI's
     range), added to the logits before sampling. Raises ValidationError naming ``logit_bias``."""
     if not isinstance(bias, dict):
-        raise ValidationError(f"logit_bias must be an object of token id -> bias, got {type(bias).__name__}",
-                              "logit_bias")
+        raise ValidationError(
+            f"logit_bias must be an object of token id -> bias, got {type(bias).__name__}", "logit_bias"
+        )
     out: dict[int, float] = {}
     for k, v in bias.items():
         tid = k if isinstance(k, int) and not isinstance(k, bool) else None

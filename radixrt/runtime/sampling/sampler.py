@@ -6,6 +6,7 @@ Logprobs are those of the model's own distribution (log-softmax of the raw logit
 Penalties follow OpenAI (frequency/presence, over output tokens) and CTRL/HF (repetition, over prompt and
 output: positive logits divided, negative multiplied).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ class SampleRow:
     generator: torch.Generator
     prompt_ids: list[int]
     output_ids: list[int]
-    block_ids: list[int]          # tokens masked out (EOS/stop ids while below min_new_tokens)
+    block_ids: list[int]  # tokens masked out (EOS/stop ids while below min_new_tokens)
     top_logprobs_num: int = 0
     want_logprob: bool = False
 

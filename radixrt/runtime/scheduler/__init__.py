@@ -7,6 +7,7 @@ process of ``radixrt serve``) and ``tp_lockstep`` (its ``--tp`` twin). ``build``
 for the Engine and the process alike. It builds no tensors. May import executor, tokenizer, models,
 sampling, layers, mem, constrained, kernels and the loose runtime modules; never the server.
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr

@@ -1,4 +1,5 @@
 """One set-up for the offline Engine and the scheduler process: tokenizer, runner, grammar cache, Scheduler."""
+
 from __future__ import annotations
 
 import logging
@@ -15,8 +16,9 @@ if TYPE_CHECKING:  # the HTTP process imports make_grammar_cache from here: the 
     from radixrt.runtime.scheduler.scheduler import Scheduler
 
 
-def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True, deferred: bool = False,
-                       start: bool = True):
+def make_grammar_cache(
+    args: ServerArgs, tokenizer, vocab_size: int, masks: bool = True, deferred: bool = False, start: bool = True
+):
     """The compiled-grammar cache for ``args.grammar_backend`` (None when ``none``), warmed up
     (:func:`~radixrt.runtime.constrained.grammar_step.warm_up`; ``masks``: the mask kernels too, which only
     the process that samples needs). ``deferred``: the backend is built and warmed up on the cache's own
@@ -29,12 +31,14 @@ def make_grammar_cache(args: ServerArgs, tokenizer, vocab_size: int, masks: bool
     """
     from radixrt.runtime.constrained import BACKEND_CHOICES, GrammarCache, create_backend
     from radixrt.runtime.constrained.grammar_step import warm_up
+
     name = "llguidance" if args.grammar_backend is None else str(args.grammar_backend).strip().lower()
     if name == "none":
         return None
 
     def build():
         from radixrt.runtime.models.light_meta import DeferredTokenizer
+
         tok = tokenizer.result() if isinstance(tokenizer, (Future, DeferredTokenizer)) else tokenizer
         backend = create_backend(name, tok, vocab_size)
         warm_up(backend, masks)
@@ -80,8 +84,12 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
             runner = _runner(args, tp, grammar_cache)
             t1 = time.perf_counter()
             tokenizer = tok.result() if tokenizer is None else tokenizer
-        logger.info("set up in %.1f s: weights and KV pool %.1f s, tokenizer %.1f s more (grammar backend "
-                    "after ready)", time.perf_counter() - t0, t1 - t0, time.perf_counter() - t1)
+        logger.info(
+            "set up in %.1f s: weights and KV pool %.1f s, tokenizer %.1f s more (grammar backend after ready)",
+            time.perf_counter() - t0,
+            t1 - t0,
+            time.perf_counter() - t1,
+        )
     else:
         tokenizer = load_tokenizer(args.model)
         t1 = time.perf_counter()
@@ -90,8 +98,13 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
         grammar_cache = make_grammar_cache(args, tokenizer, vocab_size)
         t2 = time.perf_counter()
         runner = _runner(args, tp, grammar_cache)
-        logger.info("set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
-                    time.perf_counter() - t0, t1 - t0, t2 - t1, time.perf_counter() - t2)
+        logger.info(
+            "set up in %.1f s: tokenizer %.1f s, grammar backend %.1f s, weights and KV pool %.1f s",
+            time.perf_counter() - t0,
+            t1 - t0,
+            t2 - t1,
+            time.perf_counter() - t2,
+        )
     return Scheduler(args, runner, tokenizer, grammar_cache, tp)
 
 
@@ -99,6 +112,7 @@ def start_deferred(sched: Scheduler) -> None:
     """What ``build_scheduler(defer_grammar=True)`` left for after ready, each on its own thread: the
     tokenizer's load (where deferred), then the grammar backend's build (which waits for it)."""
     from radixrt.runtime.models.light_meta import DeferredTokenizer
+
     if isinstance(sched.tokenizer, DeferredTokenizer):
         sched.tokenizer.start()
     if sched.grammar_cache is not None:
@@ -108,6 +122,7 @@ def start_deferred(sched: Scheduler) -> None:
 def _runner(args, tp, grammar_cache):
     """The model runner; a failed load shuts the grammar cache's thread down before the error goes on."""
     from radixrt.runtime.executor.model_runner import ModelRunner
+
     try:
         return ModelRunner(args, tp)
     except BaseException:

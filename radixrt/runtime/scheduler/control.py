@@ -15,13 +15,22 @@ collectives on every rank, in the same order, so that order is fixed here, per m
 
 Every rank builds the reply; only rank 0 sends it (the workers drop theirs).
 """
+
 from __future__ import annotations
 
 import logging
 from typing import Union
 
-from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
-                                      OpenSessionReq, TokenOut)
+from radixrt.runtime.io_struct import (
+    AbortReq,
+    CloseSessionReq,
+    FlushCacheReq,
+    GenerateReq,
+    GetInfoReq,
+    InfoOut,
+    OpenSessionReq,
+    TokenOut,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +53,12 @@ def handle(sched, msg: Message, tp=None) -> Union[InfoOut, TokenOut, None]:
             sched.add_request(msg)
         except Exception as e:  # validated in the main process; never let one request kill the loop
             logger.exception("add_request failed for %s", msg.rid)
-            return TokenOut(rid=msg.rid, new_token_ids=[], prompt_tokens=len(msg.input_ids),
-                            finished_reason={"type": "abort", "message": f"{type(e).__name__}: {e}"})
+            return TokenOut(
+                rid=msg.rid,
+                new_token_ids=[],
+                prompt_tokens=len(msg.input_ids),
+                finished_reason={"type": "abort", "message": f"{type(e).__name__}: {e}"},
+            )
         return None
     if isinstance(msg, AbortReq):
         sched.abort(msg.rid)
@@ -71,6 +84,7 @@ def info(sched, flushed=None, tp=None, top: int = 0) -> InfoOut:
     ``top`` > 0 adds a summary of the tree's ``top`` largest subtrees."""
     from radixrt.runtime.mem.tree_summary import summarize_tree
     from radixrt.runtime.scheduler.server_info import queue_stats
+
     stats = queue_stats(sched)
     if tp is not None:
         stats["cache"]["tp_ranks"] = tp.gather_json(sched.cache_stats())

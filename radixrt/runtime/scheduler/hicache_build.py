@@ -6,6 +6,7 @@ former: ``--hicache-ratio`` x the pool), ``--hicache-storage file:DIR`` (tier 3,
 ``--hicache-write-policy write_through|write_back``, ``--hicache-prefetch-threshold`` (tokens),
 ``--hicache-storage-size GB`` (a bound on tier 3's files; 0: none).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -71,17 +72,22 @@ def make_hicache(args, runner, mem) -> HiCache | None:
     need, avail = slots * codec.page_bytes, available_bytes()
     if need > avail:  # a clear refusal instead of numpy's MemoryError from deep inside the allocation
         flag = "hicache_size" if args.hicache_size > 0 else "hicache_ratio"
-        raise ValueError(f"{flag}: a host tier of {need / 2**30:.2f} GB is more than the "
-                         f"{avail / 2**30:.2f} GB of memory available")
+        raise ValueError(
+            f"{flag}: a host tier of {need / 2**30:.2f} GB is more than the {avail / 2**30:.2f} GB of memory available"
+        )
     host = HostTier(slots, codec.page_bytes)
     disk = None
     if args.hicache_storage:
         pool = runner.kv
         shape = (runner.kv_dtype_name, runner.page_size, len(pool.k), pool.k[0].shape[2], pool.k[0].shape[3])
-        disk = DiskTier(args.hicache_storage[len("file:"):], model_fingerprint(runner), shape, codec.page_bytes,
-                        int(args.hicache_storage_size * 2**30))
-    hc = HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy,
-                 args.hicache_prefetch_threshold)
+        disk = DiskTier(
+            args.hicache_storage[len("file:") :],
+            model_fingerprint(runner),
+            shape,
+            codec.page_bytes,
+            int(args.hicache_storage_size * 2**30),
+        )
+    hc = HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy, args.hicache_prefetch_threshold)
     hc.restorer = Restorer(hc)  # admissions restore on a copy thread while other requests step
     hc.storer = Storer(hc)  # and evicted pages reach tier 2 on another
     return hc

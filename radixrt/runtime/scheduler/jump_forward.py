@@ -16,6 +16,7 @@ cause is tokens that no tokenizer would produce where generated and forced text 
 3. The kept tokens must decode to exactly the joined text's prefix, re-encode to themselves, and be accepted
    by the matcher; otherwise nothing changes. A head token that is a partial UTF-8 character is never joined.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -9,6 +9,7 @@ Per step, after ``ModelRunner.forward``:
 
 Finished requests are returned, not released: the scheduler owns the running list and the pages.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,15 @@ class OutputProcessor:
         jump_forward_tokens: output tokens appended by jump-forward so far (not sampled).
     """
 
-    def __init__(self, tokenizer, eos_ids: set[int], context_length: int, jump_forward: bool = False,
-                 grammar_overlap: bool = False, share_tokens=None):
+    def __init__(
+        self,
+        tokenizer,
+        eos_ids: set[int],
+        context_length: int,
+        jump_forward: bool = False,
+        grammar_overlap: bool = False,
+        share_tokens=None,
+    ):
         self.tokenizer, self.eos_ids, self.context_length = tokenizer, eos_ids, context_length
         # next-step grammar masks filled on a worker thread while the scheduler runs the next forward
         self.prefetch = MaskPrefetcher() if grammar_overlap else None
@@ -86,9 +94,18 @@ class OutputProcessor:
         at = [r for _, r in todo]
         # every row in order (a decode step): sample from logits itself, which nothing reads afterwards
         sub = logits if at == list(range(logits.shape[0])) else logits[torch.tensor(at)]
-        srows = [SampleRow(req.params, req.generator, req.input_ids, req.output_ids, self._blocked(req),
-                           req.top_logprobs_num if req.return_logprob else 0, req.return_logprob)
-                 for req in reqs]
+        srows = [
+            SampleRow(
+                req.params,
+                req.generator,
+                req.input_ids,
+                req.output_ids,
+                self._blocked(req),
+                req.top_logprobs_num if req.return_logprob else 0,
+                req.return_logprob,
+            )
+            for req in reqs
+        ]
         out = sample(sub, srows, build_grammar_mask(reqs, sub.shape[-1], self.prefetch))
         if self.share_tokens is not None:
             out.token_ids = self.share_tokens(out.token_ids)
@@ -152,17 +169,25 @@ class OutputProcessor:
 def make_out(req: Req, force: bool = False) -> TokenOut | None:
     """The request's new tokens (and logprobs) since the last message, or None when there is nothing to
     send. ``force`` sends even an empty delta (the final message, with ``finished_reason``)."""
-    new = req.output_ids[req.sent_ids:]
+    new = req.output_ids[req.sent_ids :]
     send_in = req.input_logprobs_done and not req.input_logprobs_sent and req.input_logprobs is not None
     if not new and not force and not send_in:
         return None
     req.sent_ids = len(req.output_ids)
-    out = TokenOut(rid=req.rid, new_token_ids=new, finished_reason=req.finished_reason,
-                   prompt_tokens=len(req.input_ids), completion_tokens=len(req.output_ids),
-                   cached_tokens=req.cached_tokens, output_token_logprobs=req.out_logprobs,
-                   output_top_logprobs=req.out_top_logprobs, stop_strings=list(req.params.stop),
-                   no_stop_trim=req.params.no_stop_trim, skip_special_tokens=req.params.skip_special_tokens,
-                   spaces_between_special_tokens=req.params.spaces_between_special_tokens)
+    out = TokenOut(
+        rid=req.rid,
+        new_token_ids=new,
+        finished_reason=req.finished_reason,
+        prompt_tokens=len(req.input_ids),
+        completion_tokens=len(req.output_ids),
+        cached_tokens=req.cached_tokens,
+        output_token_logprobs=req.out_logprobs,
+        output_top_logprobs=req.out_top_logprobs,
+        stop_strings=list(req.params.stop),
+        no_stop_trim=req.params.no_stop_trim,
+        skip_special_tokens=req.params.skip_special_tokens,
+        spaces_between_special_tokens=req.params.spaces_between_special_tokens,
+    )
     req.out_logprobs, req.out_top_logprobs = [], []
     if req.input_logprobs is not None and (send_in or force) and not req.input_logprobs_sent:
         out.input_token_logprobs, out.input_top_logprobs = req.input_logprobs, req.input_top_logprobs

@@ -9,6 +9,7 @@ to a GetInfoReq sent after a request finished comes after that request's last ou
 
 The process exits when its parent dies (it polls ``os.getppid()``), so no orphan survives a killed server.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,11 +27,12 @@ from radixrt.runtime.scheduler.control import Message
 
 logger = logging.getLogger("radixrt.scheduler_process")
 
-GRAMMAR_POLL_MS = 2       # only requests waiting for a grammar compile: poll often, but do not spin
+GRAMMAR_POLL_MS = 2  # only requests waiting for a grammar compile: poll often, but do not spin
 
 
-def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_pid: int,
-                          exit_note: str | None = None) -> None:
+def run_scheduler_process(
+    args_json: bytes, in_addr: str, out_addr: str, parent_pid: int, exit_note: str | None = None
+) -> None:
     """Entry point (multiprocessing "spawn" target). ``args_json``: msgspec-JSON of ServerArgs; ``exit_note``:
     a file where the reason is written when a ``--tp`` rank's death stops this process (the supervisor
     reads it, since this process's exit code alone cannot name the rank)."""
@@ -52,6 +54,7 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     tp, workers = None, []
     try:
         from radixrt.runtime.scheduler.build import build_scheduler
+
         if args.tp > 1:
             tp, workers = _start_tp(args, args_json)
         sched = build_scheduler(args, tp, defer_grammar=True)  # ready waits for no grammar backend
@@ -64,15 +67,24 @@ def run_scheduler_process(args_json: bytes, in_addr: str, out_addr: str, parent_
     runner = sched.runner
     if sched.mem.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    push.send(enc.encode(ReadyOut(model_name=runner.source.name, context_length=runner.context_length,
-                                  vocab_size=runner.vocab_size, max_total_tokens=runner.num_pages * runner.page_size,
-                                  page_size=runner.page_size)))
+    push.send(
+        enc.encode(
+            ReadyOut(
+                model_name=runner.source.name,
+                context_length=runner.context_length,
+                vocab_size=runner.vocab_size,
+                max_total_tokens=runner.num_pages * runner.page_size,
+                page_size=runner.page_size,
+            )
+        )
+    )
     try:
         _loop(sched, pull, push, enc, parent_pid, tp, workers)
     except RuntimeError as e:
         if tp is None:
             raise
         from radixrt.runtime.scheduler.tp_lockstep import peer_failure
+
         err = peer_failure(workers, e)
         logger.error("scheduler loop died: %s", err)
         if exit_note is not None:
@@ -111,6 +123,7 @@ def _check_split(args) -> None:
     from radixrt.runtime.layers.tp_shard import local_heads
     from radixrt.runtime.models.args import ModelArgs
     from radixrt.runtime.models.loader import load_config
+
     a = ModelArgs.from_hf(load_config(args.model))
     local_heads(a.num_heads, a.num_kv_heads, args.tp)
     inter_share(a.intermediate_size, args.tp)
@@ -121,6 +134,7 @@ def _start_tp(args, args_json: bytes):
     from radixrt.runtime.layers.parallel import init_tp, rank_device
     from radixrt.runtime.executor.model_runner import resolve_device_dtype
     from radixrt.runtime.scheduler.tp_lockstep import spawn_workers
+
     _check_split(args)
     device = rank_device(resolve_device_dtype(args.device, args.dtype)[0], 0)
     if "WORLD_SIZE" in os.environ:
@@ -132,7 +146,15 @@ def _start_tp(args, args_json: bytes):
 
 
 def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
-    from radixrt.runtime.scheduler.tp_lockstep import TpStep, check_workers, grammar_ready, lockstep, name_sessions, share_step
+    from radixrt.runtime.scheduler.tp_lockstep import (
+        TpStep,
+        check_workers,
+        grammar_ready,
+        lockstep,
+        name_sessions,
+        share_step,
+    )
+
     clock = lockstep(sched) if tp is not None else None
     dec = msgspec.msgpack.Decoder(Message)
     poller = zmq.Poller()
@@ -160,6 +182,7 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
         elif deferred and timeout == IDLE_POLL_MS:  # a poll period with nothing to do: not during the first
             # requests, whose steps would share the cores and the GIL with the transformers import
             from radixrt.runtime.scheduler.build import start_deferred
+
             start_deferred(sched)
             deferred = False
         if tp is not None:  # lockstep: every rank applies these messages, then runs the same step

@@ -1,4 +1,5 @@
 """A request's state inside the scheduler (plain dataclass; nano-vllm style)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,21 +22,21 @@ class Req:
     cache_salt: Optional[str] = None
     arrival: int = 0
     generator: Optional[torch.Generator] = None
-    grammar: Any = None                 # a GrammarMatcher, or None
-    grammar_future: Any = None          # pending compile (request sits in the grammar queue)
-    session: Any = None                 # the Session that pins this request's KV when it finishes
+    grammar: Any = None  # a GrammarMatcher, or None
+    grammar_future: Any = None  # pending compile (request sits in the grammar queue)
+    session: Any = None  # the Session that pins this request's KV when it finishes
 
     output_ids: list[int] = field(default_factory=list)
     draft_ids: list[int] = field(default_factory=list)  # this step's draft tokens (scheduler/spec_step.py)
     # Memory. page_table[i] holds tokens [i*P, (i+1)*P) of fill_ids. The first prefix_len tokens' pages
     # belong to the radix tree (locked through last_node); the rest are the request's own.
     page_table: list[int] = field(default_factory=list)
-    num_computed: int = 0               # tokens of fill_ids whose KV is written
+    num_computed: int = 0  # tokens of fill_ids whose KV is written
     prefix_len: int = 0
     last_node: Any = None
-    restore_job: Any = None             # mem/restore_async.RestoreJob bringing its prefix back (admission waits)
-    cached_tokens: int = 0              # tokens taken from the tree at first admission (reported)
-    hit_counted: bool = False           # its admission counted a hit on the matched nodes (once per request)
+    restore_job: Any = None  # mem/restore_async.RestoreJob bringing its prefix back (admission waits)
+    cached_tokens: int = 0  # tokens taken from the tree at first admission (reported)
+    hit_counted: bool = False  # its admission counted a hit on the matched nodes (once per request)
     wait_steps: int = 0
     finished_reason: Optional[dict] = None
     # For the request log (request_log.py): Unix times of arrival and first admission, the cacheable
@@ -58,8 +59,18 @@ class Req:
     def from_generate(cls, r: GenerateReq, max_new_tokens: int, arrival: int, seed: int) -> "Req":
         g = torch.Generator()
         g.manual_seed(r.sampling_params.seed if r.sampling_params.seed is not None else seed)
-        return cls(r.rid, list(r.input_ids), r.sampling_params, max_new_tokens, r.return_logprob,
-                   r.logprob_start_len, r.top_logprobs_num, r.cache_salt, arrival, g)
+        return cls(
+            r.rid,
+            list(r.input_ids),
+            r.sampling_params,
+            max_new_tokens,
+            r.return_logprob,
+            r.logprob_start_len,
+            r.top_logprobs_num,
+            r.cache_salt,
+            arrival,
+            g,
+        )
 
     def advance(self, n: int, now: float) -> None:
         """``n`` more tokens of ``fill_ids`` have their KV written (at ``now``, Unix seconds); a prefill

@@ -22,6 +22,7 @@ Fields of a line (times are Unix seconds, taken in the scheduler process; length
 A ``POST /flush_cache`` that emptied the cache writes ``{"event": "flush_cache", "time": T}``.
 ``radixrt profile`` replays either form through the radix tree (``runtime/profile``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,17 +50,36 @@ class RequestLog:
         os.makedirs(d, exist_ok=True)
         self._f: Optional[IO[str]] = open(path, "a", buffering=1, encoding="utf-8")
 
-    def write(self, *, rid: str, arrival: float, admit: Optional[float], prefill_done: Optional[float],
-              finish: float, prompt_ids: list[int], output_ids: list[int], cacheable_len: int,
-              cache_salt: Optional[str], cached_tokens: int, finish_reason: str,
-              prefill_chunks: Optional[list[tuple[float, int]]] = None) -> None:
+    def write(
+        self,
+        *,
+        rid: str,
+        arrival: float,
+        admit: Optional[float],
+        prefill_done: Optional[float],
+        finish: float,
+        prompt_ids: list[int],
+        output_ids: list[int],
+        cacheable_len: int,
+        cache_salt: Optional[str],
+        cached_tokens: int,
+        finish_reason: str,
+        prefill_chunks: Optional[list[tuple[float, int]]] = None,
+    ) -> None:
         """Append one finished request (times in Unix seconds)."""
         if self._f is None:
             return
-        rec: dict = {"rid": rid, "arrival": arrival, "admit": admit, "prefill_done": prefill_done,
-                     "finish": finish, "ttft": None if prefill_done is None else prefill_done - arrival,
-                     "prefill_chunks": [list(c) for c in prefill_chunks or []],
-                     "prompt_len": len(prompt_ids), "output_len": len(output_ids)}
+        rec: dict = {
+            "rid": rid,
+            "arrival": arrival,
+            "admit": admit,
+            "prefill_done": prefill_done,
+            "finish": finish,
+            "ttft": None if prefill_done is None else prefill_done - arrival,
+            "prefill_chunks": [list(c) for c in prefill_chunks or []],
+            "prompt_len": len(prompt_ids),
+            "output_len": len(output_ids),
+        }
         if self.hash_pages:
             rec["page_size"] = self.page_size
             rec["page_hashes"] = page_hashes(list(prompt_ids) + list(output_ids), self.page_size)
@@ -76,10 +96,20 @@ class RequestLog:
         first = next((t for t, n in req.prefill_marks if n >= len(req.input_ids)), None)
         reason = (req.finished_reason or {}).get("type", "abort")
         cacheable = req.cacheable_len if req.cacheable_len is not None else max(len(req.input_ids) - 1, 0)
-        self.write(rid=req.rid, arrival=req.t_arrival, admit=req.t_admit, prefill_done=first, finish=now,
-                   prompt_ids=req.input_ids, output_ids=req.output_ids, cacheable_len=cacheable,
-                   cache_salt=req.cache_salt, cached_tokens=req.cached_tokens, finish_reason=reason,
-                   prefill_chunks=req.prefill_marks)
+        self.write(
+            rid=req.rid,
+            arrival=req.t_arrival,
+            admit=req.t_admit,
+            prefill_done=first,
+            finish=now,
+            prompt_ids=req.input_ids,
+            output_ids=req.output_ids,
+            cacheable_len=cacheable,
+            cache_salt=req.cache_salt,
+            cached_tokens=req.cached_tokens,
+            finish_reason=reason,
+            prefill_chunks=req.prefill_marks,
+        )
 
     def write_flush(self, now: float) -> None:
         """Mark that the cache was flushed at ``now`` (the replay flushes its tree there too)."""

@@ -6,6 +6,7 @@
 - ``dfs-weight``: requests grouped by the tree node they match, visited depth-first with the heaviest
   subtree (most waiting requests) first, so requests sharing a prefix run together (SGLang).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict

@@ -16,6 +16,7 @@ its computed prefix goes into the radix tree, its own pages are freed and it goe
 
 Page ownership is stated in mem/req_pages.py, the tree's invariants in mem/radix_cache.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,10 +51,14 @@ class Scheduler:
         self.mem.hicache = make_hicache(args, runner, self.mem)  # tiers 2-3 under the tree, or None
         self.grammar_cache = grammar_cache
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
-        self.outputs = OutputProcessor(tokenizer, eos_ids(tokenizer, runner.config), runner.context_length,
-                                       jump_forward=not args.disable_jump_forward,
-                                       grammar_overlap=args.grammar_overlap,
-                                       share_tokens=tp.share_tokens if tp is not None and tp.size > 1 else None)
+        self.outputs = OutputProcessor(
+            tokenizer,
+            eos_ids(tokenizer, runner.config),
+            runner.context_length,
+            jump_forward=not args.disable_jump_forward,
+            grammar_overlap=args.grammar_overlap,
+            share_tokens=tp.share_tokens if tp is not None and tp.size > 1 else None,
+        )
         self.spec = Speculator(args, self.outputs, runner.context_length, str(getattr(runner, "device", "cpu")))
         self.spec.calibrate(runner, self.allocator)  # the cost model's step times (speculation on only)
         self.waiting: list[Req] = []
@@ -94,8 +99,9 @@ class Scheduler:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
         if error is None and len(ids) >= ctx:
-            error = ValidationError(f"the session's context ({len(ids)} tokens) reaches the context length "
-                                    f"{ctx}", "session_params")
+            error = ValidationError(
+                f"the session's context ({len(ids)} tokens) reaches the context length {ctx}", "session_params"
+            )
         if error is not None:  # a bad session field: the caller gets a 400 naming it
             self._finish(req, refusal(error))
             return
@@ -135,8 +141,14 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.grammar_queue or self.finished_outs
-                    or self.mem.restoring_pages or self.mem.storing_pages)
+        return bool(
+            self.running
+            or self.waiting
+            or self.grammar_queue
+            or self.finished_outs
+            or self.mem.restoring_pages
+            or self.mem.storing_pages
+        )
 
     # ---- memory ------------------------------------------------------------------------------------
     def _preempt(self, req: Req) -> None:
@@ -148,18 +160,23 @@ class Scheduler:
         self.waiting.append(req)  # keeps its arrival number, so it goes first under fcfs
 
     def cache_stats(self) -> dict:
-        return {**self.mem.stats(self.running), "hit_tokens": self.hit_tokens, "query_tokens": self.query_tokens,
-                "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
-                "num_preemptions": self.num_preemptions, "req_forward_passes": self.stats.req_forward_passes,
-                "jump_forward_tokens": self.outputs.jump_forward_tokens, **self.sessions.stats(),
-                "speculative": self.spec.stats(),
-                **({"hicache": self.mem.hicache.stats(self.query_tokens)} if self.mem.hicache else {})}
+        return {
+            **self.mem.stats(self.running),
+            "hit_tokens": self.hit_tokens,
+            "query_tokens": self.query_tokens,
+            "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
+            "num_preemptions": self.num_preemptions,
+            "req_forward_passes": self.stats.req_forward_passes,
+            "jump_forward_tokens": self.outputs.jump_forward_tokens,
+            **self.sessions.stats(),
+            "speculative": self.spec.stats(),
+            **({"hicache": self.mem.hicache.stats(self.query_tokens)} if self.mem.hicache else {}),
+        }
 
     # ---- scheduling --------------------------------------------------------------------------------
     def _promote_grammar_ready(self) -> None:
         gate = self.grammar_gate  # under --tp: the rids rank 0 promotes this step (waited for here)
-        for req in [r for r in self.grammar_queue
-                    if (r.rid in gate if gate is not None else r.grammar_future.done())]:
+        for req in [r for r in self.grammar_queue if (r.rid in gate if gate is not None else r.grammar_future.done())]:
             self.grammar_queue.remove(req)
             try:
                 req.grammar = make_matcher(req.grammar_future.result(), req.params.reasoning_end_ids)

@@ -17,6 +17,7 @@ answer. Under memory pressure LRU would evict that history while the tool runs; 
   session first); and memory pressure: when admission or decode cannot get pages, the least recently used
   pin is dropped before anything waits or is preempted. Its pages stay in the tree as evictable.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,14 +32,14 @@ from radixrt.runtime.io_struct import SessionParams
 @dataclass
 class Session:
     id: str
-    capacity: int                        # tokens of context a request may reach (0: no cap)
-    timeout: Optional[float]             # seconds of idleness before the session closes (None: never)
+    capacity: int  # tokens of context a request may reach (0: no cap)
+    timeout: Optional[float]  # seconds of idleness before the session closes (None: never)
     last_used: float
     # rid -> (its full sequence: prompt + output, its prompt length), in the order the requests finished
     history: dict[str, tuple[list[int], int]] = field(default_factory=dict)
-    node: Any = None                     # the pinned TreeNode (its lock_ref is held), or None
+    node: Any = None  # the pinned TreeNode (its lock_ref is held), or None
     pinned_tokens: int = 0
-    active: int = 0                      # requests of the session not yet finished (no expiry meanwhile)
+    active: int = 0  # requests of the session not yet finished (no expiry meanwhile)
 
 
 class SessionManager:
@@ -50,8 +51,9 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
 
     # ---- open / close ------------------------------------------------------------------------------------
-    def open(self, capacity_of_str_len: int = 0, session_id: Optional[str] = None,
-             timeout: Optional[float] = None) -> Optional[str]:
+    def open(
+        self, capacity_of_str_len: int = 0, session_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> Optional[str]:
         """Start a session. Returns its id, or None when ``session_id`` is already open."""
         sid = session_id or uuid.uuid4().hex
         if sid in self.sessions:
@@ -70,15 +72,19 @@ class SessionManager:
     def expire(self) -> int:
         """Close every session idle (no request in flight) for longer than its timeout. Returns how many."""
         now = self.clock()
-        dead = [s.id for s in self.sessions.values()
-                if s.timeout is not None and not s.active and now - s.last_used > s.timeout]
+        dead = [
+            s.id
+            for s in self.sessions.values()
+            if s.timeout is not None and not s.active and now - s.last_used > s.timeout
+        ]
         for sid in dead:
             self.close(sid)
         return len(dead)
 
     # ---- requests ----------------------------------------------------------------------------------------
-    def resolve(self, session_id: Optional[str], params: Optional[SessionParams],
-                input_ids: list[int]) -> tuple[Optional[Session], list[int]]:
+    def resolve(
+        self, session_id: Optional[str], params: Optional[SessionParams], input_ids: list[int]
+    ) -> tuple[Optional[Session], list[int]]:
         """The session a request belongs to and its full input ids.
 
         Raises:
@@ -93,8 +99,7 @@ class SessionManager:
         if s is None:
             raise ValidationError(f"{form}: no open session {sid!r}", form)
         if params is not None and params.rid is not None and params.rid not in s.history:
-            raise ValidationError(f"session_params.rid: no finished request {params.rid!r} in session {sid!r}",
-                                  form)
+            raise ValidationError(f"session_params.rid: no finished request {params.rid!r} in session {sid!r}", form)
         ids = input_ids
         if params is not None and s.history:
             rid = params.rid if params.rid is not None else next(reversed(s.history))
@@ -102,19 +107,23 @@ class SessionManager:
             base = seq[:prompt_len] if params.drop_previous_output else seq
             if params.offset is not None:
                 if params.offset > len(base):
-                    raise ValidationError(f"session_params.offset {params.offset} is beyond the {len(base)} tokens "
-                                          f"of request {rid!r}", form)
+                    raise ValidationError(
+                        f"session_params.offset {params.offset} is beyond the {len(base)} tokens of request {rid!r}",
+                        form,
+                    )
                 base = base[: params.offset]
             if params.replace:  # the new request replaces what followed rid in the session
                 keys = list(s.history)
-                for k in keys[keys.index(rid) + 1:]:
+                for k in keys[keys.index(rid) + 1 :]:
                     del s.history[k]
             ids = base + input_ids
         elif params is not None and params.offset:
             raise ValidationError(f"session_params.offset {params.offset}: session {sid!r} has no history yet", form)
         if s.capacity and len(ids) > s.capacity:
-            raise ValidationError(f"{form}: the context ({len(ids)} tokens) exceeds the session's "
-                                  f"capacity_of_str_len ({s.capacity})", form)
+            raise ValidationError(
+                f"{form}: the context ({len(ids)} tokens) exceeds the session's capacity_of_str_len ({s.capacity})",
+                form,
+            )
         s.active += 1
         s.last_used = self.clock()
         return s, ids
@@ -188,5 +197,8 @@ class SessionManager:
         s.node, s.pinned_tokens = None, 0
 
     def stats(self) -> dict:
-        return {"num_sessions": len(self.sessions), "pinned_tokens": self.pinned_tokens,
-                "pinned_sessions": sum(s.node is not None for s in self.sessions.values())}
+        return {
+            "num_sessions": len(self.sessions),
+            "pinned_tokens": self.pinned_tokens,
+            "pinned_sessions": sum(s.node is not None for s in self.sessions.values()),
+        }

@@ -1,5 +1,6 @@
 """The step-time curve the speculation cost model starts from (spec/cost.py): one forward per step size,
 measured once when the scheduler starts, on scratch pages that are given back at once."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,9 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 BUDGET_S = 1.0  # start-up seconds the curve may take: a 135M model measures every size, an 8B the first few
 
 
-def measure_step_times(runner, allocator, sizes=SIZES, reps: int = 2, context: int = 0,
-                       budget_s: float | None = BUDGET_S) -> StepTimes:
+def measure_step_times(
+    runner, allocator, sizes=SIZES, reps: int = 2, context: int = 0, budget_s: float | None = BUDGET_S
+) -> StepTimes:
     """``t(T)`` for each ``T`` of ``sizes``: the fastest of ``reps`` forwards of one row of ``T`` tokens
     (the weight products dominate a step here, and they cost the same whichever rows the tokens belong
     to); the online measurements of every real step refine it (``StepTimes.observe``). ``context``: tokens
@@ -48,5 +50,5 @@ def measure_step_times(runner, allocator, sizes=SIZES, reps: int = 2, context: i
 
 def _one_row(T: int, pages: list[int], P: int, context: int = 0) -> ForwardBatch:
     n = context + T
-    meta = AttentionMetadata.build([pages[:-(-n // P)]], [T], [n], P)
+    meta = AttentionMetadata.build([pages[: -(-n // P)]], [T], [n], P)
     return ForwardBatch.make([0] * T, list(range(context, n)), meta, list(range(T)))

@@ -8,6 +8,7 @@ the drafter's proposal for the context after them; cut to the row's room and to 
                tokens: a JSON key is forced only up to where the free value begins (`,"city`), and the
                drafter's store knows how the model went on before (`":`, `"`, the value)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from radixrt.runtime.scheduler.request import Req
 class Draft:
     """A row's draft: ``tokens``, of which the first ``certain`` are forced by its grammar (priced and
     tracked apart from the drafter's: spec/cost.py)."""
+
     tokens: list[int] = field(default_factory=list)
     certain: int = 0
 
@@ -63,7 +65,7 @@ class DraftMaker:
         """The drafter's proposal where it is longer than ``forced`` and starts with them; else ``forced``
         followed by the drafter's proposal after them; ``forced`` count as certain where they lead."""
         draft = self.proposal(req, mem, budget, n)
-        if len(draft) > len(forced) and draft[:len(forced)] == forced:
+        if len(draft) > len(forced) and draft[: len(forced)] == forced:
             return Draft(draft, len(forced))
         if not forced:
             return Draft(draft)
@@ -82,7 +84,7 @@ class DraftMaker:
         if not draft or req.grammar is None:
             return draft
         ends = self.outputs.eos_ids | set(req.params.stop_token_ids)
-        return grammar_prefix(req.grammar, after + draft, ends)[len(after):]
+        return grammar_prefix(req.grammar, after + draft, ends)[len(after) :]
 
 
 def forced_key(rid: str) -> str:

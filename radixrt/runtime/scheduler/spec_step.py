@@ -22,6 +22,7 @@ Rollback: the rejected drafts' KV slots lie past ``num_computed`` and are overwr
 they are read; their pages beyond the next token's are freed at once (``settle``), and the radix tree only
 ever inserts ``fill_ids[:num_computed]``, which holds accepted tokens only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,22 +56,24 @@ class Speculator:
         self.drafter = make_drafter(algorithm, cfg, outputs.tokenizer) if args.tp == 1 else None
         self.algorithm = algorithm if self.drafter is not None else "none"
         if args.tp > 1 and algorithm != "none":
-            logging.getLogger(__name__).warning("--speculative-algorithm %s is not run under --tp %d: decoding "
-                                                "without drafts", algorithm, args.tp)
+            logging.getLogger(__name__).warning(
+                "--speculative-algorithm %s is not run under --tp %d: decoding without drafts", algorithm, args.tp
+            )
         self.max_batch = args.speculative_max_batch_size or None
         self.adaptive = args.speculative_adaptive
-        self.times = StepTimes()          # t(T), set by calibrate() and every step (observe_step)
+        self.times = StepTimes()  # t(T), set by calibrate() and every step (observe_step)
         self.acceptance = Acceptance()
         self._drafting_steps = 0
         self._certain: dict[int, int] = {}  # this step's rows whose draft begins with forced tokens: how many
         self.outputs = outputs
-        self.drafts = DraftMaker(self.drafter, outputs, context_length, self.adaptive) \
-            if self.drafter is not None else None
-        self.verify_steps = 0      # request-steps that verified drafts
-        self.draft_tokens = 0      # draft tokens proposed and verified
-        self.accepted_tokens = 0   # of those, kept
-        self.emitted_tokens = 0    # tokens those request-steps produced (accepted + one sampled each)
-        self.forced_draft_tokens = 0     # of the draft tokens, those a grammar forced (jump-forward drafts)
+        self.drafts = (
+            DraftMaker(self.drafter, outputs, context_length, self.adaptive) if self.drafter is not None else None
+        )
+        self.verify_steps = 0  # request-steps that verified drafts
+        self.draft_tokens = 0  # draft tokens proposed and verified
+        self.accepted_tokens = 0  # of those, kept
+        self.emitted_tokens = 0  # tokens those request-steps produced (accepted + one sampled each)
+        self.forced_draft_tokens = 0  # of the draft tokens, those a grammar forced (jump-forward drafts)
         self.forced_accepted_tokens = 0  # of those, kept
 
     # ---- drafting ----------------------------------------------------------------------------------
@@ -78,11 +81,15 @@ class Speculator:
         """Measure the step-time curve the cost model starts from (scheduler/spec_calibrate.py)."""
         if self.drafter is not None and self.adaptive:
             from radixrt.runtime.scheduler.spec_calibrate import measure_step_times
+
             t0 = time.perf_counter()
             self.times = measure_step_times(runner, allocator)
             logging.getLogger(__name__).info(
-                "speculation %s: step times of %d sizes measured in %.2f s (--speculative-algorithm none skips "
-                "this)", self.algorithm, len(self.times), time.perf_counter() - t0)
+                "speculation %s: step times of %d sizes measured in %.2f s (--speculative-algorithm none skips this)",
+                self.algorithm,
+                len(self.times),
+                time.perf_counter() - t0,
+            )
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         """A step of ``tokens`` tokens took ``seconds`` (scheduling, forward and sampling together)."""
@@ -97,8 +104,7 @@ class Speculator:
         if self.drafter is None:  # speculation off: nothing on the per-step path
             return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
-        return self._attach(batch, decodes, mem, budget, sum(batch.num_new_tokens) + min(pending, budget),
-                            len(decodes))
+        return self._attach(batch, decodes, mem, budget, sum(batch.num_new_tokens) + min(pending, budget), len(decodes))
 
     def attach_prefill(self, batch: ScheduledBatch, mem, budget: int) -> int:
         """Drafts after a prompt: a chunk that ends its prompt samples the first output token at its last
@@ -108,12 +114,16 @@ class Speculator:
         prompt logprobs. Returns the extra tokens."""
         if self.drafter is None or budget <= 0:
             return 0
-        ends = [i for i, (r, n) in enumerate(batch) if 1 < n == r.extend_len and not r.draft_ids
-                and not r.wants_input_logprobs]
+        ends = [
+            i
+            for i, (r, n) in enumerate(batch)
+            if 1 < n == r.extend_len and not r.draft_ids and not r.wants_input_logprobs
+        ]
         if not ends:
             return 0
-        return self._attach(batch, ends, mem, budget, sum(batch.num_new_tokens),
-                            sum(1 for r, n in batch if n >= r.extend_len))
+        return self._attach(
+            batch, ends, mem, budget, sum(batch.num_new_tokens), sum(1 for r, n in batch if n >= r.extend_len)
+        )
 
     def _attach(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int, n0: int) -> int:
         """Drafts for ``rows`` of a step of ``base`` tokens whose ``n0`` sampling rows emit one token each
@@ -121,8 +131,11 @@ class Speculator:
         draft (free pages only: ``DraftMaker.room`` counted them). Returns the extra tokens."""
         if not rows or (self.max_batch is not None and n0 > self.max_batch):
             return 0
-        drafts = self._adaptive(batch, rows, mem, budget, base, n0) if self.adaptive else \
-            self._proposed(batch, rows, mem, budget)
+        drafts = (
+            self._adaptive(batch, rows, mem, budget, base, n0)
+            if self.adaptive
+            else self._proposed(batch, rows, mem, budget)
+        )
         used = 0
         for i, d in drafts:
             req, n = batch.reqs[i], batch.num_new_tokens[i]
@@ -148,8 +161,9 @@ class Speculator:
             used += len(d.tokens)
         return out
 
-    def _adaptive(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int,
-                  n0: int) -> list[tuple[int, Draft]]:
+    def _adaptive(
+        self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int, n0: int
+    ) -> list[tuple[int, Draft]]:
         """The cost model's draft lengths (spec/cost.py) for ``rows`` of a step of ``base`` tokens that
         emits ``n0`` without drafts: first with every row's most (a constrained row: the tokens its grammar
         forces, if any), to skip drafting where even full drafts cannot pay, then with the drafts really
@@ -161,17 +175,25 @@ class Speculator:
         forced = [self.drafts.forced(r, k) for r, k in zip(reqs, rooms)]
         pf = [self.acceptance.p(forced_key(r.rid)) for r in reqs]
         pd = [self.acceptance.p(r.rid) for r in reqs]
-        want = choose_drafts(self.times, base, n0, [(pf[j], len(f), len(f), pd[j]) if f else (pd[j], k) for j, (f, k)
-                                                    in enumerate(zip(forced, rooms))], budget)
+        want = choose_drafts(
+            self.times,
+            base,
+            n0,
+            [(pf[j], len(f), len(f), pd[j]) if f else (pd[j], k) for j, (f, k) in enumerate(zip(forced, rooms))],
+            budget,
+        )
         self._drafting_steps += any(want)
         if not any(want) or self._drafting_steps % REFRESH_EVERY == 0:
             for r in reqs:
                 self.acceptance.pass_over(r.rid)
             return []
-        drafts = [self.drafts.continued(r, mem, budget, n, f) if k else Draft(f, len(f))
-                  for r, n, f, k in zip(reqs, ns, forced, want)]
-        ks = choose_drafts(self.times, base, n0, [(pf[j], len(d.tokens), d.certain, pd[j])
-                                                  for j, d in enumerate(drafts)], budget)
+        drafts = [
+            self.drafts.continued(r, mem, budget, n, f) if k else Draft(f, len(f))
+            for r, n, f, k in zip(reqs, ns, forced, want)
+        ]
+        ks = choose_drafts(
+            self.times, base, n0, [(pf[j], len(d.tokens), d.certain, pd[j]) for j, d in enumerate(drafts)], budget
+        )
         for r, k in zip(reqs, ks):
             if not k:
                 self.acceptance.pass_over(r.rid)
@@ -234,9 +256,14 @@ class Speculator:
     def stats(self) -> dict:
         """``accept_rate``: accepted over proposed draft tokens; ``accept_length``: tokens per verifying
         request-step (accepted + 1; SGLang's ``spec_accept_length``)."""
-        return {"algorithm": self.algorithm, "verify_steps": self.verify_steps, "draft_tokens": self.draft_tokens,
-                "accepted_tokens": self.accepted_tokens, "emitted_tokens": self.emitted_tokens,
-                "forced_draft_tokens": self.forced_draft_tokens, "forced_accepted_tokens": self.forced_accepted_tokens,
-                "accept_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
-                "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0}
-
+        return {
+            "algorithm": self.algorithm,
+            "verify_steps": self.verify_steps,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "emitted_tokens": self.emitted_tokens,
+            "forced_draft_tokens": self.forced_draft_tokens,
+            "forced_accepted_tokens": self.forced_accepted_tokens,
+            "accept_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            "accept_length": self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0,
+        }

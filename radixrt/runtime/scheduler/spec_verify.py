@@ -5,6 +5,7 @@ tokens accepted before it were appended. Rows of :func:`plain_greedy` requests t
 their positions (the sampler would pick the same token: nothing changes their logits); any other row goes
 position by position through the OutputProcessor's sampler (penalties, grammar masks, generators).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,7 @@ def verify_rows(outputs, logits, spec_at: list[tuple[Req, int]]) -> tuple[list, 
     finished = verify_greedy(outputs, logits, plain, sampled, accepted) if plain else []
     if len(plain) < len(spec_at):
         fast = {id(r) for r, _ in plain}
-        finished += verify_levels(outputs, logits, [(r, w) for r, w in spec_at if id(r) not in fast],
-                                  sampled, accepted)
+        finished += verify_levels(outputs, logits, [(r, w) for r, w in spec_at if id(r) not in fast], sampled, accepted)
     return finished, sampled, accepted
 
 
@@ -36,9 +36,16 @@ def plain_greedy(req: Req) -> bool:
     """Greedy with nothing that changes its logits or needs more than the token: no penalties, logit bias,
     grammar, logprobs, nor tokens blocked below ``min_new_tokens`` (the sampler's argmax is the token)."""
     p = req.params
-    return (p.temperature == 0.0 and req.grammar is None and not req.return_logprob and not p.logit_bias
-            and not p.frequency_penalty and not p.presence_penalty and p.repetition_penalty == 1.0
-            and len(req.output_ids) >= p.min_new_tokens)
+    return (
+        p.temperature == 0.0
+        and req.grammar is None
+        and not req.return_logprob
+        and not p.logit_bias
+        and not p.frequency_penalty
+        and not p.presence_penalty
+        and p.repetition_penalty == 1.0
+        and len(req.output_ids) >= p.min_new_tokens
+    )
 
 
 def verify_greedy(outputs, logits, rows: list[tuple[Req, int]], sampled: dict, accepted: dict) -> list:
@@ -85,8 +92,11 @@ def verify_levels(outputs, logits, spec_at: list[tuple[Req, int]], sampled: dict
         nxt = []
         for req, row in level:
             sampled[id(req)] += 1
-            hit = (j < len(req.draft_ids) and len(req.output_ids) == before[id(req)] + 1
-                   and req.output_ids[-1] == req.draft_ids[j])
+            hit = (
+                j < len(req.draft_ids)
+                and len(req.output_ids) == before[id(req)] + 1
+                and req.output_ids[-1] == req.draft_ids[j]
+            )
             accepted[id(req)] += hit
             if hit and id(req) not in done:
                 nxt.append((req, row))

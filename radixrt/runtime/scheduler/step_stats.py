@@ -1,5 +1,6 @@
 """Counters and timing of the step loop, kept apart from the step itself so ``Scheduler.step`` reads as
 verbs. Read by ``get_server_info`` (``cache``), the benchmarks and the periodic log line."""
+
 from __future__ import annotations
 
 import logging
@@ -10,9 +11,9 @@ logger = logging.getLogger("radixrt.runtime.scheduler.scheduler")
 
 @dataclass
 class StepStats:
-    steps: int = 0               # driver turns that ran Scheduler.step (batch or not)
-    step_time: float = 0.0       # seconds inside Scheduler.step, summed
-    forward_time: float = 0.0    # seconds of it inside ModelRunner.forward (the rest is scheduling overhead)
+    steps: int = 0  # driver turns that ran Scheduler.step (batch or not)
+    step_time: float = 0.0  # seconds inside Scheduler.step, summed
+    forward_time: float = 0.0  # seconds of it inside ModelRunner.forward (the rest is scheduling overhead)
     req_forward_passes: int = 0  # summed over requests: one per step a request takes part in
 
     @property
@@ -30,6 +31,11 @@ class StepStats:
     def log_every(self, interval: int, sched) -> None:
         """One info line every ``interval`` steps: running, waiting, hit rate, free pages."""
         if self.steps % interval == 0 and sched.query_tokens:
-            logger.info("step %d: running=%d waiting=%d hit_rate=%.3f free_pages=%d", self.steps,
-                        len(sched.running), len(sched.waiting), sched.hit_tokens / sched.query_tokens,
-                        sched.allocator.num_free)
+            logger.info(
+                "step %d: running=%d waiting=%d hit_rate=%.3f free_pages=%d",
+                self.steps,
+                len(sched.running),
+                len(sched.waiting),
+                sched.hit_tokens / sched.query_tokens,
+                sched.allocator.num_free,
+            )

@@ -15,6 +15,7 @@ Processes: ``radixrt serve --tp N`` on one machine makes the scheduler process r
 set) rank 0 runs the whole server and the other ranks run only :func:`run_worker` (``radixrt serve`` sees
 ``RANK > 0``), joined by ``env://``. A rank that dies ends rank 0's loop with an error naming it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -44,8 +45,8 @@ class TpStep(msgspec.Struct):
     """What every rank applies before one loop turn, in order."""
 
     msgs: list[Message] = []
-    grammar_ready: list[str] = []   # rids whose grammar rank 0 promotes this turn
-    now: float = 0.0                # rank 0's clock for this turn (session timestamps and TTLs)
+    grammar_ready: list[str] = []  # rids whose grammar rank 0 promotes this turn
+    now: float = 0.0  # rank 0's clock for this turn (session timestamps and TTLs)
     stop: bool = False
 
 
@@ -118,8 +119,14 @@ def spawn_workers(args_json: bytes, size: int) -> tuple[str, list[subprocess.Pop
     Returns the rendezvous address and the processes."""
     init = f"tcp://127.0.0.1:{_free_port()}"
     env = {**os.environ, ARGS_ENV: args_json.decode()}
-    procs = [subprocess.Popen([sys.executable, "-m", "radixrt.runtime.scheduler.tp_lockstep", str(r), str(size), init],
-                              env=env, preexec_fn=_die_with_parent) for r in range(1, size)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "radixrt.runtime.scheduler.tp_lockstep", str(r), str(size), init],
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        for r in range(1, size)
+    ]
     return init, procs
 
 
@@ -155,13 +162,18 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
     """A rank > 0: build the sharded scheduler, then apply rank 0's steps until told to stop."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from radixrt.runtime.config import ServerArgs
+
     args = msgspec.json.decode(args_json, type=ServerArgs)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"[%(asctime)s tp{rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format=f"[%(asctime)s tp{rank}] %(levelname)s %(name)s: %(message)s",
+    )
     from radixrt.runtime.scheduler.build import build_scheduler
     from radixrt.runtime.layers.parallel import rank_device
     from radixrt.runtime.executor.model_runner import resolve_device_dtype
+
     tp = init_tp(rank, size, rank_device(resolve_device_dtype(args.device, args.dtype)[0], rank), init_method)
     sched = build_scheduler(args, tp)
     clock = lockstep(sched)

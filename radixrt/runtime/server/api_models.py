@@ -5,12 +5,12 @@ The OpenAI routes read their bodies with :mod:`.openai_protocol`'s models; ``/ge
 built as plain dicts (msgspec JSON); the models here describe them, and the Schemathesis fuzz test checks
 every answer against them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
-
 
 
 class _Out(BaseModel):
@@ -162,7 +162,7 @@ class AbortRequest(BaseModel):
 class OpenSessionRequest(BaseModel):
     capacity_of_str_len: int
     session_id: Optional[str] = None
-    timeout: Optional[float] = None   # seconds idle before the session closes itself
+    timeout: Optional[float] = None  # seconds idle before the session closes itself
 
 
 class CloseSessionRequest(BaseModel):
@@ -195,21 +195,30 @@ class ServerInfo(_Out):
     model_name: str
     version: str
     process_ids: dict[str, int] = Field(default_factory=dict)
-    restarts: dict[str, int] = Field(default_factory=dict, description=(
-        "children restarted since start, by the process that died: scheduler, detokenizer, tp_rank"))
-    num_in_flight: int = Field(0, description=(
-        "requests admitted by the main process and not yet finished (bounded by --max-running-requests + "
-        "--max-queued-requests; the SIGTERM drain waits for them)"))
-    memory: dict[str, Any] = Field(default_factory=dict, description=(
-        "bytes: weight_bytes (as held), kv_pool_bytes, the scheduler's rss_bytes and peak_rss_bytes, and "
-        "peak_rss_by_process (each server process, and their total); kv_dtype, the KV pool's element type "
-        "(fp32, fp16, bf16, int8)"))
+    restarts: dict[str, int] = Field(
+        default_factory=dict,
+        description=("children restarted since start, by the process that died: scheduler, detokenizer, tp_rank"),
+    )
+    num_in_flight: int = Field(
+        0,
+        description=(
+            "requests admitted by the main process and not yet finished (bounded by --max-running-requests + "
+            "--max-queued-requests; the SIGTERM drain waits for them)"
+        ),
+    )
+    memory: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "bytes: weight_bytes (as held), kv_pool_bytes, the scheduler's rss_bytes and peak_rss_bytes, and "
+            "peak_rss_by_process (each server process, and their total); kv_dtype, the KV pool's element type "
+            "(fp32, fp16, bf16, int8)"
+        ),
+    )
 
 
 # Models that describe the native request bodies (routes read them by hand, so FastAPI does not list them
 # itself); the OpenAI routes' request models are openai/protocol.py's, added by http_server.
-REQUEST_MODELS = (GenerateRequest, AbortRequest, OpenSessionRequest,
-                  CloseSessionRequest)
+REQUEST_MODELS = (GenerateRequest, AbortRequest, OpenSessionRequest, CloseSessionRequest)
 _ERRORS = {400: "bad input", 404: "no such object", 503: "the model is loading, or a child process died"}
 
 
@@ -229,8 +238,12 @@ def doc(response=None, request=None, stream: bool = False, errors=(400, 503), te
         responses[code] = {"model": ErrorResponse, "description": _ERRORS.get(code, "error")}
     out: dict[str, Any] = {"responses": responses}
     if request is not None:
-        out["openapi_extra"] = {"requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{request.__name__}"}}}}}
+        out["openapi_extra"] = {
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{request.__name__}"}}},
+            }
+        }
     return out
 
 

@@ -1,5 +1,6 @@
 """What every route needs: the server's arguments, the TokenizerManager, the metrics; kept on
 ``app.state.ctx`` so that routers are plain module-level :class:`fastapi.APIRouter` s."""
+
 from __future__ import annotations
 
 import os
@@ -17,11 +18,11 @@ START_TIME = int(time.time())  # the ``created`` of /v1/models (seconds since th
 
 @dataclass
 class ServerContext:
-    args: Any                       # ServerArgs
-    tm: Any                         # TokenizerManager
-    metrics: Optional[Any] = None   # Metrics, with --enable-metrics
+    args: Any  # ServerArgs
+    tm: Any  # TokenizerManager
+    metrics: Optional[Any] = None  # Metrics, with --enable-metrics
     chat_format: Optional[Any] = None  # ChatFormat, built on the first chat request
-    responses: Optional[Any] = None    # ResponseStore of /v1/responses, built on first use
+    responses: Optional[Any] = None  # ResponseStore of /v1/responses, built on first use
     _turns: Optional[TurnStore] = field(default=None, repr=False)
     _token_texts: Optional[TokenTexts] = field(default=None, repr=False)
 
@@ -41,6 +42,7 @@ class ServerContext:
 def model_info(args) -> dict:
     """``GET /get_model_info``: the model file or folder (``.gguf`` path when the model is one)."""
     from radixrt.runtime.models.loader import resolve_model
+
     src = resolve_model(args.model)
     path = os.path.join(src.directory, src.gguf_file) if src.gguf_file else src.directory
     return {"model_path": path, "tokenizer_path": path, "is_generation": True}

@@ -18,6 +18,7 @@ Default ``max_tokens`` on the OpenAI routes: when neither ``max_tokens`` nor ``m
 given, generation may run up to the room left in the context (the smaller of the context length and the KV pool, minus the prompt tokens); a prompt
 that leaves no room (``>= context length``) is a 400 giving the counts.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -60,10 +61,17 @@ class AuthMiddleware:
             if x_key is not None and not got:
                 scheme, key, got = b"bearer", x_key, x_key
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.expected):
-                msg = ("Incorrect API key provided." if got else
-                       "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>').")
-                resp = error_response(scope["path"], error_body(msg, None, "invalid_request_error", "invalid_api_key"),
-                                      401, headers={"WWW-Authenticate": "Bearer"})
+                msg = (
+                    "Incorrect API key provided."
+                    if got
+                    else "Missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')."
+                )
+                resp = error_response(
+                    scope["path"],
+                    error_body(msg, None, "invalid_request_error", "invalid_api_key"),
+                    401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await resp(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -72,8 +80,15 @@ class AuthMiddleware:
 def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
     """The app over a TokenizerManager ``tm`` (``metrics``: a Metrics, or None without /metrics)."""
     import radixrt
-    app = FastAPI(title="radixrt", version=radixrt.__version__, lifespan=lifespan, docs_url="/docs",
-                  redoc_url=None, openapi_url="/openapi.json")
+
+    app = FastAPI(
+        title="radixrt",
+        version=radixrt.__version__,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
     app.state.ctx = ServerContext(args, tm, metrics)
     if args.api_key:
         app.add_middleware(AuthMiddleware, api_key=args.api_key)
@@ -96,5 +111,6 @@ def create_app(args, tm, metrics=None, lifespan=None) -> FastAPI:
             models = (ChatCompletionRequest, CompletionRequest, ResponsesRequest, MessagesRequest) + REQUEST_MODELS
             app.openapi_schema = add_request_schemas(schema, models)
         return app.openapi_schema
+
     app.openapi = openapi
     return app

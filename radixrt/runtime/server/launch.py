@@ -19,6 +19,7 @@
   disappears (they poll their parent pid), so a SIGKILLed server leaves no orphans.
 - If the model fails to load, the server prints the reason on stderr and exits with status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,14 @@ logger = logging.getLogger("radixrt.server")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixrt", description="radixrt: a prefix-caching LLM runtime")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible and SGLang-native server",
-                           description="Run the server: OpenAI-compatible and SGLang-native HTTP APIs, "
-                                       "plus the DSL's ZMQ socket.")
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible and SGLang-native server",
+        description="Run the server: OpenAI-compatible and SGLang-native HTTP APIs, plus the DSL's ZMQ socket.",
+    )
     ServerArgs.add_cli_args(serve)
     from radixrt.runtime.server.cli.profile_cmd import add_parser as add_profile_parser
+
     add_profile_parser(sub)
     parser.set_defaults(serve_parser=serve)  # its usage line goes with a bad serve argument
     return parser
@@ -56,6 +60,7 @@ def _as_flag(message: str) -> str:
     """A ``ServerArgs`` error as the command line spells it: its leading field name as the flag
     (``speculative_num_draft_tokens must be ...`` -> ``--speculative-num-draft-tokens must be ...``)."""
     import dataclasses
+
     fields = {f.name for f in dataclasses.fields(ServerArgs)}
 
     def flag(m: re.Match) -> str:  # a one-word field ("port") only where it leads: elsewhere it is prose
@@ -70,6 +75,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ns = parser.parse_args(argv)
     if ns.command == "profile":
         from radixrt.runtime.server.cli.profile_cmd import run as run_profile
+
         return run_profile(ns)
     if ns.command != "serve":
         parser.print_help()
@@ -80,12 +86,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         ns.serve_parser.error(_as_flag(str(e)))
     if args.dp > 1:
         from radixrt.runtime.router.launch import serve_dp
+
         return serve_dp(args)
     rank = int(os.environ.get("RANK", 0))
     if args.tp > 1 and rank > 0:  # torchrun: ranks > 0 run only a lockstep scheduler; rank 0 serves
         import msgspec
 
         from radixrt.runtime.scheduler.tp_lockstep import run_worker
+
         run_worker(msgspec.json.encode(args), rank, args.tp, None)
         return 0
     return serve(args)
@@ -95,8 +103,9 @@ def serve(args: ServerArgs) -> int:
     """Run the server until Ctrl-C / SIGTERM. Returns the exit status."""
     from radixrt.runtime.models.loader import resolve_model
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="[%(asctime)s main] %(levelname)s %(name)s: %(message)s"
+    )
     children = None
     try:  # before the model loads: a port in use is one line and exit 2, not an exit 3 seconds later
         http_sock = _listen(args.host, args.port, "--port")
@@ -108,9 +117,11 @@ def serve(args: ServerArgs) -> int:
     try:  # a bad path or file fails here with one line (the children, if started, are stopped first)
         src = resolve_model(args.model)
         from radixrt.runtime.models.prefetch import prefetch
+
         prefetch(src.directory, src.gguf_file)  # the disk streams while the children start (cold page cache)
         children = _start_children_early(args, src)
         from radixrt.runtime.models.loader import load_config, tokenizer_only_transformers
+
         tokenizer_only_transformers()  # this process runs no model: ~235 MiB and seconds of torch kept out
         load_config(args.model)
     except ValueError as e:
@@ -121,9 +132,11 @@ def serve(args: ServerArgs) -> int:
     from radixrt.runtime.server.native.dsl_socket import DslServer
     from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.server.manager.tokenizer_manager import TokenizerManager
+
     metrics = None
     if args.enable_metrics:
         from radixrt.runtime.server.observe.metrics import Metrics
+
         metrics = Metrics(args.served_model_name or src.name)
     holder: dict = {}
     tm = TokenizerManager(args, src.name, metrics, children, on_fatal=lambda: _stop(holder))
@@ -147,10 +160,19 @@ def serve(args: ServerArgs) -> int:
 
     app = create_app(args, tm, metrics, lifespan=lifespan)
     import uvicorn  # after the children started (serve's imports delay them otherwise)
-    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop", http="auto",
-                            log_level="debug" if args.log_level == "debug" else "warning",
-                            access_log=args.log_level == "debug", lifespan="on", timeout_graceful_shutdown=3,
-                            timeout_keep_alive=30)
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="auto",
+        log_level="debug" if args.log_level == "debug" else "warning",
+        access_log=args.log_level == "debug",
+        lifespan="on",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=30,
+    )
     server = _server_class()(config, tm, args.drain_timeout)
     holder["server"] = server
     early.server = server
@@ -175,9 +197,11 @@ def _start_children_early(args: ServerArgs, src):
     if src.gguf_file is None:
         return None
     from radixrt.runtime.models.meta_cache import cache_dir, verified
+
     if not verified(cache_dir(os.path.join(src.directory, src.gguf_file))):
         return None
     from radixrt.runtime.server.manager.child_processes import ChildProcesses
+
     children = ChildProcesses(args)
     children.spawn()
     return children
@@ -240,8 +264,10 @@ async def _announce(args: ServerArgs, tm, holder: dict, zmq_address: str) -> Non
     while not server.started:
         await asyncio.sleep(0.02)
     host = args.host if ":" not in args.host else f"[{args.host}]"
-    print(f"radixrt ready: http://{host}:{args.port} (zmq {zmq_address.replace('*', args.host)}) "
-          f"model={tm.model_name}", flush=True)
+    print(
+        f"radixrt ready: http://{host}:{args.port} (zmq {zmq_address.replace('*', args.host)}) model={tm.model_name}",
+        flush=True,
+    )
 
 
 def _server_class():
@@ -287,6 +313,7 @@ def _server_class():
 
         def _drain(self) -> None:
             from radixrt.runtime.server.manager.admission import drain
+
             self._drain_task = asyncio.get_running_loop().create_task(drain(self.tm, self.drain_timeout, self._stop))
 
         def _stop(self) -> None:

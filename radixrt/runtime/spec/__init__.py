@@ -10,6 +10,7 @@ of radixrt (pyproject.toml's layer contracts).
             tokens and a bounded global store of recent outputs (suffix.py, token_index.py); where none
             matches, the rest of a prompt word the output has begun in other tokens (word_copy.py)
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.spec.base import Drafter, DraftConfig
@@ -44,5 +45,4 @@ def make_drafter(algorithm: str, cfg: DraftConfig, tokenizer=None) -> Drafter | 
     raise ValueError(f"speculative_algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
-__all__ = ["ALGORITHMS", "Drafter", "DraftConfig", "NgramDrafter", "SuffixDrafter", "make_drafter",
-           "resolve_algorithm"]
+__all__ = ["ALGORITHMS", "Drafter", "DraftConfig", "NgramDrafter", "SuffixDrafter", "make_drafter", "resolve_algorithm"]

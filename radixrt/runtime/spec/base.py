@@ -1,4 +1,5 @@
 """The drafter interface and what every drafter shares: its settings and the acceptance-rate adaptation."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,8 @@ class DraftConfig:
     ngram_min: int = 2
 
 
-EMA = 0.3          # weight of the newest verification in a request's acceptance rate
-LOW_ACCEPT = 0.1   # below this rate a request drafts only every PROBE_EVERY-th step (a probe)
+EMA = 0.3  # weight of the newest verification in a request's acceptance rate
+LOW_ACCEPT = 0.1  # below this rate a request drafts only every PROBE_EVERY-th step (a probe)
 PROBE_EVERY = 8
 
 

@@ -13,18 +13,19 @@ speculation shrinks as the batch grows and stops where no draft pays, with no ba
 (The expected-accepted-length model is Leviathan et al., ICML 2023, section 3.5; choosing the length per step
 from a measured cost is the idea of vLLM's adaptive / dynamic speculation, Liu et al. 2024.)
 """
+
 from __future__ import annotations
 
 import bisect
 import heapq
 from typing import Callable, Sequence
 
-EXACT_UP_TO = 64   # step sizes up to this many tokens are timed exactly; above, in buckets of 1/8 octave
-TIME_EMA = 0.2     # weight of a new step's measured / base time in the scale of t(T)
+EXACT_UP_TO = 64  # step sizes up to this many tokens are timed exactly; above, in buckets of 1/8 octave
+TIME_EMA = 0.2  # weight of a new step's measured / base time in the scale of t(T)
 PRIOR = (4.0, 1.0)  # global acceptance starts at Beta(4, 1) = 0.8: optimistic, so drafting is tried at all
 PRIOR_WEIGHT = 2.0  # pseudo-observations of the global rate in a request's own estimate
-DECAY = 0.9        # a request's evidence shrinks by this per step it is observed or passed over
-MARGIN = 0.05      # drafts must promise this much more output rate than none (step times are noisy)
+DECAY = 0.9  # a request's evidence shrinks by this per step it is observed or passed over
+MARGIN = 0.05  # drafts must promise this much more output rate than none (step times are noisy)
 
 
 def bucket(T: int) -> int:
@@ -129,8 +130,14 @@ class Acceptance:
         self._req.pop(rid, None)
 
 
-def choose_drafts(t: Callable[[int], float], base_tokens: int, base_out: int,
-                  rows: Sequence[tuple[float, int]], budget: int, margin: float = MARGIN) -> list[int]:
+def choose_drafts(
+    t: Callable[[int], float],
+    base_tokens: int,
+    base_out: int,
+    rows: Sequence[tuple[float, int]],
+    budget: int,
+    margin: float = MARGIN,
+) -> list[int]:
     """Draft tokens per row maximizing the decode rows' expected output rate (module doc).
 
     The rate with ``D`` drafts is ``(N0 + G(D)) / (t(N0) + t(T0 + D) - t(T0))``: the drafts' extra time is

@@ -3,6 +3,7 @@
 The context's last ``n`` tokens (``n`` from ``ngram_max`` down to ``ngram_min``) are looked up earlier in the
 request's own prompt and output; the tokens that followed the latest earlier occurrence are the draft.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -17,12 +18,12 @@ def lookup(ctx: np.ndarray, n_max: int, n_min: int, k: int) -> list[int]:
     for the largest ``n`` in ``[n_min, n_max]`` that occurs. ``ctx``: int64 ``[L]``. Returns [] if none."""
     L = len(ctx)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        pat = ctx[L - n:]
+        pat = ctx[L - n :]
         win = np.lib.stride_tricks.sliding_window_view(ctx[: L - 1], n)  # windows ending before the last token
         hits = np.flatnonzero((win == pat).all(axis=1))
         if len(hits):
             start = int(hits[-1]) + n
-            return ctx[start: start + k].tolist()
+            return ctx[start : start + k].tolist()
     return []
 
 

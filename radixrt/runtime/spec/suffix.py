@@ -6,6 +6,7 @@ over recent finished outputs, bounded by ``global_tokens`` (agents repeat their 
 JSON skeletons, field names). Occurrences from both are pooled; only the longest matches vote, so the most
 frequent continuation is drafted first, for at most ``spec_factor x match length`` tokens.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -44,11 +45,11 @@ class SuffixDrafter(Drafter):
         if have and (have > n_in + len(req.output_ids) or seq[-1] != _token_at(req, have - 1)):
             idx = self.local[req.rid] = TokenIndex()  # the output was rewritten (jump-forward): index anew
             have = 0
-        new = (req.input_ids[have:] + req.output_ids) if have < n_in else req.output_ids[have - n_in:]
+        new = (req.input_ids[have:] + req.output_ids) if have < n_in else req.output_ids[have - n_in :]
         idx.extend(0, new)
         ctx = idx.seqs[0]
         if after:  # a match reads at most max_depth tokens back: copy only those
-            ctx = ctx[-self.cfg.max_depth:] + list(after)
+            ctx = ctx[-self.cfg.max_depth :] + list(after)
         occ = idx.matches(ctx, self.cfg.max_depth) + self.glob.matches(ctx, self.cfg.max_depth)
         if not occ:
             return self.words.draft(req, after) if self.words is not None else []

@@ -5,13 +5,14 @@ SuffixDecoding keeps suffix trees; here the same queries are answered from a has
 latest occurrences, extended backwards to the true match length (at most ``max_depth``), which costs one
 dict append per token indexed and keeps memory linear in the tokens held.
 """
+
 from __future__ import annotations
 
 import math
 from collections import Counter
 from typing import Iterable, Sequence
 
-Occurrence = tuple[list[int], int, int]   # (sequence, position after the match, match length)
+Occurrence = tuple[list[int], int, int]  # (sequence, position after the match, match length)
 
 
 class TokenIndex:
@@ -35,7 +36,7 @@ class TokenIndex:
         seq.extend(tokens)
         self.num_tokens += len(seq) - start
         for end in range(max(start, K), len(seq) + 1):  # the K-gram seq[end-K:end], continued at seq[end]
-            occ = self.index.setdefault(tuple(seq[end - K:end]), [])
+            occ = self.index.setdefault(tuple(seq[end - K : end]), [])
             occ.append((sid, end))
             if len(occ) > 2 * self.max_occ:
                 del occ[: len(occ) - self.max_occ]
@@ -61,7 +62,7 @@ class TokenIndex:
         if L < K:
             return []
         out = []
-        for sid, pos in self.index.get(tuple(ctx[L - K:]), ()):
+        for sid, pos in self.index.get(tuple(ctx[L - K :]), ()):
             seq = self.seqs.get(sid)
             if seq is None or pos >= len(seq):  # removed, or the context's own end (nothing follows yet)
                 continue

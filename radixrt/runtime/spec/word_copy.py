@@ -12,14 +12,15 @@ Which word: the prompt's words that begin with the partial word, with its case (
 begins "chemist"); the rest most of them share is drafted, the latest occurrence breaking ties, and nothing
 when it is shared by fewer than ``min_prob`` of them (a one-letter start matches too many words to guess).
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any, Sequence
 
-TAIL_TOKENS = 4       # output tokens decoded to find the partial word
+TAIL_TOKENS = 4  # output tokens decoded to find the partial word
 MAX_OCCURRENCES = 64  # word starts looked at per lookup (latest first), bounding the cost in a long prompt
-MAX_WORD = 48         # characters of a prompt word drafted
+MAX_WORD = 48  # characters of a prompt word drafted
 PROMPT_TOKENS = 8192  # the prompt's last tokens searched (decoded once per request, on the scheduler thread)
 
 

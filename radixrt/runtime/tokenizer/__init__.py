@@ -4,6 +4,7 @@
 and a token's exact bytes for logprobs (``token_texts``). May import sampling, models, constrained and the
 loose runtime modules; never the scheduler, the executor or the server.
 """
+
 from typing import TYPE_CHECKING
 
 from radixrt.lazy import lazy_getattr

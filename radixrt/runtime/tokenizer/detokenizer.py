@@ -7,6 +7,7 @@
 - With ``skip_special_tokens=False``, ``spaces_between_special_tokens`` (default, as SGLang and
   transformers' slow tokenizers) puts one space between a special token and its neighbours.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ class _State:
     text: str = ""
     sent: int = 0
     stops: list[str] = field(default_factory=list)
-    spaced: bool = False       # special tokens shown and spaces_between_special_tokens: HF slow-decode spacing
+    spaced: bool = False  # special tokens shown and spaces_between_special_tokens: HF slow-decode spacing
     last_special: bool = False  # the last token that produced text was a special token
 
 
@@ -52,9 +53,11 @@ class Detokenizer:
     def handle_one(self, o: TokenOut) -> StrOut:
         st = self.states.get(o.rid)
         if st is None:
-            st = self.states[o.rid] = _State(DecodeStream(skip_special_tokens=o.skip_special_tokens),
-                                             stops=list(o.stop_strings),
-                                             spaced=not o.skip_special_tokens and o.spaces_between_special_tokens)
+            st = self.states[o.rid] = _State(
+                DecodeStream(skip_special_tokens=o.skip_special_tokens),
+                stops=list(o.stop_strings),
+                spaced=not o.skip_special_tokens and o.spaces_between_special_tokens,
+            )
         for t in o.new_token_ids:
             chunk = st.stream.step(self.tok, t)
             if chunk:
@@ -76,6 +79,6 @@ class Detokenizer:
         else:
             end -= _held_back(st.text, st.stops)
         end = max(end, st.sent)
-        delta = st.text[st.sent:end]
+        delta = st.text[st.sent : end]
         st.sent = end
         return StrOut(rid=o.rid, text_delta=delta, token=o)

@@ -4,6 +4,7 @@ PULL ``BatchTokenOut`` from the scheduler -> :meth:`Detokenizer.handle` -> PUSH 
 process. ``InfoOut`` and ``ReadyOut`` pass through unchanged, in order. msgspec msgpack only.
 Exits when its parent dies.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,7 @@ from radixrt.runtime.child import IDLE_POLL_MS, parent_alive, setup_child
 logger = logging.getLogger("radixrt.detokenizer_process")
 
 
-def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out_addr: str,
-                            parent_pid: int) -> None:
+def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out_addr: str, parent_pid: int) -> None:
     """Entry point (multiprocessing "spawn" target)."""
     setup_child(log_level, "detokenizer")
     from radixrt.runtime.tokenizer.detokenizer import Detokenizer

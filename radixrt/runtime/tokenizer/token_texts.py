@@ -1,4 +1,5 @@
 """A token's exact bytes and its text, for logprobs (OpenAI's ``logprobs.content[].bytes``/``token``)."""
+
 from __future__ import annotations
 
 import json

@@ -16,6 +16,7 @@ per conversation, tenants never share entries, and verbatim and re-serialized ar
 entry. The store is an LRU bounded by entry count (``--turn-store-size``); what the APIs render and where
 the turn sits in the prompt is theirs to say (see ``server/openai/continuity.py``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,8 @@ from typing import Any, Optional
 
 @dataclass(frozen=True)
 class TurnIds:
-    ids: tuple[int, ...]   # the generated ids, as sampled (the final EOS / stop token included)
-    reasoning: str         # the reasoning text the parser split off ("" without reasoning)
+    ids: tuple[int, ...]  # the generated ids, as sampled (the final EOS / stop token included)
+    reasoning: str  # the reasoning text the parser split off ("" without reasoning)
 
 
 def canonical_args(args: Any) -> Any:

@@ -3,6 +3,7 @@
 Shared by the in-process Engine and the server's TokenizerManager, so both accept and reject exactly
 the same requests (:class:`ValidationError`, a ValueError whose ``param`` names the field).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,10 +64,22 @@ def _batch_items(x: Any, name: str) -> tuple[list, bool]:
     return [x], True
 
 
-def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampling_params=None,
-                   return_logprob=False, logprob_start_len=None, top_logprobs_num=0, stream=False,
-                   rid=None, cache_salt=None, grammar_check=None, session_params=None,
-                   session_id=None) -> tuple[list[GenerateReq], bool]:
+def build_requests(
+    tokenizer,
+    limits: Limits,
+    prompt=None,
+    input_ids=None,
+    sampling_params=None,
+    return_logprob=False,
+    logprob_start_len=None,
+    top_logprobs_num=0,
+    stream=False,
+    rid=None,
+    cache_salt=None,
+    grammar_check=None,
+    session_params=None,
+    session_id=None,
+) -> tuple[list[GenerateReq], bool]:
     """Validate and tokenize. Returns ``(requests, single)``; ``single`` means one item was given.
 
     Raises:
@@ -84,8 +97,11 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
             if t == "":
                 raise ValidationError("text must not be empty", "text")
             if limits.max_chars is not None and len(t) > limits.max_chars:
-                raise ValidationError(f"the prompt has {len(t)} characters, more than the context length of "
-                                      f"{limits.context_length} tokens can hold", "text")
+                raise ValidationError(
+                    f"the prompt has {len(t)} characters, more than the context length of "
+                    f"{limits.context_length} tokens can hold",
+                    "text",
+                )
         id_lists = [tokenizer.encode(t, add_special_tokens=False) for t in items]
     else:
         id_lists, single = _as_batch(input_ids, "input_ids")
@@ -96,8 +112,9 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
                 raise ValidationError("input_ids must not be empty", "input_ids")
             bad = [i for i in ids if not 0 <= i < limits.vocab_size]
             if bad:
-                raise ValidationError(f"input_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
-                                      "input_ids")
+                raise ValidationError(
+                    f"input_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})", "input_ids"
+                )
     n = len(id_lists)
     sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
     if len(sps) != n:
@@ -107,10 +124,15 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
     rids = rid if isinstance(rid, list) else [rid] * n
     if not isinstance(return_logprob, bool):
         raise ValidationError(f"return_logprob must be a boolean, got {return_logprob!r}", "return_logprob")
-    if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) \
-            or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
-        raise ValidationError(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
-                              f"{top_logprobs_num!r}", "top_logprobs_num")
+    if (
+        not isinstance(top_logprobs_num, int)
+        or isinstance(top_logprobs_num, bool)
+        or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS
+    ):
+        raise ValidationError(
+            f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}",
+            "top_logprobs_num",
+        )
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise ValidationError("cache_salt must be a string", "cache_salt")
     sess = check_session_params(session_params, session_id)
@@ -120,8 +142,10 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
         _check_length(len(ids), sp, limits, "text" if prompt is not None else "input_ids")
         bad = [t for t in sp.stop_token_ids if t >= limits.vocab_size]
         if bad:
-            raise ValidationError(f"stop_token_ids: token id {bad[0]} is outside the vocabulary "
-                                  f"[0, {limits.vocab_size})", "stop_token_ids")
+            raise ValidationError(
+                f"stop_token_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
+                "stop_token_ids",
+            )
         g = grammar_of(sp)
         if g is not None and grammar_check is not None:
             spec = grammar_check(g[0], g[1], sp.any_whitespace)
@@ -133,12 +157,15 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
             if start == -1:
                 start = -1
             elif not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(ids):
-                raise ValidationError(f"logprob_start_len must be in [0, {len(ids)}] (the prompt length) or -1, "
-                                      f"got {start!r}", "logprob_start_len")
+                raise ValidationError(
+                    f"logprob_start_len must be in [0, {len(ids)}] (the prompt length) or -1, got {start!r}",
+                    "logprob_start_len",
+                )
         bad = [t for t in sp.logit_bias if t >= limits.vocab_size]
         if bad:
-            raise ValidationError(f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})",
-                                  "logit_bias")
+            raise ValidationError(
+                f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})", "logit_bias"
+            )
         if sp.n > 1 and (sess is not None or session_id is not None):
             raise ValidationError("n: a session continues one conversation; n > 1 is not allowed with a session", "n")
         if len(id_lists) > 1 and (sess is not None or session_id is not None):
@@ -148,11 +175,20 @@ def build_requests(tokenizer, limits: Limits, prompt=None, input_ids=None, sampl
         for k in range(sp.n):
             spk = sp if sp.n == 1 else msgspec.structs.replace(sp, n=1, seed=None if sp.seed is None else sp.seed + k)
             rk = r if sp.n == 1 or not r else f"{r}-{k}"
-            reqs.append(GenerateReq(rid=rk or uuid.uuid4().hex, input_ids=list(ids), sampling_params=spk,
-                                    return_logprob=return_logprob, logprob_start_len=start,
-                                    top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                                    stream=stream, cache_salt=cache_salt, session_params=sess,
-                                    session_id=session_id))
+            reqs.append(
+                GenerateReq(
+                    rid=rk or uuid.uuid4().hex,
+                    input_ids=list(ids),
+                    sampling_params=spk,
+                    return_logprob=return_logprob,
+                    logprob_start_len=start,
+                    top_logprobs_num=top_logprobs_num if return_logprob else 0,
+                    stream=stream,
+                    cache_salt=cache_salt,
+                    session_params=sess,
+                    session_id=session_id,
+                )
+            )
     # SGLang answers a list as soon as one prompt asks for n > 1 samples
     return reqs, single and len(reqs) == 1
 
@@ -173,6 +209,7 @@ class GrammarCheck:
 
     def __call__(self, kind: str, spec: Any, any_whitespace: bool = False) -> str:
         from radixrt.runtime.constrained import validate_spec
+
         if self.cache is None:
             raise ValidationError(f"{kind}: grammar-constrained decoding is off (grammar_backend='none')", kind)
         try:
@@ -205,19 +242,30 @@ def _compiled(kind: str, error: Optional[BaseException]) -> None:
 
 def _check_length(n: int, sp: SamplingParams, lim: Limits, field: str) -> None:
     if n >= lim.context_length:
-        raise ValidationError(f"the prompt has {n} tokens, but the context length is {lim.context_length} "
-                              f"tokens: at most {lim.context_length - 1} prompt tokens fit", field)
+        raise ValidationError(
+            f"the prompt has {n} tokens, but the context length is {lim.context_length} "
+            f"tokens: at most {lim.context_length - 1} prompt tokens fit",
+            field,
+        )
     if sp.max_new_tokens is not None and n + sp.max_new_tokens > lim.context_length:
-        raise ValidationError(f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens "
-                              f"were asked for, {n + sp.max_new_tokens} in all, above the context length of "
-                              f"{lim.context_length} tokens", "max_new_tokens")
+        raise ValidationError(
+            f"max_new_tokens: the prompt has {n} tokens and {sp.max_new_tokens} new tokens "
+            f"were asked for, {n + sp.max_new_tokens} in all, above the context length of "
+            f"{lim.context_length} tokens",
+            "max_new_tokens",
+        )
     # omitted: up to the room left in the context or the pool, whichever is smaller (SGLang's max_req_len)
-    total = n + (sp.max_new_tokens if sp.max_new_tokens is not None else max(1, room(n, lim.context_length,
-                                                                                   lim.max_total_tokens)))
+    total = n + (
+        sp.max_new_tokens
+        if sp.max_new_tokens is not None
+        else max(1, room(n, lim.context_length, lim.max_total_tokens))
+    )
     if total > lim.max_total_tokens:  # the prompt alone too big: the prompt's field is the one to change
-        raise ValidationError(f"the request needs up to {total} tokens of KV, above the pool size of "
-                              f"{lim.max_total_tokens} tokens (max_total_tokens)",
-                              field if n >= lim.max_total_tokens else "max_new_tokens")
+        raise ValidationError(
+            f"the request needs up to {total} tokens of KV, above the pool size of "
+            f"{lim.max_total_tokens} tokens (max_total_tokens)",
+            field if n >= lim.max_total_tokens else "max_new_tokens",
+        )
 
 
 @dataclass
@@ -252,8 +300,11 @@ class ReqOutput:
         self.finished_reason = o.finished_reason
         if self.finished_reason is not None:
             self.finish_time = now
-        self.prompt_tokens, self.completion_tokens, self.cached_tokens = \
-            o.prompt_tokens, o.completion_tokens, o.cached_tokens
+        self.prompt_tokens, self.completion_tokens, self.cached_tokens = (
+            o.prompt_tokens,
+            o.completion_tokens,
+            o.cached_tokens,
+        )
         self.output_token_logprobs.extend(o.output_token_logprobs)
         self.output_top_logprobs.extend(o.output_top_logprobs)
         if o.input_token_logprobs is not None:
@@ -276,14 +327,18 @@ class ReqOutput:
         return out
 
     def to_dict(self, return_logprob: bool) -> dict:
-        meta = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "cached_tokens": self.cached_tokens, "finish_reason": self.finished_reason,
-                "e2e_latency": (self.finish_time or time.perf_counter()) - self.created,
-                "ttft": (self.first_token_time - self.created) if self.first_token_time else None}
+        meta = {
+            "id": self.rid,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finished_reason,
+            "e2e_latency": (self.finish_time or time.perf_counter()) - self.created,
+            "ttft": (self.first_token_time - self.created) if self.first_token_time else None,
+        }
         if return_logprob:
             meta["output_token_logprobs"] = self._lp(self.output_token_logprobs)
             meta["output_top_logprobs"] = [self._lp(t) for t in self.output_top_logprobs]
             meta["input_token_logprobs"] = self._lp(self.input_token_logprobs or [])
             meta["input_top_logprobs"] = [self._lp(t) if t else None for t in (self.input_top_logprobs or [])]
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
-

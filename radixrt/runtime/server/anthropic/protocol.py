@@ -6,6 +6,7 @@
 Errors are ApiError 400 naming the field (``messages[1].content[0].type``); the route's error handler
 answers them in Anthropic's shape.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,20 @@ from radixrt.runtime.server.http.fields import foreign_constraints, refuse_set_f
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
-    "metadata": "no per-user accounting", "service_tier": "one tier",
+    "metadata": "no per-user accounting",
+    "service_tier": "one tier",
     "cache_control": "the radix cache caches every prefix, no breakpoints needed",
-    "inference_geo": "one place", "speed": "one speed", "diagnostics": "nothing extra to report",
-    "user_profile_id": "no per-user accounting", "workspace_id": "no workspaces",
+    "inference_geo": "one place",
+    "speed": "one speed",
+    "diagnostics": "nothing extra to report",
+    "user_profile_id": "no per-user accounting",
+    "workspace_id": "no workspaces",
 }
 # ... and refused with a 400 naming them when set
-REFUSED_FIELDS = {"container": "no code-execution containers",
-                  **foreign_constraints("here use output_config.format (json_schema), tools, and max_tokens")}
+REFUSED_FIELDS = {
+    "container": "no code-execution containers",
+    **foreign_constraints("here use output_config.format (json_schema), tools, and max_tokens"),
+}
 
 
 class MessagesRequest(BaseModel):
@@ -92,18 +99,34 @@ def chat_messages(req: MessagesRequest) -> list[dict]:
                 if not isinstance(b.get("tool_use_id"), str):
                     raise ApiError(f"{bw}.tool_use_id is required (a string)", param=f"{bw}.tool_use_id")
                 if b["tool_use_id"] not in open_calls:
-                    raise ApiError(f"{bw}.tool_use_id {b['tool_use_id']!r} matches no tool_use block of the previous "
-                                   "assistant turn", param=f"{bw}.tool_use_id")
+                    raise ApiError(
+                        f"{bw}.tool_use_id {b['tool_use_id']!r} matches no tool_use block of the previous "
+                        "assistant turn",
+                        param=f"{bw}.tool_use_id",
+                    )
                 c = b.get("content", "")
-                msgs.append({"role": "tool", "tool_call_id": b["tool_use_id"],
-                             "content": _blocks_text(c, f"{bw}.content") if c is not None else ""})
+                msgs.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": b["tool_use_id"],
+                        "content": _blocks_text(c, f"{bw}.content") if c is not None else "",
+                    }
+                )
             elif typ == "tool_use" and role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise ApiError(f"{bw}: tool_use needs an id and a name", param=bw)
                 if not isinstance(b.get("input", {}), dict):
                     raise ApiError(f"{bw}.input must be an object", param=f"{bw}.input")
-                calls.append({"id": b["id"], "type": "function", "function": {
-                    "name": b["name"], "arguments": json.dumps(b.get("input", {}), ensure_ascii=False)}})
+                calls.append(
+                    {
+                        "id": b["id"],
+                        "type": "function",
+                        "function": {
+                            "name": b["name"],
+                            "arguments": json.dumps(b.get("input", {}), ensure_ascii=False),
+                        },
+                    }
+                )
             elif typ in ("thinking", "redacted_thinking") and role == "assistant":
                 reasoning += b.get("thinking") or ""
             else:
@@ -128,8 +151,10 @@ def chat_tools(tools: Optional[list]) -> Optional[list]:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type", "custom") != "custom" or "input_schema" not in t:
             got = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise ApiError(f"tools[{i}]: only client tools ({{name, description, input_schema}}) are supported, "
-                           f"got type {got!r}", param=f"tools[{i}]")
+            raise ApiError(
+                f"tools[{i}]: only client tools ({{name, description, input_schema}}) are supported, got type {got!r}",
+                param=f"tools[{i}]",
+            )
         fn = {"name": t.get("name"), "parameters": t["input_schema"]}
         if t.get("description") is not None:
             fn["description"] = t["description"]
@@ -143,8 +168,9 @@ def chat_tool_choice(tc: Optional[dict], has_tools: bool) -> tuple[Any, Optional
         return ("auto" if has_tools else None), None
     dp = tc.get("disable_parallel_tool_use", False)
     if not isinstance(dp, bool):
-        raise ApiError("tool_choice.disable_parallel_tool_use must be a boolean",
-                       param="tool_choice.disable_parallel_tool_use")
+        raise ApiError(
+            "tool_choice.disable_parallel_tool_use must be a boolean", param="tool_choice.disable_parallel_tool_use"
+        )
     parallel = False if dp else None
     typ = tc.get("type")
     if typ in ("any", "tool") and not has_tools:
@@ -169,11 +195,13 @@ def check_thinking(thinking: Optional[dict], req: "MessagesRequest") -> None:
         raise ApiError(f"thinking.type must be 'enabled', 'disabled' or 'adaptive', got {typ!r}", param="thinking.type")
     budget = thinking.get("budget_tokens")
     if typ == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024):
-        raise ApiError(f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}",
-                       param="thinking.budget_tokens")
+        raise ApiError(
+            f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}", param="thinking.budget_tokens"
+        )
     if typ == "enabled" and req.max_tokens is not None and budget >= req.max_tokens:
-        raise ApiError(f"max_tokens ({req.max_tokens}) must be greater than thinking.budget_tokens ({budget})",
-                       param="max_tokens")
+        raise ApiError(
+            f"max_tokens ({req.max_tokens}) must be greater than thinking.budget_tokens ({budget})", param="max_tokens"
+        )
     if typ != "disabled":  # Anthropic's rules while thinking
         if req.temperature is not None and req.temperature != 1:
             raise ApiError("temperature may only be 1 (or unset) while thinking is on", param="temperature")
@@ -191,8 +219,9 @@ def chat_body(req: MessagesRequest) -> dict:
     rf = None
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-            raise ApiError("output_config.format must be {'type': 'json_schema', 'schema': {...}}",
-                           param="output_config.format")
+            raise ApiError(
+                "output_config.format must be {'type': 'json_schema', 'schema': {...}}", param="output_config.format"
+            )
         rf = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     check_thinking(req.thinking, req)
     if req.temperature is not None and not 0 <= req.temperature <= 1:
@@ -202,10 +231,22 @@ def chat_body(req: MessagesRequest) -> dict:
     kwargs = None
     if req.thinking is not None and req.thinking.get("type") == "disabled":
         kwargs = {"enable_thinking": False}  # Qwen3's switch; other templates ignore it
-    body = {"model": req.model, "messages": [], "max_tokens": req.max_tokens, "temperature": req.temperature,
-            "top_p": req.top_p, "top_k": req.top_k, "stop": req.stop_sequences, "tools": chat_tools(req.tools),
-            "tool_choice": choice if req.tools else None, "parallel_tool_calls": parallel, "response_format": rf,
-            "cache_salt": req.cache_salt, "chat_template_kwargs": kwargs, "speculative": req.speculative}
+    body = {
+        "model": req.model,
+        "messages": [],
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "stop": req.stop_sequences,
+        "tools": chat_tools(req.tools),
+        "tool_choice": choice if req.tools else None,
+        "parallel_tool_calls": parallel,
+        "response_format": rf,
+        "cache_salt": req.cache_salt,
+        "chat_template_kwargs": kwargs,
+        "speculative": req.speculative,
+    }
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -247,8 +288,12 @@ def stop_reason(reason: Optional[str], finished: Optional[dict]) -> tuple[str, O
 
 def usage(o) -> dict:
     """Anthropic's usage: ``input_tokens`` are the prompt tokens not read from the cache."""
-    return {"input_tokens": o.prompt_tokens - o.cached_tokens, "output_tokens": o.completion_tokens,
-            "cache_read_input_tokens": o.cached_tokens, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": o.prompt_tokens - o.cached_tokens,
+        "output_tokens": o.completion_tokens,
+        "cache_read_input_tokens": o.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def new_msg_id() -> str:
@@ -256,16 +301,19 @@ def new_msg_id() -> str:
 
 
 # chat's field names in an error, as the Messages request names them
-CHAT_TO_MESSAGES = {"response_format.json_schema.schema": "output_config.format.schema",
-                    "response_format": "output_config.format", "stop": "stop_sequences",
-                    "max_completion_tokens": "max_tokens"}
+CHAT_TO_MESSAGES = {
+    "response_format.json_schema.schema": "output_config.format.schema",
+    "response_format": "output_config.format",
+    "stop": "stop_sequences",
+    "max_completion_tokens": "max_tokens",
+}
 
 
 def messages_param(param: str) -> str:
     """The Messages field of a chat field path (``tools[0].function.parameters`` -> ``tools[0].input_schema``)."""
     for chat, ours in CHAT_TO_MESSAGES.items():
         if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
-            return ours + param[len(chat):]
+            return ours + param[len(chat) :]
     if param.startswith("tools[") and ".function" in param:
         return param.replace(".function.parameters", ".input_schema", 1).replace(".function", "", 1)
     return param

@@ -6,6 +6,7 @@ parser, turn continuity). Streamed as Anthropic's events: ``message_start``, per
 ``message_stop``. ``usage.cache_read_input_tokens`` is the prompt tokens the radix tree matched.
 Authentication takes ``x-api-key`` beside ``Authorization: Bearer``; errors are Anthropic's shape.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -15,9 +16,18 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError as PydanticValidationError
 from starlette.responses import Response
 
-from radixrt.runtime.server.anthropic.protocol import (MessagesRequest, chat_body, chat_messages, check_refused,
-                                                       content_blocks, messages_param, new_msg_id, stop_reason,
-                                                       tool_id, usage)
+from radixrt.runtime.server.anthropic.protocol import (
+    MessagesRequest,
+    chat_body,
+    chat_messages,
+    check_refused,
+    content_blocks,
+    messages_param,
+    new_msg_id,
+    stop_reason,
+    tool_id,
+    usage,
+)
 from radixrt.runtime.server.api_models import doc
 from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.http.body import parse_model
@@ -82,20 +92,33 @@ class BlockStream:
         if d.get("reasoning_content"):
             if self.kind != "thinking":
                 out += self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            out.append(event("content_block_delta", index=self.index,
-                             delta={"type": "thinking_delta", "thinking": d["reasoning_content"]}))
+            out.append(
+                event(
+                    "content_block_delta",
+                    index=self.index,
+                    delta={"type": "thinking_delta", "thinking": d["reasoning_content"]},
+                )
+            )
         if d.get("content"):
             if self.kind != "text":
                 out += self._start("text", {"type": "text", "text": ""})
-            out.append(event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": d["content"]}))
+            out.append(
+                event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": d["content"]})
+            )
         for tc in d.get("tool_calls") or []:
             fn = tc.get("function") or {}
             if tc.get("id") is not None:
-                out += self._start("tool_use", {"type": "tool_use", "id": tool_id(tc["id"]), "name": fn.get("name"),
-                                                "input": {}})
+                out += self._start(
+                    "tool_use", {"type": "tool_use", "id": tool_id(tc["id"]), "name": fn.get("name"), "input": {}}
+                )
             if fn.get("arguments"):
-                out.append(event("content_block_delta", index=self.index,
-                                 delta={"type": "input_json_delta", "partial_json": fn["arguments"]}))
+                out.append(
+                    event(
+                        "content_block_delta",
+                        index=self.index,
+                        delta={"type": "input_json_delta", "partial_json": fn["arguments"]},
+                    )
+                )
         return out
 
 
@@ -109,8 +132,16 @@ async def create_message(request: Request):
 
     def message(content: list, o, reason: Optional[str]) -> dict:
         sr, seq = stop_reason(reason, o.finished_reason)
-        return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
-                "stop_reason": sr, "stop_sequence": seq, "usage": usage(o)}
+        return {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": sr,
+            "stop_sequence": seq,
+            "usage": usage(o),
+        }
 
     if not req.stream:
         try:
@@ -131,8 +162,13 @@ async def create_message(request: Request):
                     head["usage"]["output_tokens"] = 0
                     yield event("message_start", message=head)
                     started = True
-                deltas = (parser.feed(s.text_delta or "") if parser is not None
-                          else [{"content": s.text_delta}] if s.text_delta else [])
+                deltas = (
+                    parser.feed(s.text_delta or "")
+                    if parser is not None
+                    else [{"content": s.text_delta}]
+                    if s.text_delta
+                    else []
+                )
                 if s.token.finished_reason is not None and parser is not None:
                     deltas += parser.finish()
                 for d in deltas:
@@ -146,6 +182,9 @@ async def create_message(request: Request):
             yield event("message_delta", delta={"stop_reason": sr, "stop_sequence": seq}, usage=usage(o))
             yield event("message_stop")
         except ApiError as e:
-            yield event("error", error={"type": "api_error" if e.status >= 500 else "invalid_request_error",
-                                        "message": e.message})
+            yield event(
+                "error",
+                error={"type": "api_error" if e.status >= 500 else "invalid_request_error", "message": e.message},
+            )
+
     return SSEResponse(events(), run.batch.abort_unfinished)

@@ -6,6 +6,7 @@ A chat file has one JSON object a line: ``{"messages": [...], "tools": [...]}`` 
 renders a chat request (tools in the system prompt, earlier tool calls as text, ``tool_parser.py``) with the
 model's chat template, then tokenized, so the profile sees the token ids the server would.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

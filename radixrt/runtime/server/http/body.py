@@ -1,4 +1,5 @@
 """Reading a request body: JSON whatever the content type, then a pydantic model (errors name the field)."""
+
 from __future__ import annotations
 
 import json

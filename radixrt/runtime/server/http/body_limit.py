@@ -5,6 +5,7 @@ Why: a body is read whole, then parsed and tokenized on the event loop; 10 MB of
 any context window and would stall every stream for the seconds its tokenization takes. The bound is
 generous: 8 MiB holds a 128k-token context as text or as ``input_ids`` many times over.
 """
+
 from __future__ import annotations
 
 from radixrt.runtime.server.http.errors import ApiError, error_body, error_response
@@ -17,8 +18,7 @@ DISCARD_BYTES = 64 << 20
 
 class BodyTooLarge(ApiError):
     def __init__(self, limit: int):
-        super().__init__(f"the request body is larger than {limit} bytes", status=413,
-                         code="request_too_large")
+        super().__init__(f"the request body is larger than {limit} bytes", status=413, code="request_too_large")
 
 
 class BodyLimit:
@@ -36,8 +36,12 @@ class BodyLimit:
                 if int(v) <= DISCARD_BYTES:
                     await _discard(receive, 0)
                 err = BodyTooLarge(self.max_bytes)
-                resp = error_response(scope["path"], error_body(err.message, None, err.type, err.code), 413,
-                                      headers={"Connection": "close"})
+                resp = error_response(
+                    scope["path"],
+                    error_body(err.message, None, err.type, err.code),
+                    413,
+                    headers={"Connection": "close"},
+                )
                 return await resp(scope, receive, send)
         seen = 0
 
@@ -51,6 +55,7 @@ class BodyLimit:
                         await _discard(receive, seen)
                     raise BodyTooLarge(self.max_bytes)  # a route's ApiError: the handlers answer 413
             return msg
+
         await self.app(scope, limited, send)
 
 

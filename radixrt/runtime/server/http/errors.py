@@ -6,6 +6,7 @@
 - Starlette HTTP errors (404, 405): their status, ``not_found_error`` for a 404;
 - anything else: 500 ``internal_error`` (logged with its traceback).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,13 +23,20 @@ from radixrt.runtime.server.http.responses import JSONResp
 
 logger = logging.getLogger("radixrt.server")
 
+
 class ApiError(Exception):
     """An error answered with an OpenAI-style body. ``status`` 400 unless said otherwise; ``headers`` are
     added to the response (``Retry-After`` of a 503)."""
 
-    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
-                 type: str = "invalid_request_error", code: Optional[str] = None,
-                 headers: Optional[dict] = None):
+    def __init__(
+        self,
+        message: str,
+        param: Optional[str] = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: Optional[str] = None,
+        headers: Optional[dict] = None,
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
         self.headers = headers
@@ -37,8 +45,9 @@ class ApiError(Exception):
         return error_body(self.message, self.param, self.type, self.code)
 
 
-def error_body(message: str, param: Optional[str] = None, type: str = "invalid_request_error",
-               code: Optional[str] = None) -> dict:
+def error_body(
+    message: str, param: Optional[str] = None, type: str = "invalid_request_error", code: Optional[str] = None
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -107,9 +116,15 @@ def from_validation(e: ValueError) -> ApiError:
 
 
 ANTHROPIC_PATHS = ("/v1/messages",)  # routes that answer errors in Anthropic's shape
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                    503: "overloaded_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def anthropic_body(status: int, body: dict) -> dict:
@@ -156,5 +171,6 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         logger.exception("internal error on %s", request.url.path)
-        return error_response(request.url.path, error_body(f"internal error: {type(e).__name__}: {e}", None,
-                                                            "internal_error"), 500)
+        return error_response(
+            request.url.path, error_body(f"internal error: {type(e).__name__}: {e}", None, "internal_error"), 500
+        )

@@ -1,4 +1,5 @@
 """Field checks shared by the request protocols (Responses, Messages): refused fields and text-only content."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -10,8 +11,20 @@ def foreign_constraints(here: str) -> dict[str, str]:
     """Field -> why for the constraint and /generate names of SGLang / vLLM / chat completions, refused on an
     agent route (Responses, Messages): unknown there, they would be ignored and the output silently
     unconstrained. ``here``: how this route says it (e.g. "here use text.format")."""
-    names = ("json_schema", "regex", "ebnf", "choices", "structural_tag", "guided_json", "guided_regex",
-             "guided_choice", "guided_grammar", "response_format", "sampling_params", "max_new_tokens")
+    names = (
+        "json_schema",
+        "regex",
+        "ebnf",
+        "choices",
+        "structural_tag",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "response_format",
+        "sampling_params",
+        "max_new_tokens",
+    )
     return {k: f"it is a /generate or chat completions field; {here}" for k in names}
 
 
@@ -38,8 +51,9 @@ def text_of_parts(content: Any, where: str, kinds: tuple[str, ...], sep: str, no
     out = []
     for j, p in enumerate(content):
         if not isinstance(p, dict) or p.get("type") not in kinds or not isinstance(p.get("text"), str):
-            raise ApiError(f"{where}[{j}]: only {noun} are supported" + ("" if "(" in noun else " here"),
-                           param=f"{where}[{j}]")
+            raise ApiError(
+                f"{where}[{j}]: only {noun} are supported" + ("" if "(" in noun else " here"), param=f"{where}[{j}]"
+            )
         out.append(p["text"])
     return sep.join(out)
 

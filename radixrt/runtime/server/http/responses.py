@@ -1,5 +1,6 @@
 """Response helpers shared by every route: msgspec JSON, server-sent events, and waiting for a call while
 watching for the client to go away (its requests are aborted, so their pages are freed at once)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,9 @@ class SSEResponse(StreamingResponse):
     routes pass the call's abort, so a client that goes away frees its requests' pages."""
 
     def __init__(self, content, on_close):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
@@ -68,4 +70,3 @@ async def wait_or_abort(request: Request, batch) -> list:
             if not t.done():
                 t.cancel()
         batch.abort_unfinished()
-

@@ -9,6 +9,7 @@
   finish for up to ``--drain-timeout`` seconds, then the rest are aborted (streams end with an error
   event) and the server exits with status 0.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,16 +49,24 @@ class Admission:
             raise ApiError(self.draining, status=503, type="service_unavailable")
         limit = self.limit
         if limit is not None and n > limit:
-            raise ApiError(f"n: this call makes {n} requests (prompts x n), more than the server ever holds in "
-                           f"flight ({limit}: --max-running-requests {self.max_running} + --max-queued-requests "
-                           f"{self.max_queued})", status=400, param="n")
+            raise ApiError(
+                f"n: this call makes {n} requests (prompts x n), more than the server ever holds in "
+                f"flight ({limit}: --max-running-requests {self.max_running} + --max-queued-requests "
+                f"{self.max_queued})",
+                status=400,
+                param="n",
+            )
         if limit is not None and in_flight + n > limit:
             self.refused += 1
-            raise ApiError(f"the server is at capacity: {in_flight} requests in flight, at most {limit} "
-                           f"(--max-running-requests {self.max_running} + --max-queued-requests "
-                           f"{self.max_queued}); retry after {RETRY_AFTER_S} s", status=503,
-                           type="service_unavailable", code="queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ApiError(
+                f"the server is at capacity: {in_flight} requests in flight, at most {limit} "
+                f"(--max-running-requests {self.max_running} + --max-queued-requests "
+                f"{self.max_queued}); retry after {RETRY_AFTER_S} s",
+                status=503,
+                type="service_unavailable",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
 
 
 async def drain(tm, timeout: float, stop: Callable[[], None]) -> None:

@@ -4,6 +4,7 @@ Both are started with multiprocessing's "spawn" context (no inherited state, no 
 holds ZMQ sockets and threads). ServerArgs travel as msgspec JSON, without the API key. The children poll
 the main process's pid and exit on their own when it dies; :meth:`ChildProcesses.stop` is the orderly way.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,11 +51,17 @@ class ChildProcesses:
         child_args = msgspec.json.encode(dataclasses.replace(self.args, api_key=None))
         pid = os.getpid()
         self.procs["scheduler"] = spawn.Process(
-            target=run_scheduler_process, name="radixrt-scheduler", daemon=True,
-            args=(child_args, self.addr["scheduler"], self.addr["detokenizer"], pid, self.exit_note))
+            target=run_scheduler_process,
+            name="radixrt-scheduler",
+            daemon=True,
+            args=(child_args, self.addr["scheduler"], self.addr["detokenizer"], pid, self.exit_note),
+        )
         self.procs["detokenizer"] = spawn.Process(
-            target=run_detokenizer_process, name="radixrt-detokenizer", daemon=True,
-            args=(self.args.model, self.args.log_level, self.addr["detokenizer"], self.addr["main"], pid))
+            target=run_detokenizer_process,
+            name="radixrt-detokenizer",
+            daemon=True,
+            args=(self.args.model, self.args.log_level, self.addr["detokenizer"], self.addr["main"], pid),
+        )
         for p in self.procs.values():
             p.start()
 

@@ -4,6 +4,7 @@ Every frame is a msgspec msgpack Struct (nothing is pickled). Info and flush rep
 they were asked (the scheduler answers in order through the detokenizer's single pipe), so :meth:`Ipc.ask`
 matches them first-in, first-out; a caller that timed out still consumes its own reply.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -106,7 +107,7 @@ class Ipc:
 def _big_int_field(obj, name: str | None = None) -> str | None:
     """The name of the field of a message (msgspec Structs, lists, dicts) holding an int outside 64 bits."""
     if isinstance(obj, int) and not isinstance(obj, bool):
-        return name if not -2**63 <= obj < 2**64 else None
+        return name if not -(2**63) <= obj < 2**64 else None
     if isinstance(obj, msgspec.Struct):
         items = ((f, getattr(obj, f)) for f in obj.__struct_fields__)
     elif isinstance(obj, dict):

@@ -1,4 +1,5 @@
 """One client call's requests (one HTTP request, one DSL generate) and their accumulating outputs."""
+
 from __future__ import annotations
 
 import asyncio

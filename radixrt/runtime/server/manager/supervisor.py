@@ -17,6 +17,7 @@ children are started again with the same arguments (the model is loaded again).
 - Counted in ``/metrics`` as ``radixrt:process_restarts_total{process}`` and in ``/get_server_info``'s
   ``restarts``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -109,13 +110,19 @@ class Supervisor:
         self._close_sessions()
         if tm.args.tp > 1 and "WORLD_SIZE" in os.environ:  # torchrun's ranks are not ours to start again
             tm.fail(f"{what}; not restarted")
-            self._give_up(f"{what}; not restarted: the --tp ranks were started by torchrun; "
-                          f"the server stays down until it is restarted")
+            self._give_up(
+                f"{what}; not restarted: the --tp ranks were started by torchrun; "
+                f"the server stays down until it is restarted"
+            )
             return
         if len(self.times) >= tm.args.max_restarts:
             tm.fail(f"{what}; not restarted")
-            why = (f"{len(self.times)} restarts in the last {WINDOW_S / 60:.0f} min reached --max-restarts "
-                   f"{tm.args.max_restarts}" if tm.args.max_restarts else "--max-restarts 0")
+            why = (
+                f"{len(self.times)} restarts in the last {WINDOW_S / 60:.0f} min reached --max-restarts "
+                f"{tm.args.max_restarts}"
+                if tm.args.max_restarts
+                else "--max-restarts 0"
+            )
             self._give_up(f"{what}; not restarted: {why}; the server stays down until it is restarted")
             return
         self.times.append(now)
@@ -124,8 +131,13 @@ class Supervisor:
             tm.metrics.observe_restart(cause)
         tm.dead = None  # fail() keeps the first reason: this one is newer
         tm.fail(f"{what}; restarting it, retry when GET /health returns 200")
-        logger.error("%s; restarting the children (%d of at most %d in %.0f min)", what, len(self.times),
-                     tm.args.max_restarts, WINDOW_S / 60)
+        logger.error(
+            "%s; restarting the children (%d of at most %d in %.0f min)",
+            what,
+            len(self.times),
+            tm.args.max_restarts,
+            WINDOW_S / 60,
+        )
         self._task = asyncio.create_task(self._restart(children))
 
     def _close_sessions(self) -> None:

@@ -8,6 +8,7 @@
   request fails with :class:`ApiError` 503 naming it, and calls get 503 until the children are back.
 - :mod:`.admission` bounds the requests in flight (503 + Retry-After) and drains on SIGTERM.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,16 @@ from typing import Any, Callable, Optional
 from radixrt.runtime.executor.memory import peaks_agreeing
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.errors import ValidationError
-from radixrt.runtime.io_struct import (AbortReq, CloseSessionReq, FlushCacheReq, GenerateReq, GetInfoReq, InfoOut,
-                                      ReadyOut, StrOut)
+from radixrt.runtime.io_struct import (
+    AbortReq,
+    CloseSessionReq,
+    FlushCacheReq,
+    GenerateReq,
+    GetInfoReq,
+    InfoOut,
+    ReadyOut,
+    StrOut,
+)
 from radixrt.runtime.server.manager.admission import Admission
 from radixrt.runtime.server.manager.child_processes import ChildProcesses
 from radixrt.runtime.server.manager.ipc import Ipc
@@ -38,8 +47,14 @@ IDLE_START_S = 0.2  # the grammar backend starts at the first check this often t
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, model_name: str, metrics=None, children: Optional[ChildProcesses] = None,
-                 on_fatal: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_name: str,
+        metrics=None,
+        children: Optional[ChildProcesses] = None,
+        on_fatal: Optional[Callable[[], None]] = None,
+    ):
         """``children``: already started (``radixrt serve`` starts them first); adopted by :meth:`start`.
         ``on_fatal``: called once a start-up failure means the server should exit (launch stops uvicorn)."""
         self.args = args
@@ -52,7 +67,7 @@ class TokenizerManager:
         self._grammar_vocab: Optional[int] = None  # the vocabulary size grammar_cache was made for
         self.ready_info: Optional[ReadyOut] = None
         self.ready: Optional[asyncio.Event] = None
-        self.dead: Optional[str] = None   # why the runtime cannot serve (a child died, or the model failed)
+        self.dead: Optional[str] = None  # why the runtime cannot serve (a child died, or the model failed)
         self.fatal: Optional[str] = None  # a start-up failure: the server should exit
         self.on_fatal = on_fatal
         self.states: dict[str, ReqBatch] = {}
@@ -80,6 +95,7 @@ class TokenizerManager:
 
     def _load_tokenizer(self) -> None:
         from radixrt.runtime.models.loader import load_tokenizer
+
         self.tokenizer = load_tokenizer(self.args.model)
 
     async def on_ready(self, r: ReadyOut) -> None:
@@ -93,6 +109,7 @@ class TokenizerManager:
             self.set_fatal(f"tokenizer set-up failed: {type(e).__name__}: {e}")
             return
         from radixrt.runtime.scheduler.build import make_grammar_cache
+
         # the grammar backend (~1.4 s of CPU at a 128k vocabulary) on its own thread once no request is in
         # flight, or at the first compile: built beside the scheduler's load or the first requests it
         # delayed their tokens on 2 cores (CPU and this process's GIL); a compile waits for it, and a failed
@@ -100,8 +117,9 @@ class TokenizerManager:
         if self.grammar_cache is None or self._grammar_vocab != r.vocab_size:  # once, unless a restart differs
             if self.grammar_cache is not None:
                 self.grammar_cache.shutdown(wait=False)
-            self.grammar_cache = make_grammar_cache(self.args, self.tokenizer, r.vocab_size, masks=False,
-                                                    deferred=True, start=False)
+            self.grammar_cache = make_grammar_cache(
+                self.args, self.tokenizer, r.vocab_size, masks=False, deferred=True, start=False
+            )
             self._grammar_vocab = r.vocab_size
             if self.grammar_cache is not None:
                 self.spawn_task(self._start_grammar_when_idle(self.grammar_cache))
@@ -186,8 +204,13 @@ class TokenizerManager:
             if t.finished_reason is not None:
                 del self.states[s.rid]
                 if m is not None:
-                    m.observe_finish(now - batch.t_submit, t.prompt_tokens, t.completion_tokens,
-                                     t.cached_tokens, t.finished_reason.get("type", "stop"))
+                    m.observe_finish(
+                        now - batch.t_submit,
+                        t.prompt_tokens,
+                        t.completion_tokens,
+                        t.cached_tokens,
+                        t.finished_reason.get("type", "stop"),
+                    )
             batch.queue.put_nowait(s)
 
     # ---- requests ----------------------------------------------------------------------------------
@@ -196,12 +219,24 @@ class TokenizerManager:
         if self.dead is not None:
             raise ApiError(self.dead, status=503, type="service_unavailable")
         if self.ready is None or not self.ready.is_set():
-            raise ApiError("the model is still loading; retry when GET /health returns 200", status=503,
-                           type="service_unavailable")
+            raise ApiError(
+                "the model is still loading; retry when GET /health returns 200", status=503, type="service_unavailable"
+            )
 
-    async def build(self, prompt=None, input_ids=None, sampling_params=None, return_logprob=False,
-                    logprob_start_len=None, top_logprobs_num=0, stream=False, rid=None,
-                    cache_salt=None, session_params=None, session_id=None) -> tuple[list[GenerateReq], bool]:
+    async def build(
+        self,
+        prompt=None,
+        input_ids=None,
+        sampling_params=None,
+        return_logprob=False,
+        logprob_start_len=None,
+        top_logprobs_num=0,
+        stream=False,
+        rid=None,
+        cache_salt=None,
+        session_params=None,
+        session_id=None,
+    ) -> tuple[list[GenerateReq], bool]:
         """Validate and tokenize (the Engine's rules); grammar specs are compiled here first.
 
         Raises:
@@ -210,9 +245,22 @@ class TokenizerManager:
         """
         self.check_ready()
         check = GrammarCheck(self.grammar_cache)
-        reqs, single = build_requests(self.tokenizer, self.limits, prompt, input_ids, sampling_params,
-                                      return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
-                                      cache_salt, check, session_params, session_id)
+        reqs, single = build_requests(
+            self.tokenizer,
+            self.limits,
+            prompt,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+            cache_salt,
+            check,
+            session_params,
+            session_id,
+        )
         sp = reqs[0].session_params if reqs else None
         sid = sp.id if sp is not None else session_id
         if sid is not None and sid not in self.session_ids:
@@ -277,8 +325,9 @@ class TokenizerManager:
         try:
             return await self.ipc.ask(msg, timeout)
         except asyncio.TimeoutError:
-            raise ApiError(f"the scheduler did not answer within {timeout:.0f} s", status=503,
-                           type="service_unavailable") from None
+            raise ApiError(
+                f"the scheduler did not answer within {timeout:.0f} s", status=503, type="service_unavailable"
+            ) from None
 
     async def get_info(self, top: int = 0) -> InfoOut:
         """The scheduler's state; ``top`` > 0 adds the tree summary (``InfoOut.tree``)."""
@@ -298,11 +347,23 @@ class TokenizerManager:
         pids = {"main": os.getpid(), **self.children.pids()}
         memory = dict(info.memory or {})
         memory["peak_rss_by_process"] = peaks_agreeing(memory, pids)
-        stats = {"cache": info.cache, "num_running": info.num_running, "num_waiting": info.num_waiting,
-                 "memory": memory}
-        return server_info(self.args, stats, r.context_length, r.max_total_tokens, self.model_name,
-                           version=_version(), process_ids=pids, restarts=dict(self.supervisor.restarts),
-                           num_in_flight=len(self.states))
+        stats = {
+            "cache": info.cache,
+            "num_running": info.num_running,
+            "num_waiting": info.num_waiting,
+            "memory": memory,
+        }
+        return server_info(
+            self.args,
+            stats,
+            r.context_length,
+            r.max_total_tokens,
+            self.model_name,
+            version=_version(),
+            process_ids=pids,
+            restarts=dict(self.supervisor.restarts),
+            num_in_flight=len(self.states),
+        )
 
     async def open_session(self, body: Any) -> str:
         """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.
@@ -311,6 +372,7 @@ class TokenizerManager:
             ValidationError: a bad field, or ``session_id`` already open.
         """
         from radixrt.runtime.tokenizer.session_args import open_session_body
+
         r = open_session_body(body)
         self.check_ready()
         sid = (await self._ask(r)).session_id
@@ -322,6 +384,7 @@ class TokenizerManager:
     async def close_session(self, session_id: Any) -> bool:
         """SGLang's /close_session; its pinned pages become evictable. False when it was not open."""
         from radixrt.runtime.tokenizer.session_args import check_session_id
+
         if check_session_id(session_id) is None:
             raise ValidationError("session_id is required", "session_id")
         self.check_ready()
@@ -330,18 +393,21 @@ class TokenizerManager:
 
     async def health_generate(self, timeout: float = 30.0) -> dict:
         """Run a 1-token greedy generation; returns its output. Raises ApiError 503 on failure."""
-        reqs, _ = await self.build(input_ids=[1], sampling_params={"max_new_tokens": 1, "temperature": 0},
-                                   rid=f"health-{uuid.uuid4().hex}")
+        reqs, _ = await self.build(
+            input_ids=[1], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"health-{uuid.uuid4().hex}"
+        )
         batch = await self.submit(reqs)
         try:
             outs = await asyncio.wait_for(batch.wait(), timeout)
         except asyncio.TimeoutError:
             batch.abort_unfinished()
-            raise ApiError(f"a 1-token generation did not finish within {timeout:.0f} s", status=503,
-                           type="service_unavailable") from None
+            raise ApiError(
+                f"a 1-token generation did not finish within {timeout:.0f} s", status=503, type="service_unavailable"
+            ) from None
         return outs[0].to_dict(False)
 
 
 def _version() -> str:
     import radixrt
+
     return radixrt.__version__

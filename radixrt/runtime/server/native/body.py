@@ -3,6 +3,7 @@
 The body's keys are :data:`GENERATE_KEYS`; sampling parameters are checked later, with the Engine's rules
 (:func:`radixrt.runtime.tokenizer.validation.build_requests`). Errors are :class:`ValidationError` naming the key.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,17 +12,32 @@ from typing import Any, AsyncIterator, Optional, Union
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import SamplingParams
 
-GENERATE_KEYS = ("text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                 "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "cache_salt", "session_params",
-                 "session_id")
+GENERATE_KEYS = (
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+    "rid",
+    "cache_salt",
+    "session_params",
+    "session_id",
+)
 # SGLang's other GenerateReqInput keys: accepted and ignored (no effect here) ...
-IGNORED_KEYS = {"log_metrics": "every request is counted in /metrics",
-                "data_parallel_rank": "one scheduler: there is no data parallelism to pick a rank of"}
+IGNORED_KEYS = {
+    "log_metrics": "every request is counted in /metrics",
+    "data_parallel_rank": "one scheduler: there is no data parallelism to pick a rank of",
+}
 # ... or refused with the reason (a set value is a 400 naming the key; null/false/empty is accepted).
 REFUSED_KEYS = {
     "input_embeds": "the model takes token ids only (text or input_ids)",
-    "image_data": "the model is text-only", "video_data": "the model is text-only",
-    "audio_data": "the model is text-only", "modalities": "the model is text-only",
+    "image_data": "the model is text-only",
+    "video_data": "the model is text-only",
+    "audio_data": "the model is text-only",
+    "modalities": "the model is text-only",
     "token_ids_logprob": "logprobs of chosen token ids are not computed; use top_logprobs_num",
     "lora_path": "no LoRA adapter is loaded",
     "custom_logit_processor": "custom logit processors are not supported (they would run user code)",
@@ -46,8 +62,8 @@ class GenerateBody:
     stream: bool = False
     rid: Optional[Union[str, list[str]]] = None
     cache_salt: Any = None
-    session_params: Any = None   # SGLang's {id, rid, offset, replace, drop_previous_output}
-    session_id: Any = None       # radixrt: the prompt holds the history; the session pins it
+    session_params: Any = None  # SGLang's {id, rid, offset, replace, drop_previous_output}
+    session_id: Any = None  # radixrt: the prompt holds the history; the session pins it
 
 
 def parse_generate_body(body: Any) -> GenerateBody:
@@ -68,10 +84,14 @@ def parse_generate_body(body: Any) -> GenerateBody:
     # "speculative": false would otherwise pass as an unset unknown key and be silently ignored
     for k, v in body.items():
         if k in SamplingParams.__struct_fields__ and k not in GENERATE_KEYS and v is not None:
-            raise ValidationError(f"{k} is a sampling parameter: send it inside sampling_params, not at the top "
-                                  "level of the body", k)
-    unknown = [k for k, v in body.items() if k not in GENERATE_KEYS and k not in IGNORED_KEYS and k not in REFUSED_KEYS
-               and v not in unset]
+            raise ValidationError(
+                f"{k} is a sampling parameter: send it inside sampling_params, not at the top level of the body", k
+            )
+    unknown = [
+        k
+        for k, v in body.items()
+        if k not in GENERATE_KEYS and k not in IGNORED_KEYS and k not in REFUSED_KEYS and v not in unset
+    ]
     if unknown:
         raise ValidationError(f"unknown field(s) {sorted(unknown)}; known: {list(GENERATE_KEYS)}", unknown[0])
     b = GenerateBody(**{k: body[k] for k in GENERATE_KEYS if k in body})
@@ -80,7 +100,9 @@ def parse_generate_body(body: Any) -> GenerateBody:
         if not isinstance(v, bool):
             raise ValidationError(f"{name} must be a boolean, got {v!r}", name)
     rid = b.rid
-    if rid is not None and not (isinstance(rid, str) or (isinstance(rid, list) and all(isinstance(x, str) for x in rid))):
+    if rid is not None and not (
+        isinstance(rid, str) or (isinstance(rid, list) and all(isinstance(x, str) for x in rid))
+    ):
         raise ValidationError("rid must be a string or a list of strings", "rid")
     return b
 
@@ -119,12 +141,22 @@ async def native_generate(tm, body: Any) -> NativeCall:
     """
     b = parse_generate_body(body)
     reqs, single = await tm.build(
-        prompt=b.text, input_ids=b.input_ids, sampling_params=b.sampling_params, return_logprob=b.return_logprob,
-        logprob_start_len=b.logprob_start_len, top_logprobs_num=b.top_logprobs_num, stream=b.stream,
-        rid=b.rid, cache_salt=b.cache_salt, session_params=b.session_params, session_id=b.session_id)
+        prompt=b.text,
+        input_ids=b.input_ids,
+        sampling_params=b.sampling_params,
+        return_logprob=b.return_logprob,
+        logprob_start_len=b.logprob_start_len,
+        top_logprobs_num=b.top_logprobs_num,
+        stream=b.stream,
+        rid=b.rid,
+        cache_salt=b.cache_salt,
+        session_params=b.session_params,
+        session_id=b.session_id,
+    )
     if b.stream and not single:
-        many = isinstance(b.text, list) or (isinstance(b.input_ids, list) and b.input_ids
-                                            and isinstance(b.input_ids[0], list))
+        many = isinstance(b.text, list) or (
+            isinstance(b.input_ids, list) and b.input_ids and isinstance(b.input_ids[0], list)
+        )
         if many:
             raise ValidationError("stream: stream=true takes one prompt", "stream")
         raise ValidationError("n: stream=true takes one sample; n > 1 is answered without streaming", "n")

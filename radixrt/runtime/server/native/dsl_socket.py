@@ -19,6 +19,7 @@ Wire protocol (msgspec msgpack, no pickle). The client is a DEALER; each message
   loading or dead (503), code ``invalid_api_key`` when ``--api-key`` is set and ``api_key`` differs.
   An undecodable frame gets an error with ``req_id=""``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -97,28 +98,39 @@ class DslServer:
             req = self._dec.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
             why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-            await self._send(envelope, DslReply(req_id="", event="error",
-                                                data=error_body(f"undecodable DslRequest: {why}")["error"]))
+            await self._send(
+                envelope, DslReply(req_id="", event="error", data=error_body(f"undecodable DslRequest: {why}")["error"])
+            )
             return
         try:
             await self._dispatch(envelope, req)
         except ApiError as e:
             await self._send(envelope, DslReply(req_id=req.req_id, event="error", data=e.body()["error"]))
         except ValidationError as e:  # bad input, named where it was checked
-            await self._send(envelope, DslReply(req_id=req.req_id, event="error",
-                                                data=error_body(str(e), e.param)["error"]))
+            await self._send(
+                envelope, DslReply(req_id=req.req_id, event="error", data=error_body(str(e), e.param)["error"])
+            )
         except asyncio.CancelledError:
             raise
         except Exception as e:
             logger.exception("DSL request %s failed", req.req_id)
-            await self._send(envelope, DslReply(req_id=req.req_id, event="error", data=error_body(
-                f"internal error: {type(e).__name__}: {e}", None, "internal_error")["error"]))
+            await self._send(
+                envelope,
+                DslReply(
+                    req_id=req.req_id,
+                    event="error",
+                    data=error_body(f"internal error: {type(e).__name__}: {e}", None, "internal_error")["error"],
+                ),
+            )
 
     def _check_key(self, req: DslRequest) -> None:
         key = self.args.api_key
         if key and not hmac.compare_digest((req.api_key or "").encode(), key.encode()):
-            raise ApiError("Incorrect API key provided." if req.api_key else "Missing API key (DslRequest.api_key).",
-                           status=401, code="invalid_api_key")
+            raise ApiError(
+                "Incorrect API key provided." if req.api_key else "Missing API key (DslRequest.api_key).",
+                status=401,
+                code="invalid_api_key",
+            )
 
     async def _dispatch(self, envelope: list[bytes], req: DslRequest) -> None:
         from radixrt.runtime.server.context import model_info

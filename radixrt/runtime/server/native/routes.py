@@ -1,6 +1,7 @@
 """SGLang's native routes: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
 ``GET /get_model_info``, ``GET /get_server_info``, ``POST|GET /flush_cache``, ``POST /abort_request`` and,
 with ``--enable-metrics``, ``GET /metrics`` (Prometheus text)."""
+
 from __future__ import annotations
 
 from typing import Union
@@ -8,8 +9,16 @@ from typing import Union
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from radixrt.runtime.server.api_models import (AbortRequest, GenerateOutput, GenerateRequest, ModelInfo, ServerInfo,
-                                               Status, Success, doc)
+from radixrt.runtime.server.api_models import (
+    AbortRequest,
+    GenerateOutput,
+    GenerateRequest,
+    ModelInfo,
+    ServerInfo,
+    Status,
+    Success,
+    doc,
+)
 from radixrt.runtime.server.context import ctx, model_info
 from radixrt.runtime.server.http.errors import ApiError, error_body
 from radixrt.runtime.server.http.body import body_json
@@ -63,8 +72,9 @@ async def flush_cache(request: Request):
 
 
 for _method in ("POST", "GET"):
-    router.add_api_route("/flush_cache", flush_cache, methods=[_method], operation_id=f"flush_cache_{_method.lower()}",
-                         **doc(Success))
+    router.add_api_route(
+        "/flush_cache", flush_cache, methods=[_method], operation_id=f"flush_cache_{_method.lower()}", **doc(Success)
+    )
 
 
 @router.post("/abort_request", **doc(Success, AbortRequest, errors=(400,)))
@@ -97,6 +107,7 @@ async def generate(request: Request):
     body = await body_json(request)
     call = await native_generate(ctx(request).tm, body)
     if call.stream:
+
         async def events():
             try:
                 async for d in call.chunks():
@@ -104,6 +115,7 @@ async def generate(request: Request):
             except ApiError as e:
                 yield sse(e.body())
             yield SSE_DONE
+
         return SSEResponse(events(), call.batch.abort_unfinished)
     try:
         await wait_or_abort(request, call.batch)
@@ -115,6 +127,7 @@ async def generate(request: Request):
 @metrics_router.get("/metrics", **doc(text=True, errors=()))
 async def get_metrics(request: Request):
     from radixrt.runtime.server.observe.metrics import CONTENT_TYPE
+
     c = ctx(request)
     tm = c.tm
     if tm.dead is None and tm.ready is not None and tm.ready.is_set():

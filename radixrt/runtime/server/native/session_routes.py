@@ -6,6 +6,7 @@ the session id as a JSON string, as SGLang does; a taken ``session_id`` is a 400
 Requests then join the session with ``session_params`` or ``session_id`` on ``/generate``, or with the
 ``X-Session-Id`` header / ``session_id`` body field on the OpenAI routes.
 """
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request

@@ -6,6 +6,7 @@ tree's ``top`` longest and most-hit prefixes (``tree``, see ``mem/tree_summary.p
 each decoded (``text``). The page is plain HTML with a small inline script (``dashboard.html``); nothing is
 fetched from outside the server. ``--api-key`` applies to both routes, as to every route but ``/health``.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,7 +39,7 @@ def parse_top(raw: str | None, default: int = 50) -> int:
 
 def _head_text(tokenizer, ids: list[int], max_chars: int = 80) -> str:
     text = tokenizer.decode(ids, skip_special_tokens=False).replace("\n", " ")
-    return text if len(text) <= max_chars else text[:max_chars - 1] + "\u2026"
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "\u2026"
 
 
 @router.get("/cache_tree")
@@ -50,9 +51,18 @@ async def cache_tree(request: Request):
     for key in ("largest", "most_hit"):
         for row in tree[key]:
             row["text"] = _head_text(c.tm.tokenizer, row.pop("head_ids"))
-    return JSONResp({"time": time.time(), "model_name": c.tm.model_name, "num_running": info.num_running,
-                     "num_waiting": info.num_waiting, "cache": info.cache, "latency": c.tm.latency.summary(),
-                     "eviction_policy": c.args.eviction_policy, "tree": tree})
+    return JSONResp(
+        {
+            "time": time.time(),
+            "model_name": c.tm.model_name,
+            "num_running": info.num_running,
+            "num_waiting": info.num_waiting,
+            "cache": info.cache,
+            "latency": c.tm.latency.summary(),
+            "eviction_policy": c.args.eviction_policy,
+            "tree": tree,
+        }
+    )
 
 
 @router.get("/dashboard")

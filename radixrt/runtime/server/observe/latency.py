@@ -1,5 +1,6 @@
 """Recent TTFT and ITL samples (seconds), kept in the main process for ``/cache_tree`` and ``/dashboard``
 (Prometheus histograms, with ``--enable-metrics``, are the long-run record)."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -29,6 +29,7 @@ and ``radixrt:hicache_store_seconds_total`` (time copying pages in and out of th
 Gauges and the cache counters are refreshed from the scheduler at each scrape; latencies are measured in
 the main process.
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -66,20 +67,23 @@ class _SchedulerState:
             rows["load_seconds"].append((t, d["read_seconds"] if disk else d["load_seconds"]))
             rows["store_seconds"].append((t, d["write_seconds"] if disk else d["store_seconds"]))
         for suffix, doc, kind in (
-                ("hit_rate", "prompt tokens restored from the tier over those looked up", GaugeMetricFamily),
-                ("bytes", "KV bytes held in the tier", GaugeMetricFamily),
-                ("hit_tokens", "prompt tokens restored from the tier", CounterMetricFamily),
-                ("load_seconds", "seconds spent reading pages from the tier", CounterMetricFamily),
-                ("store_seconds", "seconds spent writing pages to the tier", CounterMetricFamily)):
+            ("hit_rate", "prompt tokens restored from the tier over those looked up", GaugeMetricFamily),
+            ("bytes", "KV bytes held in the tier", GaugeMetricFamily),
+            ("hit_tokens", "prompt tokens restored from the tier", CounterMetricFamily),
+            ("load_seconds", "seconds spent reading pages from the tier", CounterMetricFamily),
+            ("store_seconds", "seconds spent writing pages to the tier", CounterMetricFamily),
+        ):
             fam = kind(f"radixrt:hicache_{suffix}", doc, labels=names + ["tier"])
             for t, v in rows[suffix]:
                 fam.add_metric(vals + [t], v)
             yield fam
         host = self.hicache.get("host", {})
-        for suffix, doc in (("restoring_jobs", "restores in flight on the copy thread (their requests wait)"),
-                            ("restoring_pages", "KV pool pages being filled by restores in flight"),
-                            ("storing_jobs", "stores of evicted pages to tier 2 in flight on the store thread"),
-                            ("storing_pages", "KV pool pages held until their store to tier 2 lands")):
+        for suffix, doc in (
+            ("restoring_jobs", "restores in flight on the copy thread (their requests wait)"),
+            ("restoring_pages", "KV pool pages being filled by restores in flight"),
+            ("storing_jobs", "stores of evicted pages to tier 2 in flight on the store thread"),
+            ("storing_pages", "KV pool pages held until their store to tier 2 lands"),
+        ):
             fam = GaugeMetricFamily(f"radixrt:hicache_{suffix}", doc, labels=names)
             fam.add_metric(vals, host.get(suffix, 0))
             yield fam
@@ -89,37 +93,49 @@ class _SchedulerState:
         vals = [self.labels[k] for k in names]
         rate = self.hit / self.query if self.query else 0.0
         for name, doc, v in (
-                ("sglang:num_running_reqs", "running requests", self.running),
-                ("vllm:num_requests_running", "running requests", self.running),
-                ("sglang:num_queue_reqs", "requests waiting to be scheduled", self.waiting),
-                ("vllm:num_requests_waiting", "requests waiting to be scheduled", self.waiting),
-                ("sglang:token_usage", "KV pages held by requests or pinned in the tree, over all", self.usage),
-                ("vllm:kv_cache_usage_perc", "KV pages held by requests or pinned in the tree, over all", self.usage),
-                ("radixrt:kv_cache_cached_ratio", "evictable cached KV pages over all pages", self.cached_ratio),
-                ("sglang:cache_hit_rate", "prompt tokens served from the prefix cache over those looked up", rate),
-                ("sglang:spec_accept_length", "tokens per verifying request-step (accepted drafts + 1)",
-                 self.spec.get("accept_length", 0.0)),
-                ("radixrt:spec_accept_rate", "accepted over proposed draft tokens", self.spec.get("accept_rate", 0.0))):
+            ("sglang:num_running_reqs", "running requests", self.running),
+            ("vllm:num_requests_running", "running requests", self.running),
+            ("sglang:num_queue_reqs", "requests waiting to be scheduled", self.waiting),
+            ("vllm:num_requests_waiting", "requests waiting to be scheduled", self.waiting),
+            ("sglang:token_usage", "KV pages held by requests or pinned in the tree, over all", self.usage),
+            ("vllm:kv_cache_usage_perc", "KV pages held by requests or pinned in the tree, over all", self.usage),
+            ("radixrt:kv_cache_cached_ratio", "evictable cached KV pages over all pages", self.cached_ratio),
+            ("sglang:cache_hit_rate", "prompt tokens served from the prefix cache over those looked up", rate),
+            (
+                "sglang:spec_accept_length",
+                "tokens per verifying request-step (accepted drafts + 1)",
+                self.spec.get("accept_length", 0.0),
+            ),
+            ("radixrt:spec_accept_rate", "accepted over proposed draft tokens", self.spec.get("accept_rate", 0.0)),
+        ):
             g = GaugeMetricFamily(name, doc, labels=names)
             g.add_metric(vals, v)
             yield g
         m = self.memory
-        for name, doc, v in (("radixrt:weight_bytes", "bytes of the model's weights as held", m.get("weight_bytes", 0)),
-                             ("radixrt:kv_pool_bytes", "bytes of the KV pool", m.get("kv_pool_bytes", 0)),
-                             ("radixrt:peak_rss_bytes", "peak resident set of every server process, summed (bytes)",
-                              m.get("peak_rss_by_process", {}).get("total", 0))):
+        for name, doc, v in (
+            ("radixrt:weight_bytes", "bytes of the model's weights as held", m.get("weight_bytes", 0)),
+            ("radixrt:kv_pool_bytes", "bytes of the KV pool", m.get("kv_pool_bytes", 0)),
+            (
+                "radixrt:peak_rss_bytes",
+                "peak resident set of every server process, summed (bytes)",
+                m.get("peak_rss_by_process", {}).get("total", 0),
+            ),
+        ):
             g = GaugeMetricFamily(name, doc, labels=names)
             g.add_metric(vals, v)
             yield g
-        for name, doc, v in (("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", self.query),
-                             ("vllm:prefix_cache_hits", "prompt tokens served from the prefix cache", self.hit),
-                             ("sglang:cached_tokens", "prompt tokens served from the prefix cache", self.hit),
-                             ("vllm:spec_decode_num_accepted_tokens", "draft tokens accepted",
-                              self.spec.get("accepted_tokens", 0)),
-                             ("vllm:spec_decode_num_draft_tokens", "draft tokens proposed and verified",
-                              self.spec.get("draft_tokens", 0)),
-                             ("vllm:spec_decode_num_drafts", "request-steps that verified drafts",
-                              self.spec.get("verify_steps", 0))):
+        for name, doc, v in (
+            ("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", self.query),
+            ("vllm:prefix_cache_hits", "prompt tokens served from the prefix cache", self.hit),
+            ("sglang:cached_tokens", "prompt tokens served from the prefix cache", self.hit),
+            ("vllm:spec_decode_num_accepted_tokens", "draft tokens accepted", self.spec.get("accepted_tokens", 0)),
+            (
+                "vllm:spec_decode_num_draft_tokens",
+                "draft tokens proposed and verified",
+                self.spec.get("draft_tokens", 0),
+            ),
+            ("vllm:spec_decode_num_drafts", "request-steps that verified drafts", self.spec.get("verify_steps", 0)),
+        ):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric(vals, v)
             yield c
@@ -133,8 +149,9 @@ class Metrics:
         r, names = self.registry, list(self.lab)
 
         def both(kind, suffix, doc, **kw):
-            return [kind(f"{p}:{suffix}", doc, names + kw.pop("extra", []), registry=r, **kw)
-                    for p in ("sglang", "vllm")]
+            return [
+                kind(f"{p}:{suffix}", doc, names + kw.pop("extra", []), registry=r, **kw) for p in ("sglang", "vllm")
+            ]
 
         self.prompt_tokens = both(Counter, "prompt_tokens", "prompt tokens of finished requests")
         self.gen_tokens = both(Counter, "generation_tokens", "generated tokens of finished requests")
@@ -142,10 +159,12 @@ class Metrics:
         self.success = Counter("vllm:request_success", "finished requests", names + ["finished_reason"], registry=r)
         self.ttft = both(Histogram, "time_to_first_token_seconds", "time to first token", buckets=_LATENCY_BUCKETS)
         self.itl = both(Histogram, "inter_token_latency_seconds", "time between output tokens", buckets=_ITL_BUCKETS)
-        self.e2e = both(Histogram, "e2e_request_latency_seconds", "request latency, arrival to finish",
-                        buckets=_LATENCY_BUCKETS)
-        self.restarts = Counter("radixrt:process_restarts", "children restarted after a child process died",
-                                names + ["process"], registry=r)
+        self.e2e = both(
+            Histogram, "e2e_request_latency_seconds", "request latency, arrival to finish", buckets=_LATENCY_BUCKETS
+        )
+        self.restarts = Counter(
+            "radixrt:process_restarts", "children restarted after a child process died", names + ["process"], registry=r
+        )
         self.state = _SchedulerState(self.lab)
         r.register(self.state)
 
@@ -162,8 +181,9 @@ class Metrics:
             for _ in range(n):
                 h.observe(dt)
 
-    def observe_finish(self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
-                       reason: str) -> None:
+    def observe_finish(
+        self, e2e: float, prompt_tokens: int, completion_tokens: int, cached_tokens: int, reason: str
+    ) -> None:
         for h in self.e2e:
             h.labels(**self.lab).observe(e2e)
         for c in self.prompt_tokens:

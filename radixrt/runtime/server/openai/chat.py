@@ -1,4 +1,5 @@
 """``POST /v1/chat/completions``: OpenAI chat over the model's chat template, with tool calling."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,17 @@ from fastapi import APIRouter, Request
 from radixrt.runtime.server.api_models import ChatCompletionResponse, doc
 from radixrt.runtime.server.context import ServerContext, ctx
 from radixrt.runtime.server.manager.req_batch import ReqBatch
-from radixrt.runtime.server.openai.protocol import (CHAT_ROLES, MAX_CHAT_TOP_LOGPROBS, ApiError, parse_body,
-                                                    ChatCompletionRequest, chat_logprobs, finish_reason, new_id, now)
+from radixrt.runtime.server.openai.protocol import (
+    CHAT_ROLES,
+    MAX_CHAT_TOP_LOGPROBS,
+    ApiError,
+    parse_body,
+    ChatCompletionRequest,
+    chat_logprobs,
+    finish_reason,
+    new_id,
+    now,
+)
 from radixrt.runtime.server.openai.sampling import n_seeds, sampling_params
 from radixrt.runtime.server.openai.serving import Envelope, check_model, complete, session_of, stream, submit
 from radixrt.runtime.server.openai.chat_format import ChatFormat, ChatTurn, prepare_turn
@@ -26,12 +36,23 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
     the plan (prompt, grammar, parsing), or None when no tool may be called. Raises ApiError 400."""
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     if plan is not None:
-        for field in ("response_format", "regex", "ebnf", "guided_json", "guided_regex", "guided_choice",
-                      "guided_grammar", "structured_outputs"):
+        for field in (
+            "response_format",
+            "regex",
+            "ebnf",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "structured_outputs",
+        ):
             v = getattr(req, field)
             if v is not None and not (field == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
-                raise ApiError(f"{field} cannot be combined with tools (tool_choice {plan.mode!r} constrains the "
-                               f"output to tool calls); use tool_choice 'none'", param=field)
+                raise ApiError(
+                    f"{field} cannot be combined with tools (tool_choice {plan.mode!r} constrains the "
+                    f"output to tool calls); use tool_choice 'none'",
+                    param=field,
+                )
     return plan
 
 
@@ -45,8 +66,11 @@ def _check_size(messages, limits) -> None:
         chars += sum(len(p) if isinstance(p, str) else len(str(p.get("text", ""))) for p in parts if p)
     ctx_len = limits.context_length
     if len(messages) >= ctx_len or (limits.max_chars is not None and chars > limits.max_chars):
-        raise ApiError(f"messages: {len(messages)} messages of {chars} characters cannot fit the context length "
-                       f"of {ctx_len} tokens", param="messages")
+        raise ApiError(
+            f"messages: {len(messages)} messages of {chars} characters cannot fit the context length "
+            f"of {ctx_len} tokens",
+            param="messages",
+        )
 
 
 def chat_messages(messages) -> list[dict]:
@@ -57,33 +81,41 @@ def chat_messages(messages) -> list[dict]:
     msgs, called = [], set()  # called: the ids of earlier assistant tool calls, which tool messages answer
     for i, m in enumerate(messages):
         if m.role not in CHAT_ROLES:
-            raise ApiError(f"messages[{i}].role: unknown role {m.role!r}; expected one of "
-                           f"{list(CHAT_ROLES)}", param=f"messages[{i}].role")
+            raise ApiError(
+                f"messages[{i}].role: unknown role {m.role!r}; expected one of {list(CHAT_ROLES)}",
+                param=f"messages[{i}].role",
+            )
         content = m.content
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ApiError(f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
-                                   f"are supported", param=f"messages[{i}].content[{j}]")
+                    raise ApiError(
+                        f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                        param=f"messages[{i}].content[{j}]",
+                    )
                 texts.append(part["text"])
             content = "\n".join(texts)
         if content is None:
             if m.role in ("system", "developer", "user", "tool"):
-                raise ApiError(f"messages[{i}].content is required for role {m.role!r}",
-                               param=f"messages[{i}].content")
+                raise ApiError(f"messages[{i}].content is required for role {m.role!r}", param=f"messages[{i}].content")
             content = ""
         if m.role == "tool" and not m.tool_call_id:
-            raise ApiError(f"messages[{i}].tool_call_id is required for role 'tool'",
-                           param=f"messages[{i}].tool_call_id")
+            raise ApiError(
+                f"messages[{i}].tool_call_id is required for role 'tool'", param=f"messages[{i}].tool_call_id"
+            )
         if m.role == "tool" and m.tool_call_id not in called:
-            raise ApiError(f"messages[{i}].tool_call_id {m.tool_call_id!r} answers no tool call of an earlier "
-                           f"assistant message", param=f"messages[{i}].tool_call_id")
+            raise ApiError(
+                f"messages[{i}].tool_call_id {m.tool_call_id!r} answers no tool call of an earlier assistant message",
+                param=f"messages[{i}].tool_call_id",
+            )
         for j, tc in enumerate(m.tool_calls or []):
             fn = tc.get("function")
             if not isinstance(tc.get("id"), str) or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise ApiError(f"messages[{i}].tool_calls[{j}] needs an id and a function with a name",
-                               param=f"messages[{i}].tool_calls[{j}]")
+                raise ApiError(
+                    f"messages[{i}].tool_calls[{j}] needs an id and a function with a name",
+                    param=f"messages[{i}].tool_calls[{j}]",
+                )
             called.add(tc["id"])
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name is not None:
@@ -100,16 +132,19 @@ def chat_format(c) -> ChatFormat:
     """The server's :class:`ChatFormat` (template, tool-call and reasoning parsers), built on first use."""
     if c.chat_format is None:
         from radixrt.runtime.models.loader import load_config
-        c.chat_format = ChatFormat.for_model(c.tm.tokenizer, load_config(c.args.model).model_type,
-                                             c.args.tool_call_parser, c.args.reasoning_parser)
+
+        c.chat_format = ChatFormat.for_model(
+            c.tm.tokenizer, load_config(c.args.model).model_type, c.args.tool_call_parser, c.args.reasoning_parser
+        )
     return c.chat_format
 
 
 def _check_top_logprobs(req: ChatCompletionRequest) -> None:
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_CHAT_TOP_LOGPROBS:
-            raise ApiError(f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {req.top_logprobs}",
-                           param="top_logprobs")
+            raise ApiError(
+                f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {req.top_logprobs}", param="top_logprobs"
+            )
         if req.top_logprobs > 0 and not req.logprobs:
             raise ApiError("top_logprobs needs logprobs=true", param="top_logprobs")
 
@@ -139,8 +174,14 @@ class ChatRun:
         return message, reason
 
 
-async def run_chat(c: ServerContext, request: Request, req: ChatCompletionRequest, msgs: Optional[list] = None,
-                   session_id: Optional[str] = None, submit_it: bool = True) -> ChatRun:
+async def run_chat(
+    c: ServerContext,
+    request: Request,
+    req: ChatCompletionRequest,
+    msgs: Optional[list] = None,
+    session_id: Optional[str] = None,
+    submit_it: bool = True,
+) -> ChatRun:
     """Validate, render, tokenize (with turn continuity) and queue a chat request; ``msgs``: template-ready
     messages when the caller converted them itself (else ``req.messages``); ``submit_it=False``: only the
     prompt (token counting).
@@ -151,26 +192,41 @@ async def run_chat(c: ServerContext, request: Request, req: ChatCompletionReques
     tm = c.tm
     tm.check_ready()
     check_model(c, req.model)
-    _check_size(req.messages if msgs is None else [SimpleNamespace(content=m.get("content")) for m in msgs],
-                tm.limits)
+    _check_size(req.messages if msgs is None else [SimpleNamespace(content=m.get("content")) for m in msgs], tm.limits)
     plan = check_tools(req)
     _check_top_logprobs(req)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp, grammar_src = sampling_params(req, max_new, max_param)
-    turn = prepare_turn(chat_format(c), tm.tokenizer, msgs if msgs is not None else chat_messages(req.messages),
-                        plan, sp, req.chat_template_kwargs, req.separate_reasoning)
+    turn = prepare_turn(
+        chat_format(c),
+        tm.tokenizer,
+        msgs if msgs is not None else chat_messages(req.messages),
+        plan,
+        sp,
+        req.chat_template_kwargs,
+        req.separate_reasoning,
+    )
     sp.update(turn.sampling)
-    ids, spliced = encode_turn(tm.tokenizer, c.turns(), turn, req.cache_salt,
-                               getattr(c.args, "reasoning_history", "strip") == "keep")
+    ids, spliced = encode_turn(
+        tm.tokenizer, c.turns(), turn, req.cache_salt, getattr(c.args, "reasoning_history", "strip") == "keep"
+    )
     n = req.n
     if not submit_it:
         return ChatRun(c, turn, None, n, req.cache_salt, spliced, ids)
     sps = [dict(sp, **({"seed": s} if s is not None else {})) for s in n_seeds(req.seed, n)]
-    batch = await submit(c, "messages", max_param, sps, ids=[ids] * n, return_logprob=req.logprobs,
-                         top_n=req.top_logprobs or 0, cache_salt=req.cache_salt,
-                         grammar_param="tools" if plan else grammar_src,
-                         session_id=session_id if session_id is not None else session_of(request, req.session_id))
+    batch = await submit(
+        c,
+        "messages",
+        max_param,
+        sps,
+        ids=[ids] * n,
+        return_logprob=req.logprobs,
+        top_n=req.top_logprobs or 0,
+        cache_salt=req.cache_salt,
+        grammar_param="tools" if plan else grammar_src,
+        session_id=session_id if session_id is not None else session_of(request, req.session_id),
+    )
     return ChatRun(c, turn, batch, n, req.cache_salt, spliced, ids)
 
 
@@ -191,8 +247,14 @@ async def chat_completions(request: Request):
     req = await parse_body(request, ChatCompletionRequest)
     run = await run_chat(c, request, req)
     turn, batch, n, top_n = run.turn, run.batch, run.n, req.top_logprobs or 0
-    env = Envelope(new_id("chatcmpl"), "chat.completion", "chat.completion.chunk", now(), tm.model_name,
-                   bool(req.stream_options and req.stream_options.include_usage))
+    env = Envelope(
+        new_id("chatcmpl"),
+        "chat.completion",
+        "chat.completion.chunk",
+        now(),
+        tm.model_name,
+        bool(req.stream_options and req.stream_options.include_usage),
+    )
 
     def lp_obj(pairs, tops):
         return {"content": chat_logprobs(c.token_texts(), pairs, tops, top_n)} if req.logprobs else None
@@ -230,7 +292,11 @@ async def chat_completions(request: Request):
 
     def choice(i, o) -> dict:
         message, reason = run.parse(i)
-        return {"index": i, "message": message, "logprobs": lp_obj(o.output_token_logprobs, o.output_top_logprobs),
-                "finish_reason": reason}
+        return {
+            "index": i,
+            "message": message,
+            "logprobs": lp_obj(o.output_token_logprobs, o.output_top_logprobs),
+            "finish_reason": reason,
+        }
 
     return await complete(request, env, batch, n, choice)

@@ -13,6 +13,7 @@ the request sets ``separate_reasoning: false``. A request grammar (tools, ``resp
 is gated to start after the reasoning's end marker, unless the prompt already closed the reasoning (Qwen3
 with ``chat_template_kwargs: {"enable_thinking": false}``) or thinking is turned off.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,18 +33,26 @@ GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 @dataclass(frozen=True)
 class ChatFormat:
-    template_tools: bool                 # the model's template renders ``tools`` itself
-    tool_format: Optional[ToolFormat]    # None: the injected Hermes prompt and its parser
+    template_tools: bool  # the model's template renders ``tools`` itself
+    tool_format: Optional[ToolFormat]  # None: the injected Hermes prompt and its parser
     reasoning: Optional[ReasoningFormat]
 
     @classmethod
-    def for_model(cls, tokenizer, model_type: Optional[str], tool_call_parser: Optional[str] = None,
-                  reasoning_parser: Optional[str] = None) -> "ChatFormat":
+    def for_model(
+        cls,
+        tokenizer,
+        model_type: Optional[str],
+        tool_call_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
+    ) -> "ChatFormat":
         """Raises ValueError for an unknown parser name."""
         template = chat_template(tokenizer)
         name = tool_call_parser or detect_tool_format(model_type, template)
-        return cls(handles_tools(template), get_tool_format(name) if name else None,
-                   get_reasoning_format(reasoning_parser) if reasoning_parser else None)
+        return cls(
+            handles_tools(template),
+            get_tool_format(name) if name else None,
+            get_reasoning_format(reasoning_parser) if reasoning_parser else None,
+        )
 
 
 @dataclass
@@ -51,7 +60,7 @@ class ChatTurn:
     """One request's prompt, extra sampling params and output parsing."""
 
     prompt: str
-    sampling: dict = field(default_factory=dict)   # grammar and flags to merge into the sampling params
+    sampling: dict = field(default_factory=dict)  # grammar and flags to merge into the sampling params
     tool_format: Optional[ToolFormat] = None
     plan: Optional[ToolPlan] = None
     reasoning: Optional[ReasoningFormat] = None
@@ -74,8 +83,15 @@ class ChatTurn:
         return ChoiceParser(rs, tools)
 
 
-def prepare_turn(cf: ChatFormat, tokenizer, msgs: list[dict], plan: Optional[ToolPlan], sp: dict,
-                 template_kwargs: Optional[dict], separate_reasoning: bool = True) -> ChatTurn:
+def prepare_turn(
+    cf: ChatFormat,
+    tokenizer,
+    msgs: list[dict],
+    plan: Optional[ToolPlan],
+    sp: dict,
+    template_kwargs: Optional[dict],
+    separate_reasoning: bool = True,
+) -> ChatTurn:
     """Render ``msgs`` and decide grammar and parsing for one chat request whose sampling params are ``sp``.
 
     Raises:
@@ -99,15 +115,17 @@ def prepare_turn(cf: ChatFormat, tokenizer, msgs: list[dict], plan: Optional[Too
         raise ApiError(f"messages: the chat template failed: ValueError: {e}", param="messages") from None
     except Exception as e:
         raise ApiError(f"messages: the chat template failed: {type(e).__name__}: {e}", param="messages") from None
-    turn = ChatTurn(prompt, plan=plan, msgs=msgs, tools=tools, template_kwargs=template_kwargs,
-                    template_tools=cf.template_tools)
+    turn = ChatTurn(
+        prompt, plan=plan, msgs=msgs, tools=tools, template_kwargs=template_kwargs, template_tools=cf.template_tools
+    )
     if plan is not None:
         # the chosen format drives auto mode when the template shows tools or a parser was forced
         fmt = cf.tool_format if (cf.template_tools or cf.tool_format is not None) and plan.mode == "auto" else None
         turn.tool_format = fmt
         if fmt is not None:
-            turn.sampling["structural_tag"] = json.dumps(fmt.structural_tag(plan.tools, plan.parallel),
-                                                         ensure_ascii=False)
+            turn.sampling["structural_tag"] = json.dumps(
+                fmt.structural_tag(plan.tools, plan.parallel), ensure_ascii=False
+            )
             if not fmt.skip_special_tokens:  # its marker is a special token: keep it in the text
                 turn.sampling["skip_special_tokens"] = False
         else:

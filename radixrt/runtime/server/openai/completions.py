@@ -1,12 +1,21 @@
 """``POST /v1/completions``: OpenAI (legacy) completions over raw prompts."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from radixrt.runtime.server.api_models import CompletionResponse, doc
 from radixrt.runtime.server.context import ctx
-from radixrt.runtime.server.openai.protocol import (MAX_COMPLETION_LOGPROBS, ApiError, CompletionRequest, parse_body,
-                                                    completion_logprobs, finish_reason, new_id, now)
+from radixrt.runtime.server.openai.protocol import (
+    MAX_COMPLETION_LOGPROBS,
+    ApiError,
+    CompletionRequest,
+    parse_body,
+    completion_logprobs,
+    finish_reason,
+    new_id,
+    now,
+)
 from radixrt.runtime.server.openai.sampling import n_seeds, sampling_params
 from radixrt.runtime.server.openai.serving import Envelope, check_model, complete, session_of, stream, submit
 
@@ -56,15 +65,30 @@ async def completions(request: Request):
     prompts = texts if texts is not None else ids
     seeds = n_seeds(req.seed, n)
     sps = [dict(sp, **({"seed": s} if s is not None else {})) for _ in prompts for s in seeds]
-    rep = (lambda xs: [x for x in xs for _ in range(n)])
+    rep = lambda xs: [x for x in xs for _ in range(n)]
     return_lp = req.logprobs is not None
     top_n = req.logprobs or 0
-    batch = await submit(c, "prompt", "max_tokens", sps, texts=rep(texts) if texts is not None else None,
-                         ids=rep(ids) if ids is not None else None, return_logprob=return_lp, top_n=top_n,
-                         cache_salt=req.cache_salt, grammar_param=grammar_src,
-                         session_id=session_of(request, req.session_id))
-    env = Envelope(new_id("cmpl"), "text_completion", "text_completion", now(), tm.model_name,
-                   bool(req.stream_options and req.stream_options.include_usage))
+    batch = await submit(
+        c,
+        "prompt",
+        "max_tokens",
+        sps,
+        texts=rep(texts) if texts is not None else None,
+        ids=rep(ids) if ids is not None else None,
+        return_logprob=return_lp,
+        top_n=top_n,
+        cache_salt=req.cache_salt,
+        grammar_param=grammar_src,
+        session_id=session_of(request, req.session_id),
+    )
+    env = Envelope(
+        new_id("cmpl"),
+        "text_completion",
+        "text_completion",
+        now(),
+        tm.model_name,
+        bool(req.stream_options and req.stream_options.include_usage),
+    )
     echo = [x if texts is not None else tm.tokenizer.decode(x) for x in prompts] if req.echo else None
 
     def lp_obj(pairs, tops, offset):
@@ -91,7 +115,11 @@ async def completions(request: Request):
 
     def choice(k, o) -> dict:
         prefix = echo[k // n] if echo is not None else ""
-        return text_choice(k, prefix + o.text, finish_reason(o.finished_reason),
-                           lp_obj(o.output_token_logprobs, o.output_top_logprobs, 0))
+        return text_choice(
+            k,
+            prefix + o.text,
+            finish_reason(o.finished_reason),
+            lp_obj(o.output_token_logprobs, o.output_top_logprobs, 0),
+        )
 
     return await complete(request, env, batch, n, choice)

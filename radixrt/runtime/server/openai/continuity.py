@@ -16,6 +16,7 @@ prompt the turn came from (a prefix mismatch) keeps its own text: the cache matc
 dropped the reasoning; ``strip`` (default) splices a turn with reasoning only where the template rendered
 that reasoning, so the prompt stays the template's.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,9 @@ def _tail_ok(tokenizer, prefix: str, seg: int, start: int, keep_reasoning: bool)
     return enc(prefix[seg:start]) + enc(prefix[start:]) == enc(prefix[seg:])
 
 
-def encode_turn(tokenizer, store: TurnStore, turn: ChatTurn, salt: Optional[str],
-                keep_reasoning: bool) -> tuple[list[int], int]:
+def encode_turn(
+    tokenizer, store: TurnStore, turn: ChatTurn, salt: Optional[str], keep_reasoning: bool
+) -> tuple[list[int], int]:
     """The prompt ids of ``turn``, with every earlier assistant turn found in ``store`` spliced in as the
     ids it was generated as; and how many turns were spliced."""
     msgs, prompt = turn.msgs, turn.prompt
@@ -67,7 +69,7 @@ def encode_turn(tokenizer, store: TurnStore, turn: ChatTurn, salt: Optional[str]
             t = store.get(turn_key(salt, prefix, m.get("content"), m.get("tool_calls")))
             if t is None:
                 continue
-            upto = _render(tokenizer, turn, msgs[:i + 1], False)
+            upto = _render(tokenizer, turn, msgs[: i + 1], False)
             if upto is None or not prompt.startswith(upto):
                 continue
             start = len(os.path.commonprefix([prefix, upto]))

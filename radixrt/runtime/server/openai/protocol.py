@@ -9,6 +9,7 @@ generate up to the room left in the context (the smaller of the context length a
 the prompt tokens). This applies to both
 ``/v1/chat/completions`` and ``/v1/completions``.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,9 +31,14 @@ CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 # ---- requests ----------------------------------------------------------------------------------------
 # OpenAI fields that are accepted and have no effect here, with the reason (docs/compatibility.md) ...
 IGNORED_FIELDS = {
-    "user": "no per-user accounting", "metadata": "nothing is stored", "store": "nothing is stored",
-    "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
-    "reasoning_effort": "not a reasoning model", "verbosity": "no verbosity control; use max_tokens",
+    "user": "no per-user accounting",
+    "metadata": "nothing is stored",
+    "store": "nothing is stored",
+    "service_tier": "one tier",
+    "safety_identifier": "no abuse monitoring",
+    "moderation": "no moderation layer",
+    "reasoning_effort": "not a reasoning model",
+    "verbosity": "no verbosity control; use max_tokens",
     "prediction": "a speed hint (predicted outputs); the output is the same without it",
     "prompt_cache_key": "the radix cache matches prefixes by content (use cache_salt to keep tenants apart)",
     "prompt_cache_options": "the radix cache matches prefixes by content",
@@ -41,20 +47,21 @@ IGNORED_FIELDS = {
 }
 # ... and fields refused with a 400 naming them when set (null, false and [] count as unset).
 REFUSED_FIELDS = {
-    "audio": "the model is text-only", "web_search_options": "there is no web search",
-    "functions": "deprecated by OpenAI; use tools", "function_call": "deprecated by OpenAI; use tool_choice",
-    "modalities": "the output is text only (only [\"text\"] is accepted)",
+    "audio": "the model is text-only",
+    "web_search_options": "there is no web search",
+    "functions": "deprecated by OpenAI; use tools",
+    "function_call": "deprecated by OpenAI; use tool_choice",
+    "modalities": 'the output is text only (only ["text"] is accepted)',
 }
 # /generate's names sent to an OpenAI route: unknown there, so they would be ignored (an unknown field is, as
 # in SGLang and vLLM) and the output silently unconstrained; refused instead, naming the OpenAI field.
 GENERATE_NAMES = {
-    "json_schema": "it is a /generate sampling parameter; here use response_format (type json_schema) or "
-                   "guided_json",
+    "json_schema": "it is a /generate sampling parameter; here use response_format (type json_schema) or guided_json",
     "structural_tag": "it is a /generate sampling parameter; here use structured_outputs.structural_tag",
     "sampling_params": "it is the /generate body's field; here the sampling parameters are top-level fields",
     "max_new_tokens": "it is a /generate sampling parameter; here use max_tokens",
     "session_params": "it is a /generate field; here send the whole history with session_id (or the "
-                      "X-Session-Id header)",
+    "X-Session-Id header)",
 }
 REFUSED_FIELDS.update(GENERATE_NAMES)
 
@@ -105,10 +112,10 @@ class StructuredOutputs(BaseModel):
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     structural_tag: Optional[Union[dict[str, Any], str]] = None
-    disable_any_whitespace: bool = False          # True: no whitespace between JSON tokens (our default)
-    disable_additional_properties: bool = False   # guidance-only in vLLM: accepted, no effect
-    disable_fallback: bool = False                # one grammar backend here: nothing to fall back to
-    whitespace_pattern: Optional[str] = None      # refused (400): xgrammar takes no whitespace regex
+    disable_any_whitespace: bool = False  # True: no whitespace between JSON tokens (our default)
+    disable_additional_properties: bool = False  # guidance-only in vLLM: accepted, no effect
+    disable_fallback: bool = False  # one grammar backend here: nothing to fall back to
+    whitespace_pattern: Optional[str] = None  # refused (400): xgrammar takes no whitespace regex
 
 
 class _Common(_Req):
@@ -149,7 +156,7 @@ class _Common(_Req):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
-    guided_decoding_backend: Optional[str] = None    # accepted, no effect: --grammar-backend decides
+    guided_decoding_backend: Optional[str] = None  # accepted, no effect: --grammar-backend decides
     guided_whitespace_pattern: Optional[str] = None  # refused (400)
     structured_outputs: Optional[StructuredOutputs] = None
 
@@ -180,8 +187,9 @@ def chat_logprobs(tt: TokenTexts, pairs: list, tops: list, top_n: int) -> list[d
     for i, (lp, tid) in enumerate(pairs):
         e = {"token": tt.text(tid), "logprob": lp, "bytes": list(tt.token_bytes(tid)), "top_logprobs": []}
         if top_n and i < len(tops):
-            e["top_logprobs"] = [{"token": tt.text(t), "logprob": l, "bytes": list(tt.token_bytes(t))}
-                                 for l, t in tops[i][:top_n]]
+            e["top_logprobs"] = [
+                {"token": tt.text(t), "logprob": l, "bytes": list(tt.token_bytes(t))} for l, t in tops[i][:top_n]
+            ]
         out.append(e)
     return out
 
@@ -200,8 +208,12 @@ def completion_logprobs(tt: TokenTexts, pairs: list, tops: list, top_n: int, off
             for l, t in (tops[i] if i < len(tops) else [])[:top_n]:
                 d.setdefault(tt.text(t), l)
             top_list.append(d)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": top_list if top_n else None,
-            "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": lps,
+        "top_logprobs": top_list if top_n else None,
+        "text_offset": offsets,
+    }
 
 
 # ---- responses -------------------------------------------------------------------------------------------
@@ -215,9 +227,12 @@ def finish_reason(reason: Optional[dict]) -> Optional[str]:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 def batch_usage(outs: list, n: int) -> dict:
@@ -225,7 +240,7 @@ def batch_usage(outs: list, n: int) -> dict:
     completions add up, and ``cached_tokens`` is the best hit among a prompt's copies."""
     prompt = cached = completion = 0
     for k in range(0, len(outs), n):
-        group = outs[k:k + n]
+        group = outs[k : k + n]
         prompt += group[0].prompt_tokens
         cached += max(o.cached_tokens for o in group)
         completion += sum(o.completion_tokens for o in group)

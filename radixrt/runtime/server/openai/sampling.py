@@ -4,6 +4,7 @@ Default ``max_tokens``: when neither ``max_tokens`` nor ``max_completion_tokens`
 generate up to the room left in the context (the smaller of the context length and the KV pool's size,
 minus the prompt tokens).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,36 +22,49 @@ def response_format_grammar(rf: Optional[dict]) -> Optional[tuple[str, Any]]:
         return None
     t = rf.get("type")
     if t is None:
-        raise ApiError("response_format.type is required: one of 'text', 'json_object', 'json_schema'",
-                       param="response_format.type")
+        raise ApiError(
+            "response_format.type is required: one of 'text', 'json_object', 'json_schema'",
+            param="response_format.type",
+        )
     if t == "text":
         return None
     if t == "json_object":
         return "json_schema", JSON_OBJECT_SCHEMA
     if t != "json_schema":
-        raise ApiError(f"response_format.type must be one of 'text', 'json_object', 'json_schema', got {t!r}",
-                       param="response_format.type")
+        raise ApiError(
+            f"response_format.type must be one of 'text', 'json_object', 'json_schema', got {t!r}",
+            param="response_format.type",
+        )
     js = rf.get("json_schema")
     if js is None:
-        raise ApiError("response_format of type 'json_schema' needs a 'json_schema' object "
-                       "({'name': ..., 'schema': {...}})", param="response_format.json_schema")
+        raise ApiError(
+            "response_format of type 'json_schema' needs a 'json_schema' object ({'name': ..., 'schema': {...}})",
+            param="response_format.json_schema",
+        )
     if not isinstance(js, dict):
-        raise ApiError(f"response_format.json_schema must be an object, got {type(js).__name__}",
-                       param="response_format.json_schema")
+        raise ApiError(
+            f"response_format.json_schema must be an object, got {type(js).__name__}",
+            param="response_format.json_schema",
+        )
     if "schema" not in js or js["schema"] is None:
-        raise ApiError("response_format.json_schema.schema is required (a JSON Schema object)",
-                       param="response_format.json_schema.schema")
+        raise ApiError(
+            "response_format.json_schema.schema is required (a JSON Schema object)",
+            param="response_format.json_schema.schema",
+        )
     schema = js["schema"]
     if not isinstance(schema, dict):
-        raise ApiError(f"response_format.json_schema.schema must be a JSON object, got {type(schema).__name__}",
-                       param="response_format.json_schema.schema")
+        raise ApiError(
+            f"response_format.json_schema.schema must be a JSON object, got {type(schema).__name__}",
+            param="response_format.json_schema.schema",
+        )
     name = js.get("name")
     if name is not None and not isinstance(name, str):
         raise ApiError("response_format.json_schema.name must be a string", param="response_format.json_schema.name")
     strict = js.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise ApiError("response_format.json_schema.strict must be a boolean",
-                       param="response_format.json_schema.strict")
+        raise ApiError(
+            "response_format.json_schema.strict must be a boolean", param="response_format.json_schema.strict"
+        )
     return "json_schema", schema
 
 
@@ -77,8 +91,17 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
         if v is not None and not lo <= v <= hi:
             raise ApiError(f"{k} must be between {lo} and {hi}, got {v}", param=k)
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    for k in ("temperature", "top_p", "frequency_penalty", "presence_penalty", "top_k", "min_p",
-              "repetition_penalty", "seed", "logit_bias"):
+    for k in (
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "seed",
+        "logit_bias",
+    ):
         v = getattr(req, k)
         if v is not None:
             sp[k] = v
@@ -94,12 +117,15 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
     if not req.speculative:
         sp["speculative"] = False
     if req.guided_whitespace_pattern is not None:
-        raise ApiError("guided_whitespace_pattern is not supported: the grammar backends take no whitespace regex",
-                       param="guided_whitespace_pattern")
+        raise ApiError(
+            "guided_whitespace_pattern is not supported: the grammar backends take no whitespace regex",
+            param="guided_whitespace_pattern",
+        )
     g = response_format_grammar(req.response_format)
     if g is not None and (req.regex is not None or req.ebnf is not None):
-        raise ApiError("response_format json_schema/json_object cannot be combined with regex or ebnf",
-                       param="response_format")
+        raise ApiError(
+            "response_format json_schema/json_object cannot be combined with regex or ebnf", param="response_format"
+        )
     sources = [(src, kind, spec) for src, kind, spec in _grammars(req, g) if spec is not None]
     if len(sources) > 1:
         raise ApiError(f"only one grammar may be given, got {[x[0] for x in sources]}", param=sources[1][0])
@@ -112,27 +138,38 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
 
 def _grammars(req: _Common, rf) -> list[tuple[str, str, Any]]:
     """``(request field, native grammar kind, spec)`` of every grammar source (spec None when unset)."""
-    out = [("regex", "regex", req.regex), ("ebnf", "ebnf", req.ebnf),
-           ("response_format.json_schema.schema", "json_schema", rf[1] if rf else None),
-           ("guided_json", "json_schema", req.guided_json), ("guided_regex", "regex", req.guided_regex),
-           ("guided_choice", "choices", req.guided_choice), ("guided_grammar", "ebnf", req.guided_grammar)]
+    out = [
+        ("regex", "regex", req.regex),
+        ("ebnf", "ebnf", req.ebnf),
+        ("response_format.json_schema.schema", "json_schema", rf[1] if rf else None),
+        ("guided_json", "json_schema", req.guided_json),
+        ("guided_regex", "regex", req.guided_regex),
+        ("guided_choice", "choices", req.guided_choice),
+        ("guided_grammar", "ebnf", req.guided_grammar),
+    ]
     so = req.structured_outputs
     if so is not None:
         if so.whitespace_pattern is not None:
-            raise ApiError("structured_outputs.whitespace_pattern is not supported: the grammar backends take no "
-                           "whitespace regex", param="structured_outputs.whitespace_pattern")
+            raise ApiError(
+                "structured_outputs.whitespace_pattern is not supported: the grammar backends take no whitespace regex",
+                param="structured_outputs.whitespace_pattern",
+            )
         from radixrt.runtime.constrained import JSON_OBJECT_SCHEMA
+
         tag = so.structural_tag
-        given = [("structured_outputs.json", "json_schema", so.json_),
-                 ("structured_outputs.regex", "regex", so.regex),
-                 ("structured_outputs.choice", "choices", so.choice),
-                 ("structured_outputs.grammar", "ebnf", so.grammar),
-                 ("structured_outputs.json_object", "json_schema", JSON_OBJECT_SCHEMA if so.json_object else None),
-                 ("structured_outputs.structural_tag", "structural_tag",
-                  json.dumps(tag) if isinstance(tag, dict) else tag)]
+        given = [
+            ("structured_outputs.json", "json_schema", so.json_),
+            ("structured_outputs.regex", "regex", so.regex),
+            ("structured_outputs.choice", "choices", so.choice),
+            ("structured_outputs.grammar", "ebnf", so.grammar),
+            ("structured_outputs.json_object", "json_schema", JSON_OBJECT_SCHEMA if so.json_object else None),
+            ("structured_outputs.structural_tag", "structural_tag", json.dumps(tag) if isinstance(tag, dict) else tag),
+        ]
         if not any(x[2] is not None for x in given):
-            raise ApiError("structured_outputs needs one of json, regex, choice, grammar, json_object, "
-                           "structural_tag", param="structured_outputs")
+            raise ApiError(
+                "structured_outputs needs one of json, regex, choice, grammar, json_object, structural_tag",
+                param="structured_outputs",
+            )
         out += given
     return out
 
@@ -144,13 +181,18 @@ def n_seeds(seed: Optional[int], n: int) -> list[Optional[int]]:
 
 # Native validation fields under their OpenAI names. In an OpenAI request every sampling parameter is
 # built here with its right type, so the one ``sampling_params`` error left is two grammars at once.
-_PARAM_MAP = {"min_new_tokens": "min_tokens", "top_logprobs_num": "logprobs",
-              "json_schema": "response_format.json_schema.schema", "sampling_params": "response_format"}
+_PARAM_MAP = {
+    "min_new_tokens": "min_tokens",
+    "top_logprobs_num": "logprobs",
+    "json_schema": "response_format.json_schema.schema",
+    "sampling_params": "response_format",
+}
 GRAMMAR_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag", "choices")
 
 
-def openai_param(native: Optional[str], prompt_param: str, max_param: str,
-                 grammar_param: Optional[str] = None) -> Optional[str]:
+def openai_param(
+    native: Optional[str], prompt_param: str, max_param: str, grammar_param: Optional[str] = None
+) -> Optional[str]:
     """The OpenAI request field of a native validation field (:attr:`ValidationError.param`);
     ``grammar_param``: the field the request's grammar came from (``guided_json``, ``tools`` ...)."""
     if native in ("text", "input_ids"):

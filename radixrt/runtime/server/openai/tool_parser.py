@@ -49,6 +49,7 @@ streamed ``arguments`` deltas concatenate to exactly that text. ``content`` is t
 ``finish_reason`` is ``"tool_calls"`` when at least one complete call was parsed and generation stopped
 normally.
 """
+
 from __future__ import annotations
 
 import copy
@@ -64,15 +65,23 @@ from radixrt.runtime.parsers.tool_styles import TOOL_CALL_BEGIN, TOOL_CALL_END  
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _MAX_WS_IN_TAG = 1  # JSON whitespace characters allowed between tokens inside an auto-mode call
 
-TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n")
-AUTO_INSTRUCTION = ("For each function call, return a json object with function name and arguments within "
-                    "<tool_call></tool_call> XML tags:\n"
-                    '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>')
-REQUIRED_INSTRUCTION = ("You must call at least one function. Answer only with a JSON array of calls:\n"
-                        '[{"name": <function-name>, "arguments": <args-json-object>}]')
-NAMED_INSTRUCTION = ("You must call the function {name}. Answer only with a JSON object:\n"
-                     '{{"name": "{name}", "arguments": <args-json-object>}}')
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+AUTO_INSTRUCTION = (
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n"
+    '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>'
+)
+REQUIRED_INSTRUCTION = (
+    "You must call at least one function. Answer only with a JSON array of calls:\n"
+    '[{"name": <function-name>, "arguments": <args-json-object>}]'
+)
+NAMED_INSTRUCTION = (
+    "You must call the function {name}. Answer only with a JSON object:\n"
+    '{{"name": "{name}", "arguments": <args-json-object>}}'
+)
 
 
 @dataclass
@@ -88,8 +97,8 @@ class ToolPlan:
     """What a chat request's ``tools``/``tool_choice`` mean for the prompt, the grammar and the parsing."""
 
     tools: list[Tool]
-    mode: str                    # "auto" | "required" | "named"
-    name: Optional[str] = None   # the forced function (named)
+    mode: str  # "auto" | "required" | "named"
+    name: Optional[str] = None  # the forced function (named)
     parallel: bool = True
 
     # ---- prompt ----
@@ -152,14 +161,17 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
             raise ApiError(f"{where}.type must be 'function', got {typ!r}", param=f"{where}.type")
         fn = t.get("function")
         if not isinstance(fn, dict):
-            raise ApiError(f"{where}.function is required: {{'name': ..., 'parameters': {{...}}}}",
-                           param=f"{where}.function")
+            raise ApiError(
+                f"{where}.function is required: {{'name': ..., 'parameters': {{...}}}}", param=f"{where}.function"
+            )
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise ApiError(f"{where}.function.name is required (a non-empty string)", param=f"{where}.function.name")
         if not _NAME_RE.match(name):
-            raise ApiError(f"{where}.function.name {name!r} must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' "
-                           f"or '.'", param=f"{where}.function.name")
+            raise ApiError(
+                f"{where}.function.name {name!r} must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'",
+                param=f"{where}.function.name",
+            )
         if any(p.name == name for p in parsed):
             raise ApiError(f"{where}.function.name {name!r} is used by two tools", param=f"{where}.function.name")
         desc = fn.get("description")
@@ -169,15 +181,19 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
         if params is None:
             params = {"type": "object", "properties": {}, "additionalProperties": False}
         elif not isinstance(params, dict):
-            raise ApiError(f"{where}.function.parameters must be a JSON Schema object, got {type(params).__name__}",
-                           param=f"{where}.function.parameters")
+            raise ApiError(
+                f"{where}.function.parameters must be a JSON Schema object, got {type(params).__name__}",
+                param=f"{where}.function.parameters",
+            )
         else:
             try:
                 validate_spec("json_schema", params)
             except ValueError as e:
                 msg = str(e).removeprefix("json_schema: ")
-                raise ApiError(f"{where}.function.parameters is not a valid JSON schema: {msg}",
-                               param=f"{where}.function.parameters") from None
+                raise ApiError(
+                    f"{where}.function.parameters is not a valid JSON schema: {msg}",
+                    param=f"{where}.function.parameters",
+                ) from None
         parsed.append(Tool(name, desc, params, {"type": "function", "function": fn}))
 
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
@@ -188,8 +204,11 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
         choice = "auto" if parsed else "none"
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
-            raise ApiError(f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
-                           f"{{'name': ...}}}}, got {choice!r}", param="tool_choice")
+            raise ApiError(
+                f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
+                f"{{'name': ...}}}}, got {choice!r}",
+                param="tool_choice",
+            )
         if choice == "none" or (choice == "auto" and not parsed):
             return None
         if choice == "required" and not parsed:
@@ -203,8 +222,10 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
         if not parsed:
             raise ApiError(f"tool_choice names the function {name!r} but no 'tools' are given", param="tool_choice")
         if name not in {t.name for t in parsed}:
-            raise ApiError(f"tool_choice names the function {name!r}, which is not in tools "
-                           f"{[t.name for t in parsed]}", param="tool_choice")
+            raise ApiError(
+                f"tool_choice names the function {name!r}, which is not in tools {[t.name for t in parsed]}",
+                param="tool_choice",
+            )
         return ToolPlan(parsed, "named", name=name, parallel=parallel)
     raise ApiError(f"tool_choice must be a string or an object, got {type(choice).__name__}", param="tool_choice")
 
@@ -213,8 +234,10 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
 def _rebase_refs(node: Any, base: str) -> Any:
     """Local ``$ref`` s (``#...``) of a schema embedded at JSON pointer ``base`` of a bigger one."""
     if isinstance(node, dict):
-        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebase_refs(v, base))
-                for k, v in node.items()}
+        return {
+            k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebase_refs(v, base))
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_rebase_refs(x, base) for x in node]
     return node
@@ -223,10 +246,15 @@ def _rebase_refs(node: Any, base: str) -> Any:
 def _call_schema(tool: Tool, base: str) -> dict:
     """``{"name": <const>, "arguments": <parameters>}``, the schema placed at JSON pointer ``base``."""
     params = {k: v for k, v in copy.deepcopy(tool.parameters).items() if k not in ("$id", "id", "$schema")}
-    return {"type": "object",
-            "properties": {"name": {"type": "string", "const": tool.name},
-                           "arguments": _rebase_refs(params, base + "/properties/arguments")},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "const": tool.name},
+            "arguments": _rebase_refs(params, base + "/properties/arguments"),
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def required_schema(tools: list[Tool], parallel: bool = True) -> dict:
@@ -244,15 +272,30 @@ def required_schema(tools: list[Tool], parallel: bool = True) -> dict:
 def auto_structural_tag(tools: list[Tool], parallel: bool = True) -> dict:
     """tool_choice ``auto``: free text until ``<tool_call>``, then a call of one of the tools (xgrammar format)."""
     from radixrt.runtime.constrained.schema_prep import prepare_schema
+
     tags = []
     for t in tools:
-        tags.append({"type": "tag", "begin": f'{TOOL_CALL_BEGIN}{{"name": "{t.name}", "arguments": ',
-                     "content": {"type": "json_schema", "json_schema": prepare_schema(copy.deepcopy(t.parameters)),
-                                 "max_whitespace_cnt": _MAX_WS_IN_TAG},
-                     "end": "}" + TOOL_CALL_END})
-    return {"type": "structural_tag",
-            "format": {"type": "triggered_tags", "triggers": [TOOL_CALL_BEGIN], "tags": tags,
-                       "stop_after_first": not parallel}}
+        tags.append(
+            {
+                "type": "tag",
+                "begin": f'{TOOL_CALL_BEGIN}{{"name": "{t.name}", "arguments": ',
+                "content": {
+                    "type": "json_schema",
+                    "json_schema": prepare_schema(copy.deepcopy(t.parameters)),
+                    "max_whitespace_cnt": _MAX_WS_IN_TAG,
+                },
+                "end": "}" + TOOL_CALL_END,
+            }
+        )
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": [TOOL_CALL_BEGIN],
+            "tags": tags,
+            "stop_after_first": not parallel,
+        },
+    }
 
 
 # ---- earlier turns --------------------------------------------------------------------------------------------
@@ -275,8 +318,11 @@ def render_tool_history(msgs: list[dict]) -> list[dict]:
                     args = json.loads(args)
                 except ValueError:
                     pass
-            parts.append(TOOL_CALL_BEGIN + json.dumps({"name": fn.get("name"), "arguments": args},
-                                                      ensure_ascii=False) + TOOL_CALL_END)
+            parts.append(
+                TOOL_CALL_BEGIN
+                + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+                + TOOL_CALL_END
+            )
         m = {k: v for k, v in m.items() if k != "tool_calls"}
         m["content"] = "\n".join(parts)
         out.append(m)

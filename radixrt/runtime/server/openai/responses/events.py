@@ -5,6 +5,7 @@ output item ``response.output_item.added`` ... ``response.output_item.done`` wit
 ``.done`` or ``response.function_call_arguments.delta`` / ``.done``; then ``response.completed`` (or
 ``response.incomplete``). Each event carries ``sequence_number``; the SSE ``event:`` line is its type.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,12 +46,25 @@ class EventStream:
             out.append(self.ev("response.reasoning_text.done", content_index=0, text=text, **self._where()))
         elif self.open == "message":
             part = item["content"][0]
-            out.append(self.ev("response.output_text.done", content_index=0, text=part["text"],
-                               logprobs=part["logprobs"], **self._where()))
+            out.append(
+                self.ev(
+                    "response.output_text.done",
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=part["logprobs"],
+                    **self._where(),
+                )
+            )
             out.append(self.ev("response.content_part.done", content_index=0, part=dict(part), **self._where()))
         else:
-            out.append(self.ev("response.function_call_arguments.done", arguments=item["arguments"],
-                               name=item["name"], **self._where()))
+            out.append(
+                self.ev(
+                    "response.function_call_arguments.done",
+                    arguments=item["arguments"],
+                    name=item["name"],
+                    **self._where(),
+                )
+            )
         item["status"] = "completed"
         out.append(self.ev("response.output_item.done", output_index=len(self.items) - 1, item=copy.deepcopy(item)))
         self.open = None
@@ -72,11 +86,21 @@ class EventStream:
         out: list[dict] = []
         if delta.get("reasoning_content"):
             if self.open != "reasoning":
-                out += self._add("reasoning", {"type": "reasoning", "id": self.ids.new("rs"), "summary": [],
-                                               "content": [{"type": "reasoning_text", "text": ""}]})
+                out += self._add(
+                    "reasoning",
+                    {
+                        "type": "reasoning",
+                        "id": self.ids.new("rs"),
+                        "summary": [],
+                        "content": [{"type": "reasoning_text", "text": ""}],
+                    },
+                )
             self.items[-1]["content"][0]["text"] += delta["reasoning_content"]
-            out.append(self.ev("response.reasoning_text.delta", content_index=0, delta=delta["reasoning_content"],
-                               **self._where()))
+            out.append(
+                self.ev(
+                    "response.reasoning_text.delta", content_index=0, delta=delta["reasoning_content"], **self._where()
+                )
+            )
         if delta.get("content"):
             if self.open != "message":
                 item = message_item(self.ids.new("msg"), "", "in_progress")
@@ -87,13 +111,19 @@ class EventStream:
                 self.items[-1]["content"] = [dict(part)]
             self.items[-1]["content"][0]["text"] += delta["content"]
             self.items[-1]["content"][0]["logprobs"] = self.items[-1]["content"][0]["logprobs"] + (logprobs or [])
-            out.append(self.ev("response.output_text.delta", content_index=0, delta=delta["content"],
-                               logprobs=logprobs or [], **self._where()))
+            out.append(
+                self.ev(
+                    "response.output_text.delta",
+                    content_index=0,
+                    delta=delta["content"],
+                    logprobs=logprobs or [],
+                    **self._where(),
+                )
+            )
         for tc in delta.get("tool_calls") or []:
             fn = tc.get("function") or {}
             if tc.get("id") is not None:
-                out += self._add("call", call_item(self.ids.new("fc"), tc["id"], fn.get("name", ""), "",
-                                                   "in_progress"))
+                out += self._add("call", call_item(self.ids.new("fc"), tc["id"], fn.get("name", ""), "", "in_progress"))
             args = fn.get("arguments") or ""
             if args:
                 self.items[-1]["arguments"] += args

@@ -4,6 +4,7 @@ template-ready chat messages, function tools to chat tools, ``text.format`` to `
 Errors name the Responses field (``input[2].type``, ``tools[0].type``, ``text.format``) in OpenAI's error
 shape, as on the chat routes.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,19 +18,25 @@ from radixrt.runtime.server.http.fields import foreign_constraints, refuse_set_f
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
     "user": "no per-user accounting",
-    "service_tier": "one tier", "safety_identifier": "no abuse monitoring", "moderation": "no moderation layer",
+    "service_tier": "one tier",
+    "safety_identifier": "no abuse monitoring",
+    "moderation": "no moderation layer",
     "truncation": "a conversation longer than the context is a 400, never truncated",
     "prompt_cache_key": "the radix cache matches prefixes by content (use cache_salt to keep tenants apart)",
     "prompt_cache_options": "the radix cache matches prefixes by content",
     "prompt_cache_retention": "cached pages live until evicted; a stored response pins its conversation",
-    "stream_options": "no obfuscation padding is sent", "max_tool_calls": "the model makes one turn per call",
+    "stream_options": "no obfuscation padding is sent",
+    "max_tool_calls": "the model makes one turn per call",
     "reasoning": "the reasoning parser decides (--reasoning-parser); effort and summary have no effect",
 }
 # ... and refused with a 400 naming them when set (null, false, [] and {} count as unset)
 REFUSED_FIELDS = {
-    "background": "responses run in the foreground only", "conversation": "use previous_response_id",
-    "prompt": "no stored prompt templates", "image": "the model is text-only",
-    "context_management": "no server-side compaction", "access_programs": "no programmatic tool calling",
+    "background": "responses run in the foreground only",
+    "conversation": "use previous_response_id",
+    "prompt": "no stored prompt templates",
+    "image": "the model is text-only",
+    "context_management": "no server-side compaction",
+    "access_programs": "no programmatic tool calling",
     "background_options": "responses run in the foreground only",
     **foreign_constraints("here use text.format (json_schema), tools, and max_output_tokens"),
 }
@@ -84,7 +91,7 @@ def input_items(inp: Union[str, list, None], ids: "ItemIds") -> list[dict]:
     """``input`` (already checked by :func:`input_messages`) as the items ``input_items.list`` returns: a
     string as one user message, message contents as ``input_text`` parts, an id on every item."""
     out = []
-    for it in ([{"role": "user", "content": inp}] if isinstance(inp, str) else inp or []):
+    for it in [{"role": "user", "content": inp}] if isinstance(inp, str) else inp or []:
         item = dict(it)
         typ = item.setdefault("type", "message")
         if typ == "message" and isinstance(item.get("content"), str):
@@ -124,8 +131,11 @@ def input_messages(inp: Union[str, list, None]) -> list[dict]:
             for f in ("call_id", "name", "arguments"):
                 if not isinstance(it.get(f), str):
                     raise ApiError(f"{where}.{f} is required (a string)", param=f"{where}.{f}")
-            call = {"id": it["call_id"], "type": "function",
-                    "function": {"name": it["name"], "arguments": it["arguments"]}}
+            call = {
+                "id": it["call_id"],
+                "type": "function",
+                "function": {"name": it["name"], "arguments": it["arguments"]},
+            }
             last = msgs[-1] if msgs else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
@@ -143,8 +153,10 @@ def input_messages(inp: Union[str, list, None]) -> list[dict]:
             parts = it.get("content") or it.get("summary") or []
             reasoning = _text(parts, f"{where}.content") if parts else ""
         else:
-            raise ApiError(f"{where}.type {typ!r} is not supported: message, function_call, "
-                           f"function_call_output or reasoning", param=f"{where}.type")
+            raise ApiError(
+                f"{where}.type {typ!r} is not supported: message, function_call, function_call_output or reasoning",
+                param=f"{where}.type",
+            )
     if not msgs:
         raise ApiError("input must hold at least one message", param="input")
     return msgs
@@ -158,8 +170,9 @@ def chat_tools(tools: Optional[list]) -> Optional[list]:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function":
             got = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise ApiError(f"tools[{i}].type must be 'function' (no hosted tools here), got {got!r}",
-                           param=f"tools[{i}].type")
+            raise ApiError(
+                f"tools[{i}].type must be 'function' (no hosted tools here), got {got!r}", param=f"tools[{i}].type"
+            )
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -168,8 +181,10 @@ def chat_tools(tools: Optional[list]) -> Optional[list]:
 def chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise ApiError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
-                           param="tool_choice")
+            raise ApiError(
+                "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
+                param="tool_choice",
+            )
         return {"type": "function", "function": {"name": choice["name"]}}
     return choice
 
@@ -184,21 +199,31 @@ def response_format(text: Optional[dict]) -> Optional[dict]:
     if f.get("type") == "json_schema":
         if not isinstance(f.get("schema"), dict):
             raise ApiError("text.format.schema is required (a JSON Schema object)", param="text.format.schema")
-        return {"type": "json_schema", "json_schema": {"name": f.get("name", "output"), "schema": f["schema"],
-                                                       "strict": f.get("strict")}}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": f.get("name", "output"), "schema": f["schema"], "strict": f.get("strict")},
+        }
     if f.get("type") in ("text", "json_object"):
         return {"type": f["type"]}
-    raise ApiError(f"text.format.type must be text, json_object or json_schema, got {f.get('type')!r}",
-                   param="text.format.type")
+    raise ApiError(
+        f"text.format.type must be text, json_object or json_schema, got {f.get('type')!r}", param="text.format.type"
+    )
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 # OpenAI's include values: logprobs are acted on; the others name things this server does not produce
-KNOWN_INCLUDES = (LOGPROBS_INCLUDE, "reasoning.encrypted_content", "file_search_call.results",
-                  "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
-                  "computer_call_output.output.image_url", "code_interpreter_call.outputs")
+KNOWN_INCLUDES = (
+    LOGPROBS_INCLUDE,
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+)
 
 
 def check_include(include: Optional[list]) -> None:
@@ -234,20 +259,36 @@ def chat_body(req: ResponsesRequest) -> dict:
     for ``metadata`` beyond OpenAI's limits."""
     check_metadata(req.metadata)
     check_include(req.include)
-    body = {"model": req.model, "messages": [], "max_tokens": req.max_output_tokens,
-            "temperature": req.temperature, "top_p": req.top_p, "tools": chat_tools(req.tools),
-            "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
-            "response_format": response_format(req.text), "cache_salt": req.cache_salt, "top_k": req.top_k,
-            "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "chat_template_kwargs": req.chat_template_kwargs,
-            "speculative": req.speculative}
+    body = {
+        "model": req.model,
+        "messages": [],
+        "max_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tools": chat_tools(req.tools),
+        "tool_choice": chat_tool_choice(req.tool_choice),
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "response_format": response_format(req.text),
+        "cache_salt": req.cache_salt,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "seed": req.seed,
+        "stop": req.stop,
+        "chat_template_kwargs": req.chat_template_kwargs,
+        "speculative": req.speculative,
+    }
     if wants_logprobs(req):
         body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return {k: v for k, v in body.items() if v is not None}
 
 
 # chat's field names in an error, as the Responses request names them
-CHAT_TO_RESPONSES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
-                     "max_completion_tokens": "max_output_tokens"}
+CHAT_TO_RESPONSES = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "max_completion_tokens": "max_output_tokens",
+}
 
 
 def responses_param(param: Optional[str]) -> Optional[str]:
@@ -255,7 +296,7 @@ def responses_param(param: Optional[str]) -> Optional[str]:
         return None
     for chat, ours in CHAT_TO_RESPONSES.items():
         if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
-            return ours + param[len(chat):] if chat != "response_format" else ours
+            return ours + param[len(chat) :] if chat != "response_format" else ours
     if param.startswith("tools[") and ".function" in param:
         return param.replace(".function", "", 1)
     return param
@@ -266,8 +307,14 @@ def output_items(message: dict, ids: "ItemIds", logprobs: Optional[list] = None)
     ``logprobs`` (chat's per-token entries) go on the message's ``output_text`` part."""
     items = []
     if message.get("reasoning_content"):
-        items.append({"type": "reasoning", "id": ids.new("rs"), "summary": [],
-                      "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
+        items.append(
+            {
+                "type": "reasoning",
+                "id": ids.new("rs"),
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}],
+            }
+        )
     if message.get("content") or not message.get("tool_calls"):
         items.append(message_item(ids.new("msg"), message.get("content") or "", logprobs=logprobs))
     for c in message.get("tool_calls") or []:
@@ -276,13 +323,24 @@ def output_items(message: dict, ids: "ItemIds", logprobs: Optional[list] = None)
 
 
 def message_item(item_id: str, text: str, status: str = "completed", logprobs: Optional[list] = None) -> dict:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}],
+    }
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
-            "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
 
 
 class ItemIds:

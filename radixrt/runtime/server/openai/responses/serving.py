@@ -7,6 +7,7 @@ turn continuity), answered as a Response object or as typed SSE events (:mod:`.e
 conversation's KV in a session until the next turn. ``usage.input_tokens_details.cached_tokens`` is the
 prompt tokens the radix tree matched.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -24,9 +25,17 @@ from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSERespo
 from radixrt.runtime.server.openai.chat import run_chat
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, chat_logprobs, new_id, now
 from radixrt.runtime.server.openai.responses.events import EventStream, sse_event
-from radixrt.runtime.server.openai.responses.protocol import (ItemIds, ResponsesRequest, chat_body, check_refused,
-                                                              input_items, input_messages, output_items,
-                                                              responses_param, wants_logprobs)
+from radixrt.runtime.server.openai.responses.protocol import (
+    ItemIds,
+    ResponsesRequest,
+    chat_body,
+    check_refused,
+    input_items,
+    input_messages,
+    output_items,
+    responses_param,
+    wants_logprobs,
+)
 from radixrt.runtime.server.openai.responses.store import ResponseStore, Stored
 
 router = APIRouter()
@@ -50,10 +59,15 @@ async def parse_request(request: Request) -> ResponsesRequest:
 
 def assistant_message(items: list[dict]) -> dict:
     """Output items as the chat message a later turn renders (continuity finds it by this form)."""
-    m: dict = {"role": "assistant", "content": "".join(p["text"] for i in items if i["type"] == "message"
-                                                       for p in i["content"])}
-    calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
-             for i in items if i["type"] == "function_call"]
+    m: dict = {
+        "role": "assistant",
+        "content": "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"]),
+    }
+    calls = [
+        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        for i in items
+        if i["type"] == "function_call"
+    ]
     if calls:
         m["tool_calls"] = calls
     reasoning = "".join(p["text"] for i in items if i["type"] == "reasoning" for p in i.get("content") or [])
@@ -62,23 +76,51 @@ def assistant_message(items: list[dict]) -> dict:
     return m
 
 
-def response_obj(rid: str, created: int, model: str, req: ResponsesRequest, status: str, output: list,
-                 usage: Optional[dict], incomplete: Optional[str] = None) -> dict:
-    return {"id": rid, "object": "response", "created_at": created, "status": status, "error": None,
-            "incomplete_details": {"reason": incomplete} if incomplete else None, "instructions": req.instructions,
-            "max_output_tokens": req.max_output_tokens, "model": model, "output": output,
-            "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
-            "store": req.store is not False, "temperature": req.temperature,
-            "text": req.text or {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [], "top_p": req.top_p, "truncation": "disabled", "usage": usage,
-            "user": req.user, "metadata": req.metadata or {}}
+def response_obj(
+    rid: str,
+    created: int,
+    model: str,
+    req: ResponsesRequest,
+    status: str,
+    output: list,
+    usage: Optional[dict],
+    incomplete: Optional[str] = None,
+) -> dict:
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": incomplete} if incomplete else None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.store is not False,
+        "temperature": req.temperature,
+        "text": req.text or {"format": {"type": "text"}},
+        "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [],
+        "top_p": req.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": req.user,
+        "metadata": req.metadata or {},
+    }
 
 
 def usage_of(o) -> dict:
-    return {"input_tokens": o.prompt_tokens, "input_tokens_details": {"cached_tokens": o.cached_tokens},
-            "output_tokens": o.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": o.prompt_tokens + o.completion_tokens}
+    return {
+        "input_tokens": o.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": o.cached_tokens},
+        "output_tokens": o.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": o.prompt_tokens + o.completion_tokens,
+    }
 
 
 async def _close_sessions(c: ServerContext, sids: list[str]) -> None:
@@ -103,8 +145,9 @@ async def create_response(request: Request):
     if req.previous_response_id is not None:
         prev = st.get(req.previous_response_id)
         if prev is None:
-            raise ApiError(f"previous_response_id: no stored response {req.previous_response_id!r}",
-                           param="previous_response_id")
+            raise ApiError(
+                f"previous_response_id: no stored response {req.previous_response_id!r}", param="previous_response_id"
+            )
     conv = (prev.messages if prev else []) + input_messages(req.input)
     msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conv
     try:
@@ -135,8 +178,9 @@ async def create_response(request: Request):
     async def finish(output: list, o, reason: Optional[str]) -> dict:
         # an abort (client, drain, a grammar that cannot complete) is no completed response either; its
         # reason "abort" is SGLang's finish_reason value, beside OpenAI's max_output_tokens
-        status, why = {"length": ("incomplete", "max_output_tokens"),
-                       "abort": ("incomplete", "abort")}.get(reason, ("completed", None))
+        status, why = {"length": ("incomplete", "max_output_tokens"), "abort": ("incomplete", "abort")}.get(
+            reason, ("completed", None)
+        )
         resp = response_obj(rid, created, c.tm.model_name, req, status, output, usage_of(o), why)
         if req.store is not False:
             stored = Stored(resp, conv + [assistant_message(output)], sid, req.cache_salt, input_items(req.input, ids))
@@ -162,8 +206,13 @@ async def create_response(request: Request):
             while not run.batch.finished:
                 _, s = await run.batch.next()
                 pending += lp_entries(s.token.output_token_logprobs, s.token.output_top_logprobs) or []
-                deltas = (parser.feed(s.text_delta or "") if parser is not None
-                          else [{"content": s.text_delta}] if s.text_delta else [])
+                deltas = (
+                    parser.feed(s.text_delta or "")
+                    if parser is not None
+                    else [{"content": s.text_delta}]
+                    if s.text_delta
+                    else []
+                )
                 if s.token.finished_reason is not None and parser is not None:
                     deltas += parser.finish()
                 for d in deltas:
@@ -174,10 +223,12 @@ async def create_response(request: Request):
                 yield sse_event(e)
             _, reason = run.parse(0)  # the ids are remembered for turn continuity
             resp = await finish(es.items, run.batch.outs[0], reason)
-            yield sse_event(es.ev("response." + ("incomplete" if resp["status"] == "incomplete" else "completed"),
-                                  response=resp))
+            yield sse_event(
+                es.ev("response." + ("incomplete" if resp["status"] == "incomplete" else "completed"), response=resp)
+            )
         except ApiError as e:
             yield sse_event(es.ev("error", code=e.code, message=e.message, param=e.param))
+
     return SSEResponse(events(), run.batch.abort_unfinished)
 
 
@@ -218,10 +269,17 @@ async def list_input_items(request: Request, response_id: str):
         ids = [i["id"] for i in items]
         if after not in ids:
             raise ApiError(f"after: no input item {after!r} in this response", param="after")
-        items = items[ids.index(after) + 1:]
+        items = items[ids.index(after) + 1 :]
     page = items[:limit]
-    return JSONResp({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                     "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
+    return JSONResp(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
 
 
 @router.post("/v1/responses/{response_id}/cancel", **doc(errors=(400, 404)))
@@ -229,8 +287,9 @@ async def cancel_response(request: Request, response_id: str):
     """OpenAI cancels only background responses; here every response runs in the foreground and is finished
     when stored, so a stored one is a 400 (an unknown one a 404)."""
     _stored(request, response_id)
-    raise ApiError("only background responses can be cancelled; this server runs responses in the foreground",
-                   param="response_id")
+    raise ApiError(
+        "only background responses can be cancelled; this server runs responses in the foreground", param="response_id"
+    )
 
 
 @router.delete("/v1/responses/{response_id}", **doc(errors=(404,)))

@@ -7,6 +7,7 @@ the previous turn (prompt and output) stay in the tree until then; the next turn
 construction rather than by luck of eviction. The session closes when its last stored response is deleted
 or dropped, or after the TTL idle (the scheduler's).
 """
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,8 @@ TTL_MARGIN = 0.8
 
 @dataclass
 class Stored:
-    response: dict          # the Response object as returned
-    messages: list          # the conversation after it, as template-ready chat messages (instructions excluded)
+    response: dict  # the Response object as returned
+    messages: list  # the conversation after it, as template-ready chat messages (instructions excluded)
     session_id: Optional[str]
     salt: Optional[str]
     input_items: list = field(default_factory=list)  # this request's own input, as items with ids
