@@ -26,6 +26,8 @@ browser:  # chromium + chromedriver from Debian, for the dashboard's browser tes
 	sh tests/install_browser.sh
 
 test: $(STAMP) browser
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --durations=25 -p randomly --randomly-seed=$(SEED) tests
 
 demo: $(STAMP)

@@ -3,10 +3,10 @@
     python benchmarks/bench_eviction.py                 # agent-churn traces + the suite's workloads
     python benchmarks/bench_eviction.py --no-suite      # synthetic traces only (no tokenizer)
 
-Cache sizes run from what the largest request needs (share 0) to the trace's footprint (share 1: the pages
-an unbounded cache ends up holding), at the shares in ``SHARES`` of the distance between the two. Prints one line per trace and size, ``policy - lru`` in
-points, and whether each policy stays within 1 point of LRU everywhere (the bar for becoming the default).
-Writes ``benchmarks/results/eviction.json``.
+Cache sizes run from what the largest request needs (share 0) to the trace's footprint (share 1: the pages an unbounded
+cache ends up holding), at the shares in ``SHARES`` of the distance between the two. Prints one line per trace and size,
+``policy - lru`` in points, and whether each policy stays within 1 point of LRU everywhere (the bar for becoming the
+default). Writes ``benchmarks/results/eviction.json``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 1. Agent trace, working set = sessions x prefix tokens (4x the pool by default), each session revisited
    ``rounds`` times in shuffled order with a fresh 32-token suffix: hit rate and req/s for the pool alone,
    the pool with tier 2 (host store 3x the pool: the same bytes in all), and a pool 4x larger (no tier).
-2. TTFT (wall time of a 1-token request) of a 1,024-token prefix (at most half the pool): recomputed, restored from tier 2,
+2. TTFT (wall time of a 1-token request) of a 1,024-token prefix (at most half the pool): recomputed, restored from tier
+2,
    restored from tier 3 (files), and after a restart (a new Engine on the same directory).
 3. The cost of tier 2 when nothing is revisited: req/s of unique prompts, tier off then on, ``--pairs`` times
    (alternating engines); the ratio is the median of the pairs' ratios.

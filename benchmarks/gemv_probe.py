@@ -77,7 +77,8 @@ def main() -> None:
     )
     for key in sorted(per, key=lambda k: -per[k]):
         s = per[key] / a.reps
-        line = f"  {key[0]:5s} {str(key[1]):16s} x{count[key]:3d}: {s * 1e3:7.2f} ms/step {nbytes[key] / s / 1e9:6.1f} GB/s"
+        gbs = nbytes[key] / s / 1e9
+        line = f"  {key[0]:5s} {str(key[1]):16s} x{count[key]:3d}: {s * 1e3:7.2f} ms/step {gbs:6.1f} GB/s"
         if a.hot:
             name, ty, w, k = next(x for x in ws if (TYPES[x[1]].name, tuple(x[2].shape)) == key)
             for _ in range(3):

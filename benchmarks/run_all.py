@@ -276,7 +276,8 @@ def _pct(x: Optional[float]) -> str:
 def table(wl: W.Workload, runs: dict[str, dict]) -> str:
     hdr = (
         f"{'system':<16}{'req/s':>7}{'in tok/s':>10}{'out tok/s':>10} {'TTFT ms mean/p50/p99':>22} "
-        f"{'TPOT ms mean/p99':>17} {'ITL ms mean/p99':>16} {'E2E s':>6} {'hit (opt, opt@16)':>21} {'valid':>7} {'fail':>4}"
+        f"{'TPOT ms mean/p99':>17} {'ITL ms mean/p99':>16} {'E2E s':>6} {'hit (opt, opt@16)':>21} "
+        f"{'valid':>7} {'fail':>4}"
     )
     lines = [f"== {wl.name}: {wl.description}", hdr, "-" * len(hdr)]
     for s, run in runs.items():

@@ -1,11 +1,10 @@
 """Share of a decode step spent in the weight matmuls, from the torch profiler (issue 12, item 3).
 
-The engine's scheduler runs in its own thread, so the profiler records every thread
-(``profile_all_threads``). A weight matmul is a call of one of :data:`WEIGHT_OPS`; ``aten::mm`` and
-``aten::addmm`` (also under ``F.linear``) count only when their right operand has the shape of one of the
-model's weights (so an attention product never counts). The share is their inclusive time over the wall time of the profiled
-``generate`` call (one short prefill, then decode), so everything else (small ops, Python, the scheduler)
-is the rest.
+The engine's scheduler runs in its own thread, so the profiler records every thread (``profile_all_threads``). A weight
+matmul is a call of one of :data:`WEIGHT_OPS`; ``aten::mm`` and ``aten::addmm`` (also under ``F.linear``) count only
+when their right operand has the shape of one of the model's weights (so an attention product never counts). The share
+is their inclusive time over the wall time of the profiled ``generate`` call (one short prefill, then decode), so
+everything else (small ops, Python, the scheduler) is the rest.
 """
 
 from __future__ import annotations

@@ -78,9 +78,9 @@ def make_model_dir(
     dtype: torch.dtype = torch.float32,
     **overrides,
 ) -> Path:
-    """Save a random-weight ``family`` model (safetensors in ``dtype``, default fp32), ``tokenizer`` (plus ``added_tokens``) and
-    optionally a chat template file from :data:`FIXTURES` into ``path``; returns ``path``. ``overrides``
-    replace entries of :data:`SMALL`."""
+    """Save a random-weight ``family`` model (safetensors in ``dtype``, default fp32), ``tokenizer`` (plus
+    ``added_tokens``) and optionally a chat template file from :data:`FIXTURES` into ``path``; returns ``path``.
+    ``overrides`` replace entries of :data:`SMALL`."""
     import copy
 
     import transformers

@@ -74,7 +74,8 @@ class ServerProc:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=kw.pop("timeout", 120), **kw)
 
     def logs(self) -> str:
-        return f"--- stdout ---\n{Path(self.out_path).read_text()}\n--- stderr ---\n{Path(self.err_path).read_text()[-6000:]}"
+        out, err = Path(self.out_path).read_text(), Path(self.err_path).read_text()[-6000:]
+        return f"--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
     def wait_ready(self, timeout: float = 240) -> None:
         deadline = time.time() + timeout

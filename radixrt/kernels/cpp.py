@@ -1,14 +1,14 @@
 """Build and load radixrt's C++ CPU kernels (``torch.utils.cpp_extension``, gcc) once, at first use.
 
 All sources in :data:`SOURCES` compile into one library, ``radixrt_cpu``, in
-``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>-<hash>/`` (default ``~/.cache/radixrt``) with
-:data:`FLAGS`; later processes load the cached ``.so`` directly (``built.ok`` marks a build that loaded). The hash covers the sources'
-contents, the flags and torch's install folder (each virtualenv its own build), and the build compiles copies of the sources inside that directory: checkouts with the
-same kernels share one build, and a changed kernel never loads a stale one. Each source registers
-its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
-``radixrt_gemv``, ``radixrt_layer``). The kernels split their work over radixrt's own thread pool
-(``parallel.h``, sized by ``torch.get_num_threads()`` at first use); OpenMP, for its fallback
-``at::parallel_for``, resolves to the ``libgomp.so.1`` torch has already loaded.
+``$RADIXRT_CACHE_DIR/ext/radixrt_cpu-torch<version>-<hash>/`` (default ``~/.cache/radixrt``) with :data:`FLAGS`; later
+processes load the cached ``.so`` directly (``built.ok`` marks a build that loaded). The hash covers the sources'
+contents, the flags and torch's install folder (each virtualenv its own build), and the build compiles copies of the
+sources inside that directory: checkouts with the same kernels share one build, and a changed kernel never loads a stale
+one. Each source registers its own op namespace (``torch.ops.radixrt_ggml``, ``radixrt_attn``, ``radixrt_fused``,
+``radixrt_gemv``, ``radixrt_layer``). The kernels split their work over radixrt's own thread pool (``parallel.h``, sized
+by ``torch.get_num_threads()`` at first use); OpenMP, for its fallback ``at::parallel_for``, resolves to the
+``libgomp.so.1`` torch has already loaded.
 
 :func:`ops` returns ``None``, after one logged warning, where the CPU lacks AVX2/FMA/F16C, where
 ``RADIXRT_DISABLE_CPP_KERNELS`` is set, or where the build fails (no compiler, no ninja); callers then run

@@ -7,9 +7,12 @@ once; ``s["name"]``, ``s.text()``, ``s.messages()`` and ``s.error()`` wait for w
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from radixrt.lang.ir import SglConcateAndAppend, SglExpr, SglExprList, SglRoleBegin, SglRoleEnd, to_expr
+
+if TYPE_CHECKING:
+    from radixrt.lang.interpreter import StreamExecutor
 
 
 class ProgramState:

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.scheduler.build import build_scheduler
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.tokenizer.detokenizer import Detokenizer
@@ -161,22 +162,20 @@ class Engine:
             ValueError: bad input, before anything is queued; or a ``ValidationError`` once the scheduler
                 refused a request (a bad session field: unknown session or ``rid``, capacity exceeded).
         """
-        reqs, single = build_requests(
-            self.tokenizer,
-            self.limits,
-            prompt,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            stream,
-            rid,
-            cache_salt,
-            self.grammar_check,
-            session_params,
-            session_id,
+        inp = GenerateInput(
+            prompt=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+            rid=rid,
+            cache_salt=cache_salt,
+            session_params=session_params,
+            session_id=session_id,
         )
+        reqs, single = build_requests(self.tokenizer, self.limits, inp, self.grammar_check)
         if stream:
             if not single:
                 raise ValueError("stream=True takes one prompt")

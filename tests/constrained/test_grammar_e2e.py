@@ -144,7 +144,8 @@ def test_dev_corpus_outputs_validate(engine):
             invalid.append((f.name, f"{o['text'][:120]!r}: {str(e).splitlines()[0][:160]}"))
     n_tok = sum(o["meta_info"]["completion_tokens"] for o in outs)
     print(
-        f"\ndev corpus ({backend_name(engine)}): {len(files)} schemas: compiled {len(compiled)}, rejected {len(rejected)} "
+        f"\ndev corpus ({backend_name(engine)}): {len(files)} schemas: compiled {len(compiled)}, "
+        f"rejected {len(rejected)} "
         f"({t_compile:.1f}s). Generated {CORPUS_GENS} x {len(picked)} (every {every}th): valid {valid}, "
         f"cut by max_new_tokens={CORPUS_MAX_NEW} {len(cut_off)}, invalid {len(invalid)} "
         f"({n_tok} tokens in {t_gen:.1f}s)"

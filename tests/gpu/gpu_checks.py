@@ -586,7 +586,7 @@ def env_info() -> None:
 
 def cpu_parts() -> None:
     """What runs without a GPU: the pure planning and bucket logic on a small batch."""
-    from radixrt.kernels.attention.flashinfer import pad_decode_plan, plan_args, slots_from_plan
+    from radixrt.kernels.attention.flashinfer_plan import pad_decode_plan, plan_args, slots_from_plan
     from radixrt.kernels.attention.metadata import AttentionMetadata
     from radixrt.kernels.attention.torch_native import TorchNativeBackend
     from radixrt.runtime.executor.cuda_graph_runner import capture_bucket_sizes, padded_batch_size
@@ -739,7 +739,8 @@ def table(path: str) -> None:
     if b.get("runner"):
         r = b["runner"]
         print(
-            f"prefill {BENCH['prefill_bs']}x{BENCH['prefill_len']}: {r['prefill']['tok_per_s']} tok/s, {r['prefill']['tflops']} TFLOP/s "
+            f"prefill {BENCH['prefill_bs']}x{BENCH['prefill_len']}: {r['prefill']['tok_per_s']} tok/s, "
+            f"{r['prefill']['tflops']} TFLOP/s "
             f"({100 * r['prefill']['share_of_matmul_roofline']:.2f}% of matmul roofline)"
         )
         for bs in BENCH["decode_bs"]:

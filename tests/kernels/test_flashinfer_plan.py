@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from radixrt.kernels.attention import get_backend
-from radixrt.kernels.attention.flashinfer import (
+from radixrt.kernels.attention.flashinfer_plan import (
     DUMMY_PAGE,
     pad_decode_plan,
     pad_out_cache_loc,

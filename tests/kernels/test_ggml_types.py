@@ -144,7 +144,8 @@ def test_decode_rows_many_chunks(ops, t):
 
 def test_avx512_tiles_equal_avx2_tiles(ops, case, tmp_path):
     """Where the CPU has AVX-512 VNNI, products of >= 3 rows run gemm512.h's tiles, of 2 rows gemv512.h's
-    (Q6_K: the AVX2 tile), of 1 row gemv512.h's only with RADIXRT_GGML_DECODE512=1: the same bits as the AVX2 tiles (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
+    (Q6_K: the AVX2 tile), of 1 row gemv512.h's only with RADIXRT_GGML_DECODE512=1: the same bits as the AVX2 tiles
+    (RADIXRT_DISABLE_AVX512=1, read once per process, so a second process), at every row count
     and type; elsewhere both processes run the AVX2 tiles."""
     import subprocess
     import sys

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from radixrt.kernels.attention.base import quantize_int8, read_kv
 from radixrt.kernels.attention.metadata import AttentionMetadata
 from kernel_util import _kernels_built, needs_cpp  # noqa: F401 - the autouse build check
-from radixrt.kernels.attention.paged_cpu import paged_ops
 from radixrt.kernels.attention.torch_native import TorchNativeBackend
 from radixrt.runtime.mem.kv_pool import KV_DTYPES, KVPool
 

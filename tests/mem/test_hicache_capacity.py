@@ -1,7 +1,7 @@
 """Issue 30: a pool with tier 2 behind it hits like one pool of their total size (no model: the scheduler's
-page calls, ``ReqPages``, on a tiny KV pool whose pages hold their own token ids, so a restored page's bytes
-are checked too). An agent trace: 8 sessions of a 32-token prefix, revisited in 3 shuffled rounds, each
-turn with a fresh 4-token tail and 2 output tokens; the working set (80 pages) is 4.4x the pool (18 pages). Before the fixes the
+page calls, ``ReqPages``, on a tiny KV pool whose pages hold their own token ids, so a restored page's bytes are checked
+too). An agent trace: 8 sessions of a 32-token prefix, revisited in 3 shuffled rounds, each turn with a fresh 4-token
+tail and 2 output tokens; the working set (80 pages) is 4.4x the pool (18 pages). Before the fixes the
 tier hit 364 tokens under both policies (gdsf: 84 below the 4x pool)."""
 
 from __future__ import annotations

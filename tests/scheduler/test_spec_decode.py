@@ -155,8 +155,8 @@ def test_cost_model_on_synthetic_step_times(off):
                 for k in ("verify_steps", "draft_tokens", "accepted_tokens")
             }
             got[name] = (c1["req_forward_passes"] - c0["req_forward_passes"], d)
-        # flat: the prefill row verifies the drafter's whole proposal, " four five six seven eight. one two
-        # three" (9 tokens; 6 kept), as test_drafts_after_the_prompt_are_verified_by_the_prefill finds without the cost model
+        # flat: the prefill row verifies the drafter's whole proposal, " four five six seven eight. one two three" (9
+        # tokens; 6 kept), as test_drafts_after_the_prompt_are_verified_by_the_prefill finds without the cost model
         assert got["flat"] == (6, {"verify_steps": 1, "draft_tokens": 9, "accepted_tokens": 6})
         assert got["steep"] == (12, {"verify_steps": 0, "draft_tokens": 0, "accepted_tokens": 0})
     finally:

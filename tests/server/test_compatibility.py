@@ -1,8 +1,8 @@
 """docs/compatibility.md against the code and a live server: every row's example is sent and answers as its
-status says (supported/ignored: 200; refused: 400 naming the field, in Anthropic's shape on /v1/messages),
-the tables list every field of OpenAI's request types (the ``openai`` package: chat, completions,
-responses), of Anthropic's (the ``anthropic`` package: messages), of SGLang's
-``SamplingParams``/``GenerateReqInput`` (the ``sglang`` package) and of our own request models; plus the effects of the new keys and 400s for
+status says (supported/ignored: 200; refused: 400 naming the field, in Anthropic's shape on /v1/messages), the tables
+list every field of OpenAI's request types (the ``openai`` package: chat, completions, responses), of Anthropic's (the
+``anthropic`` package: messages), of SGLang's ``SamplingParams``/``GenerateReqInput`` (the ``sglang`` package) and of
+our own request models; plus the effects of the new keys and 400s for
 their bad values, with the server still serving afterwards."""
 
 from __future__ import annotations

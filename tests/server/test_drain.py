@@ -142,8 +142,8 @@ def test_refused_and_early_aborted_calls_leave_nothing_in_flight():
             ):
                 assert c.post("/abort_request", json={"rid": "stream-early"}).json() == {"success": True}
             server.wait_idle()
-            info = c.get("/get_server_info").json()
-            assert (info["num_in_flight"], info["num_running"], info["num_waiting"]) == (0, 0, 0), info
+            st = info()
+            assert (st["num_in_flight"], st["num_running"], st["num_waiting"]) == (0, 0, 0), st
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=25) == 0  # within the 30 s drain timeout
     finally:

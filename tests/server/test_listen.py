@@ -50,7 +50,8 @@ def test_port_in_use_is_one_line_and_exit_2(flag):
         (["--port", "65535"], "--zmq-port defaults to port + 1 = 65536: give a --zmq-port in 1..65535"),
         (
             ["--dtype", "bfloat16", "--quantization", "q4"],
-            "--quantization 'q4' runs on fp32 activations; with dtype 'bfloat16' the weights stay bfloat16 ('auto' or 'none')",
+            "--quantization 'q4' runs on fp32 activations; with dtype 'bfloat16' the weights stay bfloat16 "
+            "('auto' or 'none')",
         ),
         (["--speculative-num-draft-tokens", "0"], "--speculative-num-draft-tokens must be a positive integer, got 0"),
         (

@@ -14,7 +14,6 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 
 from server_util import sse_events, start_server

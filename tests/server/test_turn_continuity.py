@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import anthropic
-import openai
 import pytest
 
 from server_fixtures import server_fixtures

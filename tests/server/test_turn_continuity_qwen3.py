@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from model_dirs import QWEN_TOKENS, make_model_dir

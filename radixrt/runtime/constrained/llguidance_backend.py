@@ -28,7 +28,7 @@ import numpy as np
 from .base import CompiledGrammar, GrammarBackend, RowMatcher, checked_spec, compile_error, reraise_fatal
 from .json_pointer import split_pointer
 from .llg_tags import lowers_to_lark, structural_tag_lark
-from .schema_prep import _children, rewrite_local_refs
+from .schema_prep import subschemas, rewrite_local_refs
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ def strict(schema) -> None:
             and not any(k in node for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))
         ):
             node["additionalProperties"] = False
-        stack.extend(sub for _, sub in _children(node))
+        stack.extend(sub for _, sub in subschemas(node))
 
 
 def _all_of_parts(schema) -> set[int]:
@@ -79,7 +79,7 @@ def _all_of_parts(schema) -> set[int]:
         if isinstance(node, dict):
             if isinstance(node.get("allOf"), list):
                 parts.extend(p for p in node["allOf"] if isinstance(p, dict))
-            stack.extend(sub for _, sub in _children(node))
+            stack.extend(sub for _, sub in subschemas(node))
     seen: set[int] = set()
     while parts:
         part = parts.pop()

@@ -87,7 +87,7 @@ _SUBSCHEMAS = {
 }
 
 
-def _children(node: dict):
+def subschemas(node: dict):
     """Yield ``(path suffix, subschema)`` for every direct subschema of ``node``."""
     for key, how in _SUBSCHEMAS.items():
         value = node.get(key)
@@ -148,7 +148,7 @@ def _collect_ids(node: Any, base: str, path: list[str], ids: dict, bases: list) 
     if isinstance(anchor, str):
         ids[base + "#" + anchor] = path
     bases.append((node, base, path))
-    for suffix, sub in _children(node):
+    for suffix, sub in subschemas(node):
         _collect_ids(sub, base, path + suffix, ids, bases)
 
 
@@ -234,7 +234,7 @@ def prepare_schema(schema: Any, expand_types: bool = True, explicit_any: bool = 
         if isinstance(node, dict):
             _add_type(node, expand_types)
             _type_branches(node)
-            for suffix, sub in _children(node):
+            for suffix, sub in subschemas(node):
                 if explicit_any and (sub is True or sub == {}):
                     _set_child(node, suffix, {"type": list(ALL_TYPES)})
                 else:
@@ -271,5 +271,5 @@ def rewrite_patterns(schema: Any, fn) -> Any:
         if isinstance(node, dict):
             if isinstance(node.get("pattern"), str):
                 node["pattern"] = fn(node["pattern"])
-            stack.extend(sub for _, sub in _children(node))
+            stack.extend(sub for _, sub in subschemas(node))
     return schema

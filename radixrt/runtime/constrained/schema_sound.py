@@ -29,8 +29,8 @@ import copy
 import re
 from typing import Any
 
-from .json_pointer import json_pointer, split_pointer
-from .schema_prep import _children
+from .schema_merge import ANNOTATIONS, schema_refusal, type_set, merge_all_of
+from .schema_prep import subschemas
 
 _ALWAYS_REFUSED = (
     "not",
@@ -70,111 +70,7 @@ XGRAMMAR_FORMATS = frozenset(
 # (a backslash, then any character: "01:08:31\*57" is an invalid escape), URI "[^\s]+" lets a '"' through and
 # EMAIL's quoted local part starts with a bare '"'; so outlines refuses those formats by name
 OUTLINES_FORMATS = frozenset({"date", "date-time", "uuid"})
-_ANNOTATIONS = (
-    "title",
-    "description",
-    "$comment",
-    "examples",
-    "default",
-    "$schema",
-    "$id",
-    "id",
-    "definitions",
-    "$defs",
-    "readOnly",
-    "writeOnly",
-    "deprecated",
-)
-_LOWER = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
-_UPPER = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-
-
-def _refuse(backend: str, keyword: str, path: list[str], why: str) -> ValueError:
-    return ValueError(
-        f"json_schema: '{keyword}' at {json_pointer(path) or '/'} is not supported by {backend}: "
-        f"{why} (use --grammar-backend llguidance)"
-    )
-
-
-def _resolve(root: dict, ref: str) -> Any:
-    node: Any = root
-    for part in split_pointer(ref[1:]):
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    return node
-
-
-def _types(t: Any) -> set[str]:
-    return set(t) if isinstance(t, list) else {t}
-
-
-def _merge_into(a: dict, b: dict, backend: str, path: list[str], kw: str = "allOf") -> None:
-    for k, v in b.items():
-        if k not in a:
-            if (
-                k in ("additionalProperties", "patternProperties")
-                and isinstance(a.get("properties"), dict)
-                and set(a["properties"]) - set(b.get("properties") or {})
-            ):
-                raise _refuse(backend, kw, path, f"'{k}' of one part would constrain the properties of another")
-            a[k] = copy.deepcopy(v)
-        elif k == "properties" and isinstance(v, dict) and isinstance(a[k], dict):
-            extra = set(v) - set(a[k])
-            if extra and ("additionalProperties" in a or "patternProperties" in a):
-                raise _refuse(
-                    backend, kw, path, "'additionalProperties' of one part would constrain the properties of another"
-                )
-            for name, sub in v.items():
-                if name not in a[k] or a[k][name] == sub:
-                    a[k][name] = copy.deepcopy(sub)
-                else:
-                    a[k][name] = {"allOf": [a[k][name], copy.deepcopy(sub)]}
-        elif k == "required" and isinstance(v, list) and isinstance(a[k], list):
-            a[k] = a[k] + [x for x in v if x not in a[k]]
-        elif k == "type":
-            ta, tb = _types(a[k]), _types(v)
-            both = (ta & tb) | (
-                {"integer"} if ("integer" in ta and "number" in tb) or ("number" in ta and "integer" in tb) else set()
-            )
-            if not both:
-                raise _refuse(backend, kw, path, f"the parts' types {sorted(ta)} and {sorted(tb)} do not meet")
-            a[k] = sorted(both) if len(both) > 1 else both.pop()
-        elif a[k] == v or k in _ANNOTATIONS:
-            continue
-        elif k in _LOWER and isinstance(v, (int, float)) and isinstance(a[k], (int, float)):
-            a[k] = max(a[k], v)
-        elif k in _UPPER and isinstance(v, (int, float)) and isinstance(a[k], (int, float)):
-            a[k] = min(a[k], v)
-        else:
-            raise _refuse(backend, kw, path, f"'{k}' differs between its parts")
-
-
-def merge_all_of(root: dict, node: dict, backend: str, path: list[str], depth: int = 0, kw: str = "allOf") -> None:
-    """Fold ``node["allOf"]`` (and any ``allOf`` it brings in) into ``node``, in place; see the module doc.
-    ``kw`` is the keyword refusals name (the ``anyOf``/``oneOf`` being distributed, see :func:`distribute`)."""
-    while "allOf" in node:
-        if depth > 16:
-            raise _refuse(backend, kw, path, "nested too deeply")
-        parts = node.pop("allOf")
-        if not isinstance(parts, list):
-            raise _refuse(backend, kw, path, "not a list")
-        for part in parts:
-            if part is True or part == {}:
-                continue
-            if part is False:
-                raise _refuse(backend, kw, path, "a part is `false`")
-            part = copy.deepcopy(part)
-            while isinstance(part, dict) and isinstance(part.get("$ref"), str) and part["$ref"].startswith("#"):
-                ref = part.pop("$ref")
-                target = copy.deepcopy(_resolve(root, ref))
-                if not isinstance(target, dict) or "$ref" in target and target["$ref"] == ref:
-                    raise _refuse(backend, kw, path, f"cannot inline {ref!r}")
-                _merge_into(part, target, backend, path, kw)
-            if "$ref" in part:
-                raise _refuse(backend, kw, path, "a part holds a $ref that is not local")
-            merge_all_of(root, part, backend, path, depth + 1, kw)
-            _merge_into(node, part, backend, path, kw)
-        depth += 1
 
 
 _BY_TYPE = {  # keywords that constrain instances of one type only (JSON Schema validation, section 6)
@@ -214,7 +110,7 @@ def prune_inapplicable(node: dict) -> None:
     t = node.get("type")
     if not (isinstance(t, str) or isinstance(t, list) and all(isinstance(x, str) for x in t)):
         return
-    types = _types(t) | ({"number"} if "integer" in _types(t) else set())
+    types = type_set(t) | ({"number"} if "integer" in type_set(t) else set())
     for kind, keys in _BY_TYPE.items():
         if kind not in types:
             for k in keys:
@@ -229,7 +125,7 @@ def distribute(root: dict, node: dict, backend: str, path: list[str]) -> None:
     and ``{}`` from outlines-core. Branches merge as in :func:`merge_all_of`; a clash is refused by name."""
     for kw in ("anyOf", "oneOf"):
         branches = node.get(kw)
-        rest = {k: v for k, v in node.items() if k != kw and k not in _ANNOTATIONS}
+        rest = {k: v for k, v in node.items() if k != kw and k not in ANNOTATIONS}
         if not isinstance(branches, list) or not rest:
             continue
         merged = []
@@ -262,7 +158,7 @@ def _disjoint(branches: list) -> bool:
     """True when no instance can match two of ``branches`` (by type, or by a required discriminator)."""
     if not all(isinstance(b, dict) for b in branches):
         return False
-    types = [_types(b["type"]) if "type" in b else None for b in branches]
+    types = [type_set(b["type"]) if "type" in b else None for b in branches]
     if all(t is not None for t in types):
         norm = [t | ({"integer"} if "number" in t else set()) for t in types]
         if all(not (norm[i] & norm[j]) for i in range(len(norm)) for j in range(i)):
@@ -297,14 +193,14 @@ def _implied(pattern: str, lo: int, hi: int | None) -> bool:
 def _check_node(node: dict, backend: str, path: list[str]) -> None:
     for k in _ALWAYS_REFUSED:
         if k in node:
-            raise _refuse(backend, k, path + [k], "not enforced by its grammar")
+            raise schema_refusal(backend, k, path + [k], "not enforced by its grammar")
     if node.get("uniqueItems") is True and not (isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
-        raise _refuse(backend, "uniqueItems", path, "a grammar cannot express it")
+        raise schema_refusal(backend, "uniqueItems", path, "a grammar cannot express it")
     mult = node.get("multipleOf")
     if isinstance(mult, (int, float)) and not isinstance(mult, bool) and not float(mult).is_integer():
-        raise _refuse(backend, "multipleOf", path, "only integral multipleOf is enforced")
+        raise schema_refusal(backend, "multipleOf", path, "only integral multipleOf is enforced")
     if backend == "outlines" and ("minProperties" in node or "maxProperties" in node):
-        raise _refuse(
+        raise schema_refusal(
             backend,
             "minProperties" if "minProperties" in node else "maxProperties",
             path,
@@ -312,30 +208,32 @@ def _check_node(node: dict, backend: str, path: list[str]) -> None:
         )
     if backend == "outlines" and any(k in node for k in _NUMBER_KEYWORDS):
         k = next(k for k in _NUMBER_KEYWORDS if k in node)
-        raise _refuse(backend, k, path, "number bounds are not enforced")
+        raise schema_refusal(backend, k, path, "number bounds are not enforced")
     fmt = node.get("format")
     known = XGRAMMAR_FORMATS if backend == "xgrammar" else OUTLINES_FORMATS
     if isinstance(fmt, str) and fmt not in known:
-        raise _refuse(backend, "format", path, f"format {fmt!r} is not enforced")
+        raise schema_refusal(backend, "format", path, f"format {fmt!r} is not enforced")
     pat = node.get("pattern")
     if isinstance(pat, str) and isinstance(fmt, str):
-        raise _refuse(backend, "format", path, "a 'pattern' beside a 'format' would be dropped")
+        raise schema_refusal(backend, "format", path, "a 'pattern' beside a 'format' would be dropped")
     if (
         isinstance(pat, str)
         and ("minLength" in node or "maxLength" in node)
         and not _implied(pat, node.get("minLength", 0), node.get("maxLength"))
     ):
         key = "maxLength" if "maxLength" in node else "minLength"
-        raise _refuse(backend, key, path, "a length beside a 'pattern' that does not imply it would be dropped")
+        raise schema_refusal(backend, key, path, "a length beside a 'pattern' that does not imply it would be dropped")
     props, pprops = node.get("properties"), node.get("patternProperties")
     if isinstance(props, dict) and isinstance(pprops, dict):
         for key in pprops:
             hit = next((p for p in props if re.search(key, p)), None)
             if hit is not None:
-                raise _refuse(backend, "patternProperties", path, f"{key!r} matches the declared property {hit!r}")
+                raise schema_refusal(
+                    backend, "patternProperties", path, f"{key!r} matches the declared property {hit!r}"
+                )
     one = node.get("oneOf")
     if isinstance(one, list) and len(one) > 1 and not _disjoint(one):
-        raise _refuse(backend, "oneOf", path, "its branches may overlap (it would act as anyOf)")
+        raise schema_refusal(backend, "oneOf", path, "its branches may overlap (it would act as anyOf)")
 
 
 def make_sound(schema: Any, backend: str) -> Any:
@@ -355,5 +253,5 @@ def make_sound(schema: Any, backend: str) -> Any:
         prune_inapplicable(node)
         distribute(schema, node, backend, path)
         _check_node(node, backend, path)
-        stack.extend((sub, path + suffix) for suffix, sub in _children(node))
+        stack.extend((sub, path + suffix) for suffix, sub in subschemas(node))
     return schema

@@ -210,8 +210,8 @@ class ModelRunner:
         }
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
-        """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)`` of
-        ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
+        """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)``
+        of ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
         (to sample) and of every prompt position whose input logprob is wanted."""
         ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
         sample_at, lp_at, spec_at = [], [], []

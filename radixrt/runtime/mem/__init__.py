@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from radixrt.runtime.mem.radix_cache import MatchResult, RadixCache, TreeNode
     from radixrt.runtime.mem.req_pages import ReqPages
 
-# Lazy (PEP 562): the server's main process reads ``eviction.POLICIES`` for its arguments and must not load torch (``kv_pool``).
+# Lazy (PEP 562): the server's main process reads ``eviction.POLICIES`` for its arguments and must not load torch
+# (``kv_pool``).
 _WHERE = {
     "PageAllocator": "radixrt.runtime.mem.allocator",
     "KVPool": "radixrt.runtime.mem.kv_pool",

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from radixrt.runtime.mem.disk_tier import DiskTier
+from radixrt.runtime.mem.hicache_stats import tier_stats
 from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
 from radixrt.runtime.mem.page_hash import page_hashes
@@ -292,7 +293,8 @@ class HiCache:
         return queued
 
     def close(self) -> None:
-        """Stop restoring and prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for the
+        """Stop restoring and prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for
+        the
         queued files (a graceful shutdown; SIGTERM drains through here)."""
         if self.restorer is not None:
             self.restorer.close()
@@ -324,49 +326,7 @@ class HiCache:
 
     def stats(self, query_tokens: int) -> dict:
         """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""
-        pb, q = self.codec.page_bytes, max(query_tokens, 1)
-        out = {
-            "write_policy": self.write_policy,
-            "page_bytes": pb,
-            "host": {
-                "capacity_pages": self.host.num_slots,
-                "used_pages": self.host.num_used,
-                "capacity_bytes": self.host.num_slots * pb,
-                "used_bytes": self.host.num_used * pb,
-                "hit_tokens": self.host_hit_tokens,
-                "hit_rate": self.host_hit_tokens / q,
-                "stored_pages": self.stored_pages,
-                "evicted_pages": self.host_evicted_pages,
-                "loaded_pages": self.loaded_pages,
-                "store_seconds": self.store_seconds,
-                "load_seconds": self.load_seconds,
-                "restoring_jobs": len(self.restorer.jobs) if self.restorer else 0,
-                "restoring_pages": self.restorer.pages if self.restorer else 0,
-                "storing_jobs": len(self.storer.jobs) if self.storer else 0,
-                "storing_pages": self.storer.pages if self.storer else 0,
-            },
-        }
-        d = self.disk
-        if d is not None:
-            out["disk"] = {
-                "dir": d.dir,
-                "files": len(d.known),
-                "hit_tokens": self.disk_hit_tokens,
-                "hit_rate": self.disk_hit_tokens / q,
-                "written_pages": d.written,
-                "read_pages": d.read_pages,
-                "dropped_pages": d.dropped,
-                "pending_writes": d.pending_writes,
-                "bytes_written": d.bytes_written,
-                "bytes_read": d.bytes_read,
-                "write_seconds": d.write_seconds,
-                "read_seconds": d.read_seconds,
-                "prefetched_pages": self.prefetched_pages,
-                "dir_recreated": d.recreated,
-                "max_files": d.max_files,
-                "evicted_files": d.evicted_files,
-            }
-        return out
+        return tier_stats(self, query_tokens)
 
 
 class _Probe:

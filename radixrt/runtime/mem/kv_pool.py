@@ -3,11 +3,11 @@
 A token's KV lives at flat slot ``page * page_size + offset``. The pool knows nothing of requests or of
 the radix tree; the allocator hands out page ids.
 
-Element types (``--kv-cache-dtype``): fp32, fp16, bf16, or int8 with one fp32 scale per (token, KV head)
-(``[num_pages, page_size, num_kv_heads]`` beside each int8 tensor): ``scale = max|x| / 127``,
-``q = round_half_even(x / scale)`` (``kernels.attention.base.quantize_int8``; the C++ kernels write the same bytes). A per-token scale is written once with its token, so a later token of
-the same page never changes an earlier token's stored values (a per-page scale rewritten as the page fills
-would, and so would break cache- and batch-invariance).
+Element types (``--kv-cache-dtype``): fp32, fp16, bf16, or int8 with one fp32 scale per (token, KV head) (``[num_pages,
+page_size, num_kv_heads]`` beside each int8 tensor): ``scale = max|x| / 127``, ``q = round_half_even(x / scale)``
+(``kernels.attention.base.quantize_int8``; the C++ kernels write the same bytes). A per-token scale is written once with
+its token, so a later token of the same page never changes an earlier token's stored values (a per-page scale rewritten
+as the page fills would, and so would break cache- and batch-invariance).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ naming the failure; the router drops the replica and later requests go to the ot
 """
 
 # No ``from __future__ import annotations``: FastAPI must see ``Request`` itself in the route signatures.
-import asyncio
 import hmac
 import json
 import logging
@@ -175,7 +174,7 @@ class RouterIngress:
         denied = self._denied(request)
         if denied is not None:
             return denied
-        from radixrt.runtime.config import ROUTER_POLICIES
+        from radixrt.runtime.config_check import ROUTER_POLICIES
 
         body = await request.json()
         policy = body.get("policy") if isinstance(body, dict) else None

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from radixrt.runtime.config import ROUTER_POLICIES as POLICIES
+from radixrt.runtime.config_check import ROUTER_POLICIES as POLICIES
 from radixrt.runtime.router.approx_tree import ApproxTree
 
 
@@ -110,7 +110,6 @@ class CacheAwarePolicy(RoutingPolicy):
         match = {r: self._tree(r).match(tokens) for r in ids}
         least = min(ids, key=lambda r: (loads[r], self._tree(r).size))
         if imbalanced:
-            window = [r for r in ids if loads[r] <= lo + self.abs_thr]
             ids = [r for r in ids if loads[r] <= lo + self.abs_thr]
         best = max(ids, key=lambda r: (match[r], -loads[r]))
         if tokens and match[best] / len(tokens) > self.cache_threshold:

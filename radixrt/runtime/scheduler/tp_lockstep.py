@@ -113,9 +113,9 @@ def _free_port() -> int:
 
 
 def spawn_workers(args_json: bytes, size: int) -> tuple[str, list[subprocess.Popen]]:
-    """Start ranks 1..size-1 on this machine as ``python -m radixrt.runtime.scheduler.tp_lockstep`` (the scheduler process
-    is a daemon, which multiprocessing forbids to have children). They share this process group, and die
-    with this process (PR_SET_PDEATHSIG on Linux; a closed gloo socket stops them anyway).
+    """Start ranks 1..size-1 on this machine as ``python -m radixrt.runtime.scheduler.tp_lockstep`` (the scheduler
+    process is a daemon, which multiprocessing forbids to have children). They share this process group, and die with
+    this process (PR_SET_PDEATHSIG on Linux; a closed gloo socket stops them anyway).
     Returns the rendezvous address and the processes."""
     init = f"tcp://127.0.0.1:{_free_port()}"
     env = {**os.environ, ARGS_ENV: args_json.decode()}

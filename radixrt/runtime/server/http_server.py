@@ -14,9 +14,9 @@ message; a missing or wrong API key (``--api-key``) is a 401 on every route but 
 ``GET /openapi.json`` describes every route's request and response models (:mod:`.api_models`);
 ``GET /docs`` is its Swagger UI.
 
-Default ``max_tokens`` on the OpenAI routes: when neither ``max_tokens`` nor ``max_completion_tokens`` is
-given, generation may run up to the room left in the context (the smaller of the context length and the KV pool, minus the prompt tokens); a prompt
-that leaves no room (``>= context length``) is a 400 giving the counts.
+Default ``max_tokens`` on the OpenAI routes: when neither ``max_tokens`` nor ``max_completion_tokens`` is given,
+generation may run up to the room left in the context (the smaller of the context length and the KV pool, minus the
+prompt tokens); a prompt that leaves no room (``>= context length``) is a 400 giving the counts.
 """
 
 from __future__ import annotations

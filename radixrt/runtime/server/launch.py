@@ -15,7 +15,8 @@
   finish for up to ``--drain-timeout`` seconds, the rest end with an error; then the children are
   terminated (SIGTERM, then SIGKILL) and joined, the IPC folder is removed, and the exit status is 0. A
   second signal skips what is left of the drain.
-- A child that dies is restarted (manager/supervisor.py), at most ``--max-restarts`` times in 10 min. The children also exit on their own when the main process
+- A child that dies is restarted (manager/supervisor.py), at most ``--max-restarts`` times in 10 min. The children also
+  exit on their own when the main process
   disappears (they poll their parent pid), so a SIGKILLed server leaves no orphans.
 - If the model fails to load, the server prints the reason on stderr and exits with status 1.
 """

@@ -16,6 +16,7 @@ import msgspec
 
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut, room
+from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.tokenizer.session_args import check_session_params
 from radixrt.runtime.sampling.params import grammar_of, normalize
 
@@ -67,30 +68,20 @@ def _batch_items(x: Any, name: str) -> tuple[list, bool]:
 def build_requests(
     tokenizer,
     limits: Limits,
-    prompt=None,
-    input_ids=None,
-    sampling_params=None,
-    return_logprob=False,
-    logprob_start_len=None,
-    top_logprobs_num=0,
-    stream=False,
-    rid=None,
-    cache_salt=None,
+    inp: GenerateInput,
     grammar_check=None,
-    session_params=None,
-    session_id=None,
 ) -> tuple[list[GenerateReq], bool]:
-    """Validate and tokenize. Returns ``(requests, single)``; ``single`` means one item was given.
+    """Validate and tokenize ``inp``. Returns ``(requests, single)``; ``single`` means one item was given.
 
     Raises:
         ValidationError: no or two inputs, an empty prompt, a prompt or prompt + max_new_tokens beyond the
             context (the message gives the counts), token ids out of the vocabulary, bad sampling
             parameters, or a grammar spec that does not compile (``grammar_check(kind, spec)``).
     """
-    if (prompt is None) == (input_ids is None):
+    if (inp.prompt is None) == (inp.input_ids is None):
         raise ValidationError("exactly one of text/prompt and input_ids must be given", "text")
-    if prompt is not None:
-        items, single = _as_batch(prompt, "text")
+    if inp.prompt is not None:
+        items, single = _as_batch(inp.prompt, "text")
         for t in items:
             if not isinstance(t, str):
                 raise ValidationError(f"text must be a string or a list of strings, got {type(t).__name__}", "text")
@@ -104,7 +95,7 @@ def build_requests(
                 )
         id_lists = [tokenizer.encode(t, add_special_tokens=False) for t in items]
     else:
-        id_lists, single = _as_batch(input_ids, "input_ids")
+        id_lists, single = _as_batch(inp.input_ids, "input_ids")
         for ids in id_lists:
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise ValidationError("input_ids must be a list of integers or a list of such lists", "input_ids")
@@ -116,30 +107,30 @@ def build_requests(
                     f"input_ids: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})", "input_ids"
                 )
     n = len(id_lists)
-    sps = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
+    sps = inp.sampling_params if isinstance(inp.sampling_params, list) else [inp.sampling_params] * n
     if len(sps) != n:
         raise ValidationError(f"sampling_params has {len(sps)} entries for {n} prompts", "sampling_params")
-    if isinstance(rid, list) and len(rid) != n:
-        raise ValidationError(f"rid: {len(rid)} ids for {n} prompts", "rid")
-    rids = rid if isinstance(rid, list) else [rid] * n
-    if not isinstance(return_logprob, bool):
-        raise ValidationError(f"return_logprob must be a boolean, got {return_logprob!r}", "return_logprob")
+    if isinstance(inp.rid, list) and len(inp.rid) != n:
+        raise ValidationError(f"rid: {len(inp.rid)} ids for {n} prompts", "rid")
+    rids = inp.rid if isinstance(inp.rid, list) else [inp.rid] * n
+    if not isinstance(inp.return_logprob, bool):
+        raise ValidationError(f"return_logprob must be a boolean, got {inp.return_logprob!r}", "return_logprob")
     if (
-        not isinstance(top_logprobs_num, int)
-        or isinstance(top_logprobs_num, bool)
-        or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS
+        not isinstance(inp.top_logprobs_num, int)
+        or isinstance(inp.top_logprobs_num, bool)
+        or not 0 <= inp.top_logprobs_num <= MAX_TOP_LOGPROBS
     ):
         raise ValidationError(
-            f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs_num!r}",
+            f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {inp.top_logprobs_num!r}",
             "top_logprobs_num",
         )
-    if cache_salt is not None and not isinstance(cache_salt, str):
+    if inp.cache_salt is not None and not isinstance(inp.cache_salt, str):
         raise ValidationError("cache_salt must be a string", "cache_salt")
-    sess = check_session_params(session_params, session_id)
+    sess = check_session_params(inp.session_params, inp.session_id)
     reqs = []
     for ids, sp_in, r in zip(id_lists, sps, rids):
         sp = normalize(sp_in)
-        _check_length(len(ids), sp, limits, "text" if prompt is not None else "input_ids")
+        _check_length(len(ids), sp, limits, "text" if inp.prompt is not None else "input_ids")
         bad = [t for t in sp.stop_token_ids if t >= limits.vocab_size]
         if bad:
             raise ValidationError(
@@ -152,8 +143,8 @@ def build_requests(
             if isinstance(spec, str):  # the normalized text: the scheduler's compile-cache key is the same
                 setattr(sp, g[0], spec)
         start = -1
-        if return_logprob:
-            start = len(ids) - 1 if logprob_start_len is None else logprob_start_len
+        if inp.return_logprob:
+            start = len(ids) - 1 if inp.logprob_start_len is None else inp.logprob_start_len
             if start == -1:
                 start = -1
             elif not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(ids):
@@ -166,10 +157,10 @@ def build_requests(
             raise ValidationError(
                 f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})", "logit_bias"
             )
-        if sp.n > 1 and (sess is not None or session_id is not None):
+        if sp.n > 1 and (sess is not None or inp.session_id is not None):
             raise ValidationError("n: a session continues one conversation; n > 1 is not allowed with a session", "n")
-        if len(id_lists) > 1 and (sess is not None or session_id is not None):
-            field = "text" if prompt is not None else "input_ids"
+        if len(id_lists) > 1 and (sess is not None or inp.session_id is not None):
+            field = "text" if inp.prompt is not None else "input_ids"
             raise ValidationError(f"{field}: a session continues one conversation; one prompt per call", field)
         # n samples: n requests of the same prompt (the scheduler shares its KV); seeds seed + i
         for k in range(sp.n):
@@ -180,13 +171,13 @@ def build_requests(
                     rid=rk or uuid.uuid4().hex,
                     input_ids=list(ids),
                     sampling_params=spk,
-                    return_logprob=return_logprob,
+                    return_logprob=inp.return_logprob,
                     logprob_start_len=start,
-                    top_logprobs_num=top_logprobs_num if return_logprob else 0,
-                    stream=stream,
-                    cache_salt=cache_salt,
+                    top_logprobs_num=inp.top_logprobs_num if inp.return_logprob else 0,
+                    stream=inp.stream,
+                    cache_salt=inp.cache_salt,
                     session_params=sess,
-                    session_id=session_id,
+                    session_id=inp.session_id,
                 )
             )
     # SGLang answers a list as soon as one prompt asks for n > 1 samples

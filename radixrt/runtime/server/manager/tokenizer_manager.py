@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 from typing import Any, Callable, Optional
 
-from radixrt.runtime.executor.memory import peaks_agreeing
+from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.config import ServerArgs
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import (
@@ -33,12 +32,12 @@ from radixrt.runtime.io_struct import (
 )
 from radixrt.runtime.server.manager.admission import Admission
 from radixrt.runtime.server.manager.child_processes import ChildProcesses
+from radixrt.runtime.server.manager.info import main_server_info
 from radixrt.runtime.server.manager.ipc import Ipc
 from radixrt.runtime.server.manager.supervisor import Supervisor
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.server.manager.req_batch import ReqBatch
-from radixrt.runtime.server.observe.latency import LatencyWindow
-from radixrt.runtime.scheduler.server_info import server_info
+from radixrt.runtime.server.observe.latency import LatencyWindow, record_output
 from radixrt.runtime.tokenizer.validation import GrammarCheck, Limits, build_requests, max_token_chars
 
 logger = logging.getLogger("radixrt.server")
@@ -182,35 +181,13 @@ class TokenizerManager:
     def dispatch(self, outs: list[StrOut]) -> None:
         """Route each StrOut to its call's queue; record TTFT / ITL / finish metrics (seconds)."""
         now = time.perf_counter()
-        m, lat = self.metrics, self.latency
         for s in outs:
             batch = self.states.get(s.rid)
             if batch is None:
                 continue  # an aborted call whose client is gone
-            t = s.token
-            if t.new_token_ids:
-                last = batch.t_last[s.rid]
-                if last is None:
-                    lat.ttft(now - batch.t_submit)
-                    if m is not None:
-                        m.observe_ttft(now - batch.t_submit)
-                        if len(t.new_token_ids) > 1:
-                            m.observe_itl(0.0, len(t.new_token_ids) - 1)
-                else:
-                    lat.itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
-                    if m is not None:
-                        m.observe_itl((now - last) / len(t.new_token_ids), len(t.new_token_ids))
-                batch.t_last[s.rid] = now
-            if t.finished_reason is not None:
+            record_output(s, batch.t_submit, batch.t_last, now, self.latency, self.metrics)
+            if s.token.finished_reason is not None:
                 del self.states[s.rid]
-                if m is not None:
-                    m.observe_finish(
-                        now - batch.t_submit,
-                        t.prompt_tokens,
-                        t.completion_tokens,
-                        t.cached_tokens,
-                        t.finished_reason.get("type", "stop"),
-                    )
             batch.queue.put_nowait(s)
 
     # ---- requests ----------------------------------------------------------------------------------
@@ -223,21 +200,8 @@ class TokenizerManager:
                 "the model is still loading; retry when GET /health returns 200", status=503, type="service_unavailable"
             )
 
-    async def build(
-        self,
-        prompt=None,
-        input_ids=None,
-        sampling_params=None,
-        return_logprob=False,
-        logprob_start_len=None,
-        top_logprobs_num=0,
-        stream=False,
-        rid=None,
-        cache_salt=None,
-        session_params=None,
-        session_id=None,
-    ) -> tuple[list[GenerateReq], bool]:
-        """Validate and tokenize (the Engine's rules); grammar specs are compiled here first.
+    async def build(self, inp: GenerateInput) -> tuple[list[GenerateReq], bool]:
+        """Validate and tokenize ``inp`` (the Engine's rules); grammar specs are compiled here first.
 
         Raises:
             ValidationError: bad input (``param`` names the field).
@@ -245,29 +209,14 @@ class TokenizerManager:
         """
         self.check_ready()
         check = GrammarCheck(self.grammar_cache)
-        reqs, single = build_requests(
-            self.tokenizer,
-            self.limits,
-            prompt,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            stream,
-            rid,
-            cache_salt,
-            check,
-            session_params,
-            session_id,
-        )
+        reqs, single = build_requests(self.tokenizer, self.limits, inp, check)
         sp = reqs[0].session_params if reqs else None
-        sid = sp.id if sp is not None else session_id
+        sid = sp.id if sp is not None else inp.session_id
         if sid is not None and sid not in self.session_ids:
             param = "session_params" if sp is not None else "session_id"
             raise ValidationError(f"{param}: no open session {sid!r} (POST /open_session first)", param)
         if not reqs:
-            field = "text" if prompt is not None else "input_ids"
+            field = "text" if inp.prompt is not None else "input_ids"
             raise ValidationError(f"{field}: the batch is empty", field)
         await check.wait_async()
         return reqs, single
@@ -342,28 +291,7 @@ class TokenizerManager:
         """ServerArgs plus ``cache`` (pages and hit tokens) and queue lengths (the Engine's shape), the
         version, the pid of each process, and ``num_in_flight``: requests this process has admitted and not
         yet seen finish (what admission control bounds and the SIGTERM drain waits for)."""
-        info = await self.get_info()
-        r = self.ready_info
-        pids = {"main": os.getpid(), **self.children.pids()}
-        memory = dict(info.memory or {})
-        memory["peak_rss_by_process"] = peaks_agreeing(memory, pids)
-        stats = {
-            "cache": info.cache,
-            "num_running": info.num_running,
-            "num_waiting": info.num_waiting,
-            "memory": memory,
-        }
-        return server_info(
-            self.args,
-            stats,
-            r.context_length,
-            r.max_total_tokens,
-            self.model_name,
-            version=_version(),
-            process_ids=pids,
-            restarts=dict(self.supervisor.restarts),
-            num_in_flight=len(self.states),
-        )
+        return main_server_info(self, await self.get_info())
 
     async def open_session(self, body: Any) -> str:
         """SGLang's /open_session: ``{capacity_of_str_len, session_id?, timeout?}`` -> the session id.
@@ -393,9 +321,10 @@ class TokenizerManager:
 
     async def health_generate(self, timeout: float = 30.0) -> dict:
         """Run a 1-token greedy generation; returns its output. Raises ApiError 503 on failure."""
-        reqs, _ = await self.build(
+        health = GenerateInput(
             input_ids=[1], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"health-{uuid.uuid4().hex}"
         )
+        reqs, _ = await self.build(health)
         batch = await self.submit(reqs)
         try:
             outs = await asyncio.wait_for(batch.wait(), timeout)
@@ -405,9 +334,3 @@ class TokenizerManager:
                 f"a 1-token generation did not finish within {timeout:.0f} s", status=503, type="service_unavailable"
             ) from None
         return outs[0].to_dict(False)
-
-
-def _version() -> str:
-    import radixrt
-
-    return radixrt.__version__

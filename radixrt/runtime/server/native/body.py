@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Union
 
+from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.io_struct import SamplingParams
 
@@ -141,17 +142,19 @@ async def native_generate(tm, body: Any) -> NativeCall:
     """
     b = parse_generate_body(body)
     reqs, single = await tm.build(
-        prompt=b.text,
-        input_ids=b.input_ids,
-        sampling_params=b.sampling_params,
-        return_logprob=b.return_logprob,
-        logprob_start_len=b.logprob_start_len,
-        top_logprobs_num=b.top_logprobs_num,
-        stream=b.stream,
-        rid=b.rid,
-        cache_salt=b.cache_salt,
-        session_params=b.session_params,
-        session_id=b.session_id,
+        GenerateInput(
+            prompt=b.text,
+            input_ids=b.input_ids,
+            sampling_params=b.sampling_params,
+            return_logprob=b.return_logprob,
+            logprob_start_len=b.logprob_start_len,
+            top_logprobs_num=b.top_logprobs_num,
+            stream=b.stream,
+            rid=b.rid,
+            cache_salt=b.cache_salt,
+            session_params=b.session_params,
+            session_id=b.session_id,
+        )
     )
     if b.stream and not single:
         many = isinstance(b.text, list) or (

@@ -34,3 +34,27 @@ class LatencyWindow:
     def summary(self) -> dict:
         """``{"ttft": {n, p50, p90, p99}, "itl": {...}, "requests": ttft_count}`` in seconds."""
         return {"ttft": self._pcts(self._ttft), "itl": self._pcts(self._itl), "requests": self.ttft_count}
+
+
+def record_output(s, t_submit: float, t_last: dict, now: float, window: LatencyWindow, metrics=None) -> None:
+    """Record one output delta ``s`` (a StrOut) of a call submitted at ``t_submit`` (``time.perf_counter``
+    seconds), at ``now``: its TTFT when it brings the request's first tokens, else one inter-token gap per
+    token since the previous delta (``t_last[rid]``, updated here); with ``metrics`` (``--enable-metrics``)
+    the same into the Prometheus histograms, and the request's totals once it finishes."""
+    t = s.token
+    if t.new_token_ids:
+        n, last = len(t.new_token_ids), t_last[s.rid]
+        if last is None:
+            window.ttft(now - t_submit)
+            if metrics is not None:
+                metrics.observe_ttft(now - t_submit)
+                if n > 1:  # the rest of a first chunk (accepted drafts) came with it: no gap
+                    metrics.observe_itl(0.0, n - 1)
+        else:
+            window.itl((now - last) / n, n)
+            if metrics is not None:
+                metrics.observe_itl((now - last) / n, n)
+        t_last[s.rid] = now
+    if t.finished_reason is not None and metrics is not None:
+        reason = t.finished_reason.get("type", "stop")
+        metrics.observe_finish(now - t_submit, t.prompt_tokens, t.completion_tokens, t.cached_tokens, reason)

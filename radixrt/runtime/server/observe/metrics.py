@@ -4,15 +4,17 @@ The names are the ones SGLang and vLLM users already chart (their Grafana dashbo
 where both projects name the same quantity, both names are exported. Every family has the label
 ``model_name``. Units: seconds, tokens, ratios in [0, 1].
 
-| quantity | SGLang name | vLLM name |
+| quantity (counters unless named) | SGLang name | vLLM name |
 |---|---|---|
 | running requests (gauge) | ``sglang:num_running_reqs`` | ``vllm:num_requests_running`` |
 | waiting requests (gauge) | ``sglang:num_queue_reqs`` | ``vllm:num_requests_waiting`` |
 | KV pages held by requests or pinned, over all (gauge) | ``sglang:token_usage`` | ``vllm:kv_cache_usage_perc`` |
 | prefix cache hit rate since start (gauge) | ``sglang:cache_hit_rate`` | |
-| prompt tokens looked up / served from the cache (counters) | ``sglang:cached_tokens_total`` (hits) | ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total`` |
-| prompt / generated tokens of finished requests (counters) | ``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total`` | ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total`` |
-| finished requests (counter) | ``sglang:num_requests_total`` | ``vllm:request_success_total{finished_reason}`` |
+| prompt tokens looked up | | ``vllm:prefix_cache_queries_total`` |
+| prompt tokens served from the cache | ``sglang:cached_tokens_total`` | ``vllm:prefix_cache_hits_total`` |
+| prompt tokens, finished requests | ``sglang:prompt_tokens_total`` | ``vllm:prompt_tokens_total`` |
+| tokens generated, finished requests | ``sglang:generation_tokens_total`` | ``vllm:generation_tokens_total`` |
+| finished requests (counter) | ``sglang:num_requests_total`` | ``vllm:request_success_total`` (by reason) |
 | TTFT (histogram) | ``sglang:time_to_first_token_seconds`` | ``vllm:time_to_first_token_seconds`` |
 | ITL (histogram) | ``sglang:inter_token_latency_seconds`` | ``vllm:inter_token_latency_seconds`` |
 | E2E latency (histogram) | ``sglang:e2e_request_latency_seconds`` | ``vllm:e2e_request_latency_seconds`` |
@@ -32,7 +34,7 @@ the main process.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from radixrt.runtime.parsers.chat_template import chat_template, handles_tools, render
 from radixrt.runtime.parsers.choice import ChoiceParser

@@ -3,14 +3,14 @@
 prompt with the turns it renders replaced by those ids (the store and the key are
 :mod:`radixrt.runtime.tokenizer.turn_store`'s).
 
-Where a turn sits in the prompt: the template renders the messages before assistant message i with the
-generation prompt (``prefix``: the prompt that turn was generated from) and the messages up to and
-including it without (``upto``); when the prompt starts with both, the turn is ``upto`` past their common
-part: its body, then the end-of-turn marker the model generated as its last token. A template whose
-generation prompt holds text its history drops (Qwen3's ``<think>\n\n</think>\n\n`` with thinking off,
-a thinking template's opened ``<think>``) gets that text back before the ids under ``keep`` only. The generated ids replace the body and that marker (or only the body, when the turn ended on
-``max_tokens`` and the marker is the template's). A template that renders history differently from the
-prompt the turn came from (a prefix mismatch) keeps its own text: the cache matches up to there.
+Where a turn sits in the prompt: the template renders the messages before assistant message i with the generation prompt
+(``prefix``: the prompt that turn was generated from) and the messages up to and including it without (``upto``); when
+the prompt starts with both, the turn is ``upto`` past their common part: its body, then the end-of-turn marker the
+model generated as its last token. A template whose generation prompt holds text its history drops (Qwen3's
+``<think>\n\n</think>\n\n`` with thinking off, a thinking template's opened ``<think>``) gets that text back before the
+ids under ``keep`` only. The generated ids replace the body and that marker (or only the body, when the turn ended on
+``max_tokens`` and the marker is the template's). A template that renders history differently from the prompt the turn
+came from (a prefix mismatch) keeps its own text: the cache matches up to there.
 
 ``--reasoning-history``: ``keep`` splices the generated ids, reasoning included, even where the template
 dropped the reasoning; ``strip`` (default) splices a turn with reasoning only where the template rendered

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional
 from fastapi import Request
 from starlette.responses import Response
 
+from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.openai.protocol import ApiError, batch_usage
 from radixrt.runtime.server.openai.sampling import openai_param
@@ -61,15 +62,17 @@ async def submit(
     """
     try:
         reqs, _ = await c.tm.build(
-            prompt=texts,
-            input_ids=ids,
-            sampling_params=sps,
-            return_logprob=return_logprob,
-            logprob_start_len=-1,
-            top_logprobs_num=top_n,
-            stream=False,
-            cache_salt=cache_salt,
-            session_id=session_id,
+            GenerateInput(
+                prompt=texts,
+                input_ids=ids,
+                sampling_params=sps,
+                return_logprob=return_logprob,
+                logprob_start_len=-1,
+                top_logprobs_num=top_n,
+                stream=False,
+                cache_salt=cache_salt,
+                session_id=session_id,
+            )
         )
         return await c.tm.submit(reqs)
     except ValueError as e:

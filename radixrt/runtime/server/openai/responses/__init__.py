@@ -1,2 +1,3 @@
 """OpenAI's Responses API (``/v1/responses``) over the chat path: protocol (request -> chat messages),
-store (stored responses, each pinning its conversation as a session), events (typed SSE), routes."""
+items (input and output items and their ids), store (stored responses, each pinning its conversation as a
+session), events (typed SSE), routes."""

@@ -13,7 +13,7 @@ from typing import Optional
 
 import msgspec
 
-from radixrt.runtime.server.openai.responses.protocol import ItemIds, call_item, message_item
+from radixrt.runtime.server.openai.responses.items import ItemIds, call_item, message_item
 
 
 def sse_event(obj: dict) -> bytes:

@@ -25,14 +25,12 @@ from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSERespo
 from radixrt.runtime.server.openai.chat import run_chat
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, chat_logprobs, new_id, now
 from radixrt.runtime.server.openai.responses.events import EventStream, sse_event
+from radixrt.runtime.server.openai.responses.items import ItemIds, input_items, output_items
 from radixrt.runtime.server.openai.responses.protocol import (
-    ItemIds,
     ResponsesRequest,
     chat_body,
     check_refused,
-    input_items,
     input_messages,
-    output_items,
     responses_param,
     wants_logprobs,
 )
