@@ -28,8 +28,41 @@ class KVCacheView(Protocol):
 class AttentionBackend(ABC):
     """Paged attention over a mixed batch of extends (prefill chunks) and decodes.
 
-    ``plan`` is called once per step with that step's metadata; ``forward`` once per layer.
+    ``plan`` is called once per step with that step's metadata; ``forward`` once per layer. What else a
+    backend supports it declares here (the defaults: nothing more), and callers read the declaration:
+
+    - ``uses_groups``: ``plan`` reads ``meta.prefix_groups`` (cascade attention over shared prefixes), so
+      the runner groups the decode rows; False: it does not build them.
+    - ``cuda_graph``: a helper that plans captured CUDA-graph decode batches (FlashInfer's
+      ``FlashInferGraphSupport``), or None: every step runs eagerly.
+    - :meth:`configure` / :attr:`configured`: the model's head counts and dtypes, given once before the first
+      ``plan`` (a backend that builds its kernels up front needs them).
+    - :meth:`kernel_args`: the step's arguments for the fused C++ decoder layer, or None: each layer
+      attends through ``forward``.
     """
+
+    uses_groups: bool = True
+    cuda_graph = None
+
+    def configure(
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        sm_scale: float | None = None,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
+        """Take the model's attention shape before the first :meth:`plan`; the default needs none of it."""
+
+    @property
+    def configured(self) -> bool:
+        """Whether :meth:`configure` has what this backend needs (always, for one that needs nothing)."""
+        return True
+
+    def kernel_args(self) -> tuple | None:
+        """This step's arguments of the fused C++ decoder layer (``radixrt.kernels.layer``), or None."""
+        return None
 
     @abstractmethod
     def plan(self, meta: AttentionMetadata) -> None:

@@ -46,7 +46,14 @@ __all__ = [
 
 
 class GrammarMatcher(ABC):
-    """Per-request grammar state. Not thread-safe: use one matcher from one thread at a time."""
+    """Per-request grammar state. Not thread-safe: use one matcher from one thread at a time.
+
+    Beyond the mask and the accept, a backend declares what it can do: ``supports_rollback`` (with
+    :meth:`rollback`: speculation checks drafts against the grammar), :meth:`forced_tokens` and
+    :meth:`find_jump_forward_string` (what the grammar forces next: drafts, jump-forward); the defaults
+    say "cannot"."""
+
+    supports_rollback: bool = False
 
     @abstractmethod
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -80,10 +87,19 @@ class GrammarMatcher(ABC):
         """Undo the last ``n`` accepted tokens (an accepted EOS counts as one).
 
         Raises:
-            NotImplementedError: the backend cannot roll back.
+            NotImplementedError: the backend cannot roll back (``supports_rollback`` is False).
             ValueError: ``n`` is negative or exceeds what can be undone.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support rollback")
+
+    def forced_tokens(self) -> list[int]:
+        """The token ids the grammar allows alone from here on, one after the other ([]: none, or the
+        backend cannot tell in tokens; then :meth:`find_jump_forward_string` may in text)."""
+        return []
+
+    def find_jump_forward_string(self) -> str:
+        """The text the grammar forces next (xgrammar's jump-forward string; "": none, or cannot tell)."""
+        return ""
 
 
 class RowMatcher(GrammarMatcher):

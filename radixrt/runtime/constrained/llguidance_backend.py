@@ -110,6 +110,8 @@ class LLGuidanceMatcher(RowMatcher):
     """Wraps ``llguidance.LLMatcher``. Not thread-safe (one thread at a time; the batched fill in
     :mod:`.mask_fill` hands matchers to llguidance's executor only while no other call runs)."""
 
+    supports_rollback = True
+
     backend = "llguidance"
 
     def __init__(self, m: llg.LLMatcher, eos_token_id: int):

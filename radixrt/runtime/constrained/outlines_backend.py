@@ -76,6 +76,8 @@ def build_vocabulary(tokenizer, vocab_size: int, eos_token_id: int, placeholder_
 class OutlinesMatcher(RowMatcher):
     """Wraps ``outlines_core.Guide``; rollback up to ``max_rollback`` tokens. Not thread-safe."""
 
+    supports_rollback = True
+
     backend = "outlines"
 
     def __init__(self, index: oc.Index, eos_token_id: int, max_rollback: int):

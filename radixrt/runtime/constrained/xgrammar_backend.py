@@ -62,6 +62,8 @@ def build_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]) 
 class XGrammarMatcher(GrammarMatcher):
     """Wraps ``xgrammar.GrammarMatcher``. Rollback is unlimited. Not thread-safe."""
 
+    supports_rollback = True
+
     def __init__(self, compiled: xgr.CompiledGrammar, eos_token_id: int):
         self._m = xgr.GrammarMatcher(compiled)
         self._eos = eos_token_id

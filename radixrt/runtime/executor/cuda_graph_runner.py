@@ -86,7 +86,7 @@ class CudaGraphRunner:
         self.mr = mr
         self.attn = mr.attn
         a = mr.model.args
-        if not getattr(self.attn, "configured", True):
+        if not self.attn.configured:
             self.attn.configure(a.num_heads, a.num_kv_heads, a.head_dim, mr.dtype)
         self.max_bs = min(mr.args.cuda_graph_max_bs, mr.args.max_running_requests)
         self.buckets = capture_bucket_sizes(self.max_bs)

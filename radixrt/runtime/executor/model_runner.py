@@ -103,8 +103,7 @@ class ModelRunner:
             kv_dtype=self.kv_dtype,
             cpu_cascade=args.cpu_cascade_attention,
         )
-        if hasattr(self.attn, "configure"):  # FlashInfer needs the head counts and dtypes up front
-            self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype, kv_dtype=self.kv_dtype)
+        self.attn.configure(num_heads, num_kv_heads, margs.head_dim, self.dtype, kv_dtype=self.kv_dtype)
         self.cascade_steps = 0  # steps that attended shared prefixes once per group
         self.cascade_rows = 0  # decode rows served by a group, summed over those steps
         self.forward_time = 0.0  # seconds in forward(), summed (the scheduler's StepStats read it)
@@ -113,7 +112,7 @@ class ModelRunner:
         if (
             self.device.type == "cuda"
             and not args.disable_cuda_graph
-            and hasattr(self.attn, "cuda_graph")
+            and self.attn.cuda_graph is not None
             and (tp is None or tp.size == 1)
         ):
             from radixrt.runtime.executor.cuda_graph_runner import CudaGraphRunner
@@ -235,7 +234,7 @@ class ModelRunner:
                 sample_at.append((req, len(rows)))
                 rows.append(base + n - 1)
         groups = None
-        if not self.args.disable_cascade_attention and getattr(self.attn, "uses_groups", True):
+        if not self.args.disable_cascade_attention and self.attn.uses_groups:
             # the tree match made at admission groups the rows (the CPU kernels only with --cpu-cascade-attention)
             groups = group_decode_rows([req.last_node for req, _ in batch], tables, q_lens, self.page_size)
         if groups is not None:

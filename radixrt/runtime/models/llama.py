@@ -216,7 +216,7 @@ class LlamaForCausalLM(nn.Module):
         layer by layer: no C++ library,
         not fp32 on the CPU, or a backend without the C++ attention kernels (``kernel_args``)."""
         ops = layer_ops() if x.is_cpu and x.dtype == torch.float32 else None
-        args = getattr(attn, "kernel_args", lambda: None)() if ops is not None else None
+        args = attn.kernel_args() if ops is not None else None
         if args is None:
             return None
         a = self.layers[0].self_attn

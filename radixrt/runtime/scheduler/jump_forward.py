@@ -69,10 +69,9 @@ def try_jump_forward(req: Req, tokenizer: Any, room: int) -> int:
         scheduler computes them in one extend step.
     """
     m = req.grammar
-    find = getattr(m, "find_jump_forward_string", None)
-    if find is None or room < 1 or m.is_terminated():
+    if room < 1 or m.is_terminated():
         return 0
-    forced = find()
+    forced = m.find_jump_forward_string()
     if not forced:
         return 0
     head = req.output_ids[-1]

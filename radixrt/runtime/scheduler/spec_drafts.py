@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixrt.runtime.constrained.base import GrammarMatcher
 from radixrt.runtime.scheduler.request import Req
 
 
@@ -54,10 +53,9 @@ class DraftMaker:
         """The tokens ``req``'s grammar forces next (module doc), cut to ``room`` and to what it accepts."""
         if room <= 0 or req.grammar is None:
             return []
-        get = getattr(req.grammar, "forced_tokens", None)
-        toks = get() if get is not None else []
+        toks = req.grammar.forced_tokens()
         if not toks:
-            text = getattr(req.grammar, "find_jump_forward_string", str)()
+            text = req.grammar.find_jump_forward_string()
             toks = self.outputs.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
         return self._legal(req, [], toks[:room])
 
@@ -97,9 +95,9 @@ def grammar_prefix(matcher, draft: list[int], end_ids: set[int] = frozenset()) -
     back to where it was). An end token (``end_ids``: EOS, stop ids) ends the prefix unchecked: it finishes
     the request, the verification's mask decides whether it is legal, and it is never fed to the matcher here,
     because llguidance does not count an EOS that follows a completed grammar in its rollback history.
-    Matchers without ``rollback`` (the reasoning gate) keep the whole draft: the verification samples under
-    the grammar mask, so an illegal draft token is rejected there anyway."""
-    if getattr(type(matcher), "rollback", GrammarMatcher.rollback) is GrammarMatcher.rollback:
+    Matchers without rollback (``supports_rollback`` False: the reasoning gate) keep the whole draft: the
+    verification samples under the grammar mask, so an illegal draft token is rejected there anyway."""
+    if not matcher.supports_rollback:
         return draft
     if matcher.is_terminated():
         return []
