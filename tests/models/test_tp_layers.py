@@ -50,9 +50,10 @@ def run_rank(model_dir: str, tp=None):
     from radixrt.runtime.layers.tp_shard import local_heads, shard_model
     from radixrt.runtime.mem.kv_pool import KVPool
     from radixrt.runtime.models.loader import load_config, load_state_dict
-    from radixrt.runtime.models.llama import LlamaArgs, LlamaForCausalLM
+    from radixrt.runtime.models.args import ModelArgs
+    from radixrt.runtime.models.llama import LlamaForCausalLM
 
-    a = LlamaArgs.from_hf(load_config(model_dir))
+    a = ModelArgs.from_hf(load_config(model_dir))
     model = LlamaForCausalLM(a)
     model.load_hf_state_dict(load_state_dict(model_dir))
     if tp is not None:

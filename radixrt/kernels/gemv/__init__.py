@@ -26,14 +26,7 @@ import torch
 from radixrt.kernels import cpp
 
 PANEL = 32  # output columns per panel, as in dense_tile.h
-# Kept for callers that still read it (runtime/layers/quant.py); no row count changes the kernel any more.
-MAX_ROWS = 8
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def onednn_ok() -> bool:
-    """True where torch has oneDNN (every x86 CPU build does); the benchmark compares against it."""
-    return torch.backends.mkldnn.is_available()
 
 
 def pack_panels(w: torch.Tensor) -> torch.Tensor:

@@ -75,10 +75,6 @@ class ForwardBatch:
             **kw,
         )
 
-    def is_spec(self, req: "Req") -> bool:
-        """``req``'s row carried draft tokens this step."""
-        return any(r is req for r, _ in self.spec_at)
-
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])

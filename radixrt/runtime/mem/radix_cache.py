@@ -63,10 +63,6 @@ class TreeNode:
         self.score: float = score  # policy-owned (gdsf: its priority at the last access)
         self.id: int = next(TreeNode._ids)  # stable, unique: heap tie-break
 
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
     def __repr__(self) -> str:
         return (
             f"TreeNode(id={self.id}, tokens={len(self.key)}, pages={self.value}, "

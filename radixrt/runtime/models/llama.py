@@ -29,8 +29,6 @@ from radixrt.kernels.layer import CONT, layer_ops
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.rope import Rotary
 
-LlamaArgs = ModelArgs  # the name other modules used before the families were added
-
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
