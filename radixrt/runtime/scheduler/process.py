@@ -45,10 +45,10 @@ def run_scheduler_process(
 
     args = msgspec.json.decode(args_json, type=ServerArgs)
     setup_child(args.log_level, "scheduler")
-    ctx = zmq.Context(1)
-    pull = ctx.socket(zmq.PULL)
+    zmq_ctx = zmq.Context(1)
+    pull = zmq_ctx.socket(zmq.PULL)
     pull.connect(in_addr)
-    push = ctx.socket(zmq.PUSH)
+    push = zmq_ctx.socket(zmq.PUSH)
     push.connect(out_addr)
     enc = msgspec.msgpack.Encoder()
     tp, workers = None, []
@@ -62,7 +62,7 @@ def run_scheduler_process(
         logger.error("model load failed:\n%s", traceback.format_exc())
         push.send(enc.encode(ReadyOut(error=f"{type(e).__name__}: {e}")))
         push.close(linger=2000)
-        ctx.term()
+        zmq_ctx.term()
         sys.exit(1)
     runner = sched.runner
     if sched.mem.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
@@ -105,7 +105,7 @@ def run_scheduler_process(
         # would hold the context's term() forever on an unsent message, and the process with it
         push.close(linger=0)
         pull.close(linger=0)
-        ctx.term()
+        zmq_ctx.term()
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -83,14 +83,14 @@ class Scheduler:
 
     def add_request(self, r: GenerateReq) -> None:
         """Queue a validated request (see ``build_requests``); a session request gets its history first."""
-        ctx, error = self.runner.context_length, None
+        context_len, error = self.runner.context_length, None
         try:
             session, ids = self.sessions.resolve(r.session_id, r.session_params, r.input_ids)
         except ValueError as e:
             session, ids, error = None, r.input_ids, e
         max_new = r.sampling_params.max_new_tokens
         if max_new is None:
-            max_new = room(len(ids), ctx, self.runner.num_pages * self.runner.page_size)
+            max_new = room(len(ids), context_len, self.runner.num_pages * self.runner.page_size)
         self.arrivals += 1
         req = Req.from_generate(r, max_new, self.arrivals, self.args.random_seed + self.arrivals)
         req.input_ids, req.session = list(ids), session
@@ -98,9 +98,9 @@ class Scheduler:
         if r.return_logprob and r.logprob_start_len >= 0:
             req.input_logprobs, req.input_top_logprobs = [], []
         self.by_rid[req.rid] = req
-        if error is None and len(ids) >= ctx:
+        if error is None and len(ids) >= context_len:
             error = ValidationError(
-                f"the session's context ({len(ids)} tokens) reaches the context length {ctx}", "session_params"
+                f"the session's context ({len(ids)} tokens) reaches the context length {context_len}", "session_params"
             )
         if error is not None:  # a bad session field: the caller gets a 400 naming it
             self._finish(req, refusal(error))

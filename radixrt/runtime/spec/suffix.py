@@ -47,10 +47,10 @@ class SuffixDrafter(Drafter):
             have = 0
         new = (req.input_ids[have:] + req.output_ids) if have < n_in else req.output_ids[have - n_in :]
         idx.extend(0, new)
-        ctx = idx.seqs[0]
+        history = idx.seqs[0]
         if after:  # a match reads at most max_depth tokens back: copy only those
-            ctx = ctx[-self.cfg.max_depth :] + list(after)
-        occ = idx.matches(ctx, self.cfg.max_depth) + self.glob.matches(ctx, self.cfg.max_depth)
+            history = history[-self.cfg.max_depth :] + list(after)
+        occ = idx.matches(history, self.cfg.max_depth) + self.glob.matches(history, self.cfg.max_depth)
         if not occ:
             return self.words.draft(req, after) if self.words is not None else []
         best = max(m for _, _, m in occ)

@@ -55,19 +55,19 @@ class TokenIndex:
         for sid, seq in seqs.items():
             self.extend(sid, seq)
 
-    def matches(self, ctx: Sequence[int], max_depth: int, exclude_end_of: int | None = None) -> list[Occurrence]:
-        """Earlier occurrences of ``ctx``'s last ``key_len`` tokens that have a continuation, each with
-        how many of ``ctx``'s last tokens it matches (``key_len`` to ``max_depth``)."""
-        K, L = self.key_len, len(ctx)
+    def matches(self, history: Sequence[int], max_depth: int, exclude_end_of: int | None = None) -> list[Occurrence]:
+        """Earlier occurrences of ``history``'s last ``key_len`` tokens that have a continuation, each with
+        how many of ``history``'s last tokens it matches (``key_len`` to ``max_depth``)."""
+        K, L = self.key_len, len(history)
         if L < K:
             return []
         out = []
-        for sid, pos in self.index.get(tuple(ctx[L - K :]), ()):
+        for sid, pos in self.index.get(tuple(history[L - K :]), ()):
             seq = self.seqs.get(sid)
             if seq is None or pos >= len(seq):  # removed, or the context's own end (nothing follows yet)
                 continue
             m = K
-            while m < max_depth and pos - m - 1 >= 0 and m < L and seq[pos - m - 1] == ctx[L - m - 1]:
+            while m < max_depth and pos - m - 1 >= 0 and m < L and seq[pos - m - 1] == history[L - m - 1]:
                 m += 1
             out.append((seq, pos, m))
         return out

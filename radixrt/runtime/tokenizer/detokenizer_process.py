@@ -24,10 +24,10 @@ def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out
     from radixrt.runtime.tokenizer.detokenizer import Detokenizer
     from radixrt.runtime.models.loader import load_backend_tokenizer  # tokenizers only: no torch here
 
-    ctx = zmq.Context(1)
-    pull = ctx.socket(zmq.PULL)
+    zmq_ctx = zmq.Context(1)
+    pull = zmq_ctx.socket(zmq.PULL)
     pull.bind(in_addr)
-    push = ctx.socket(zmq.PUSH)
+    push = zmq_ctx.socket(zmq.PUSH)
     push.connect(out_addr)
     detok = Detokenizer(load_backend_tokenizer(model))
     dec = msgspec.msgpack.Decoder(SchedulerProcessOutput)
@@ -54,4 +54,4 @@ def run_detokenizer_process(model: str | None, log_level: str, in_addr: str, out
     finally:  # the parent is gone: drop what is queued (a default linger would hang term() forever)
         push.close(linger=0)
         pull.close(linger=0)
-        ctx.term()
+        zmq_ctx.term()

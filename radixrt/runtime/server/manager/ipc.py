@@ -26,10 +26,10 @@ class Ipc:
     """``to_scheduler`` and ``from_detokenizer`` are the ``ipc://`` addresses this side binds."""
 
     def __init__(self, to_scheduler: str, from_detokenizer: str):
-        self.ctx = zmq.asyncio.Context()
-        self.push = self.ctx.socket(zmq.PUSH)
+        self.zmq_ctx = zmq.asyncio.Context()
+        self.push = self.zmq_ctx.socket(zmq.PUSH)
         self.push.bind(to_scheduler)
-        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull = self.zmq_ctx.socket(zmq.PULL)
         self.pull.bind(from_detokenizer)
         self.info_waiters: deque[asyncio.Future] = deque()
         self._enc = msgspec.msgpack.Encoder()
@@ -99,7 +99,7 @@ class Ipc:
         try:
             self.push.close(linger=0)
             self.pull.close(linger=0)
-            self.ctx.term()
+            self.zmq_ctx.term()
         except Exception:
             pass
 

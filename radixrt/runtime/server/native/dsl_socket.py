@@ -44,9 +44,9 @@ OPS = ("generate", "abort", "flush_cache", "get_server_info", "get_model_info", 
 
 
 class DslServer:
-    def __init__(self, args, tm, ctx: Optional[zmq.asyncio.Context] = None):
+    def __init__(self, args, tm, zmq_ctx: Optional[zmq.asyncio.Context] = None):
         self.args, self.tm = args, tm
-        self.ctx = ctx or zmq.asyncio.Context.instance()
+        self.zmq_ctx = zmq_ctx or zmq.asyncio.Context.instance()
         self.sock = None
         self.task: Optional[asyncio.Task] = None
         self.jobs: set[asyncio.Task] = set()
@@ -56,7 +56,7 @@ class DslServer:
         self.address = f"tcp://{_zmq_host(args.host)}:{args.dsl_port}"
 
     async def start(self) -> None:
-        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock = self.zmq_ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises: abort its work
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its connection
