@@ -150,12 +150,11 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
         TpStep,
         check_workers,
         grammar_ready,
-        lockstep,
         name_sessions,
         share_step,
     )
 
-    clock = lockstep(sched) if tp is not None else None
+    clock = sched.sessions.clock if tp is not None else None  # a TurnClock: rank 0's time, shared each turn
     dec = msgspec.msgpack.Decoder(Message)
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)

@@ -34,7 +34,7 @@ from radixrt.runtime.scheduler.output_processor import OutputProcessor, eos_ids,
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.scheduler.schedule_policy import order_waiting, shares_uncached
-from radixrt.runtime.scheduler.session import SessionManager
+from radixrt.runtime.scheduler.session import SessionManager, TurnClock
 from radixrt.runtime.scheduler.spec_step import Speculator
 from radixrt.runtime.scheduler.step_stats import StepStats
 
@@ -71,7 +71,10 @@ class Scheduler:
         self.query_tokens = 0
         self.num_preemptions = 0
         self.stats = StepStats()
-        self.sessions = SessionManager(self.tree, args.max_pinned_tokens)
+        # under --tp every rank's sessions run on rank 0's time, one value per turn (the loops set it)
+        self.sessions = SessionManager(
+            self.tree, args.max_pinned_tokens, TurnClock() if tp is not None else time.monotonic
+        )
         self._last_batch_size = self._last_tokens = 0
         self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 

@@ -42,6 +42,17 @@ class Session:
     active: int = 0  # requests of the session not yet finished (no expiry meanwhile)
 
 
+class TurnClock:
+    """The session manager's clock under --tp: one value per loop turn, rank 0's (``now``, set by the loop
+    before each turn), so TTLs expire alike on every rank."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class SessionManager:
     """Sessions of one scheduler. ``tree`` is the RadixCache (None: sessions still resolve history but
     nothing is pinned). ``max_pinned_tokens`` caps the pinned tokens summed over sessions (None: no cap)."""

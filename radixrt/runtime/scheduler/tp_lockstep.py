@@ -50,23 +50,6 @@ class TpStep(msgspec.Struct):
     stop: bool = False
 
 
-class TurnClock:
-    """The session manager's clock under --tp: one value per loop turn, rank 0's, so TTLs expire alike."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def lockstep(sched) -> TurnClock:
-    """Put ``sched``'s sessions on a turn clock (every rank, before the first turn)."""
-    clock = TurnClock()
-    sched.sessions.clock = clock
-    return clock
-
-
 def name_sessions(msgs: list) -> None:
     """Rank 0: give every unnamed OpenSessionReq its id now, so that all ranks open the same session."""
     for m in msgs:
@@ -176,7 +159,7 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
 
     tp = init_tp(rank, size, rank_device(resolve_device_dtype(args.device, args.dtype)[0], rank), init_method)
     sched = build_scheduler(args, tp)
-    clock = lockstep(sched)
+    clock = sched.sessions.clock  # a TurnClock: set to rank 0's time at every turn
     try:
         while True:
             step = share_step(tp, None)
