@@ -453,6 +453,9 @@ BAD = [
     ("chat", {**CHAT, "max_tokens": 10**6}, "max_tokens"),
     ("chat", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("chat", {**CHAT, "n": 0}, "n"),
+    # third break-test round (a fresh newcomer): OpenAI and vLLM refuse stream_options without stream
+    ("chat", {**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ("comp", {"prompt": "hi", "max_tokens": 2, "stream_options": {"include_usage": True}}, "stream_options"),
     ("chat", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ("chat", {**CHAT, "messages": []}, "messages"),
     (
@@ -583,6 +586,16 @@ def test_bad_requests_are_400(http):
         assert "not valid JSON" in err["message"] and "surrogate" not in err["message"], err
         err = assert_400(http.post(route, content=b'{"text": "a", "temperature": 1e400}'), None)
         assert "Number out of range" in err["message"] and "surrogate" not in err["message"], err
+        body = '{"text": "a", "messages": [{"role": "user", "content": "a"}]}'
+        for raw, why in (
+            (b"\xef\xbb\xbf" + body.encode(), "the body starts with a UTF-8 byte-order mark"),
+            (body.encode("utf-16"), "the body is not UTF-8"),
+            (body.encode("utf-16-le"), "the body is not UTF-8"),
+            (body.encode("utf-32"), "the body is not UTF-8"),
+        ):
+            err = assert_400(http.post(route, content=raw), None)
+            assert err["message"].startswith("the request body is not valid JSON: " + why), err
+    normal_request_ok(http)
     t = time.perf_counter()  # a 10 MB body is over the 8 MiB body limit: 413 before any parsing
     r = http.post("/v1/completions", json={"prompt": "word " * 2_000_000, "max_tokens": 1})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text

@@ -45,7 +45,16 @@ async def parse_model(request: Request, model_cls: type[M], check: Callable[[dic
 
 def _why(raw: bytes, e: msgspec.DecodeError) -> str:
     """msgspec reports a lone UTF-16 surrogate escape (``"\\ud800"``, no Unicode character: it cannot be
-    encoded for the tokenizer) as "Input data was truncated"; say what it is. Only on the error path."""
+    encoded for the tokenizer) as "Input data was truncated"; say what it is, and what a body that is not
+    UTF-8 is (a byte-order mark, UTF-16/32). Only on the error path."""
+    try:  # a byte-order mark or UTF-16/32: Python's json decodes them itself, so it would pass below
+        raw.decode("utf-8")
+        if b"\x00" in raw:  # UTF-16/32 without a mark (a raw NUL is never valid JSON)
+            raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
+    except UnicodeDecodeError:
+        return "the body is not UTF-8 (JSON bodies are UTF-8, without a byte-order mark)"
+    if raw.startswith(b"\xef\xbb\xbf"):
+        return "the body starts with a UTF-8 byte-order mark, which JSON does not allow"
     try:  # Python's json takes NaN/Infinity and overflows 1e400 to inf; JSON (and msgspec) does not
         json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError):

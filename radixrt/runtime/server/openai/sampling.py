@@ -76,12 +76,14 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
     field its grammar came from (errors of that grammar name it), or None.
 
     Raises:
-        ApiError: 400 naming the field: a bad ``max_tokens``/``n``, ``temperature`` outside [0, 2], a penalty
-            outside [-2, 2], two grammar sources at once, a malformed
+        ApiError: 400 naming the field: ``stream_options`` without ``stream``, a bad ``max_tokens``/``n``,
+            ``temperature`` outside [0, 2], a penalty outside [-2, 2], two grammar sources at once, a malformed
             ``response_format`` or ``structured_outputs``, a refused key (``guided_whitespace_pattern``).
     """
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ApiError(f"{max_param} must be >= 1, got {max_new_tokens}", param=max_param)
+    if req.stream_options is not None and not req.stream:  # as OpenAI and vLLM answer
+        raise ApiError("stream_options is only allowed with stream: true", param="stream_options")
     if req.n < 1:
         raise ApiError(f"n must be >= 1, got {req.n}", param="n")
     if req.n > 128:
