@@ -183,8 +183,8 @@ class Engine:
         accs = [ReqOutput(r.rid, self.tokenizer, return_text_in_logprobs) for r in reqs]
         qs = [self._submit(r) for r in reqs]
         outs = [self._collect(a, q, return_logprob) for a, q in zip(accs, qs)]
-        for o in outs:
-            error = refused(o["meta_info"]["finish_reason"])
+        for a in accs:
+            error = refused(a.finished_reason)
             if error is not None:
                 raise error
         return outs[0] if single else outs

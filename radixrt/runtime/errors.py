@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from radixrt.runtime.io_struct import FinishAbort
+
 
 class ValidationError(ValueError):
     """Bad user input. ``param`` names the field (``"max_new_tokens"``, ``"text"``, ``"regex"`` ...), or is
@@ -19,14 +21,14 @@ class ValidationError(ValueError):
         self.param = param
 
 
-def refusal(error: ValueError) -> dict:
+def refusal(error: ValueError) -> FinishAbort:
     """The finish reason of a request the scheduler refuses for bad input (SGLang's FINISH_ABORT with a 400
     status code), carrying the field; :func:`refused` turns it back into the error."""
-    return {"type": "abort", "message": str(error), "status_code": 400, "param": getattr(error, "param", None)}
+    return FinishAbort(str(error), 400, getattr(error, "param", None))
 
 
-def refused(reason: Optional[dict]) -> Optional[ValidationError]:
+def refused(reason) -> Optional[ValidationError]:
     """The ValidationError a finish reason made by :func:`refusal` stands for, else None."""
-    if reason and reason.get("status_code") == 400:
-        return ValidationError(reason.get("message", "bad request"), reason.get("param"))
+    if isinstance(reason, FinishAbort) and reason.status_code == 400:
+        return ValidationError(reason.message, reason.param)
     return None

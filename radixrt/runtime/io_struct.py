@@ -113,6 +113,50 @@ class InfoOut(msgspec.Struct, tag=True):
     memory: Optional[dict] = None  # ModelRunner.memory_stats(): weight and KV pool bytes, RSS (bytes)
 
 
+class FinishStop(msgspec.Struct, tag="stop", tag_field="type"):
+    """Finished on EOS or a stop token (``matched``: its id; None for EOS without a stop list entry) or a
+    stop string (``matched``: the string)."""
+
+    matched: Union[int, str, None]
+
+    def as_dict(self) -> dict:
+        return {"type": "stop", "matched": self.matched}
+
+
+class FinishLength(msgspec.Struct, tag="length", tag_field="type"):
+    """Finished at ``max_new_tokens`` or the context length: ``length`` output tokens."""
+
+    length: int
+
+    def as_dict(self) -> dict:
+        return {"type": "length", "length": self.length}
+
+
+class FinishAbort(msgspec.Struct, tag="abort", tag_field="type"):
+    """Aborted: by the client, a drain, a grammar that cannot be completed, or (``status_code`` 400, with
+    the field at fault in ``param``) refused for bad input (``errors.refusal``)."""
+
+    message: str
+    status_code: Optional[int] = None
+    param: Optional[str] = None
+
+    def as_dict(self) -> dict:
+        d = {"type": "abort", "message": self.message}
+        if self.status_code is not None:
+            d.update(status_code=self.status_code, param=self.param)
+        return d
+
+
+# Why a request finished: SGLang's finish_reason dicts ({"type": ..., ...}), typed; ``as_dict()`` gives
+# the dict the HTTP and DSL outputs carry (meta_info.finish_reason), ``kind(r)`` the type.
+FinishReason = Union[FinishStop, FinishLength, FinishAbort]
+
+
+def kind(reason: Optional[FinishReason]) -> Optional[str]:
+    """``"stop"``, ``"length"`` or ``"abort"`` (the tag), or None while unfinished."""
+    return None if reason is None else reason.__struct_config__.tag
+
+
 # A logprob entry: (logprob, token_id). Top logprobs: a list of such pairs per position.
 LogprobPair = tuple[float, int]
 
@@ -122,7 +166,7 @@ class TokenOut(msgspec.Struct, kw_only=True):
 
     rid: str
     new_token_ids: list[int]
-    finished_reason: Optional[dict] = None  # {"type": "stop"|"length"|"abort", "matched": ..., "message": ...}
+    finished_reason: Optional[FinishReason] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

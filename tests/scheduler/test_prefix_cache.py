@@ -8,7 +8,7 @@ import string
 import pytest
 
 from conftest import close_engine, make_engine, wait_idle
-from radixrt.runtime.io_struct import GenerateReq, SamplingParams
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams, kind
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.scheduler.schedule_policy import order_waiting
 
@@ -130,7 +130,7 @@ def _prefill_one_chunk_then_abort(s, ids, rid):
     req = next(r for r in s.running if r.rid == rid)
     computed = req.num_computed
     s.abort(rid)
-    return computed, s.finished_outs[-1].finished_reason["type"]
+    return computed, kind(s.finished_outs[-1].finished_reason)
 
 
 def test_multi_turn_reuses_answer(engine, tokenizer):

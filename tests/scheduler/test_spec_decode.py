@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixrt.runtime.io_struct import GenerateReq, SamplingParams
+from radixrt.runtime.io_struct import GenerateReq, SamplingParams, kind
 
 from radixrt.runtime.spec.cost import StepTimes
 
@@ -353,7 +353,7 @@ def _drive(s, rid, ids, abort_after_forward: bool):
             computed = req.num_computed
             s.abort(rid)
             s.collect_outputs()
-            return computed, req.finished_reason["type"]
+            return computed, kind(req.finished_reason)
         s.conclude(batch, fb, logits)
         s.collect_outputs()
         if drafted and req.finished_reason is None:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from radixrt.runtime.io_struct import FinishStop
 from radixrt.runtime.server.openai.chat_format import ChatFormat, prepare_turn
 from radixrt.runtime.server.openai.continuity import encode_turn, remember
 from radixrt.runtime.tokenizer.turn_store import TurnStore, splice_encode, turn_key
@@ -61,7 +62,7 @@ def _turn(tok, msgs):
 def _generate(tok, store, msgs, out_text, out_ids, reasoning=""):
     """Pretend the model answered ``msgs`` with ``out_ids`` (ending on <|im_end|>); remember it."""
     turn = _turn(tok, msgs)
-    out = SimpleNamespace(finished_reason={"type": "stop", "matched": out_ids[-1]}, output_ids=out_ids)
+    out = SimpleNamespace(finished_reason=FinishStop(out_ids[-1]), output_ids=out_ids)
     remember(store, turn, None, out, {"role": "assistant", "content": out_text, "reasoning_content": reasoning})
 
 

@@ -23,6 +23,7 @@ from typing import Union
 
 from radixrt.runtime.io_struct import (
     AbortReq,
+    FinishAbort,
     CloseSessionReq,
     FlushCacheReq,
     GenerateReq,
@@ -57,7 +58,7 @@ def handle(sched, msg: Message, tp=None) -> Union[InfoOut, TokenOut, None]:
                 rid=msg.rid,
                 new_token_ids=[],
                 prompt_tokens=len(msg.input_ids),
-                finished_reason={"type": "abort", "message": f"{type(e).__name__}: {e}"},
+                finished_reason=FinishAbort(f"{type(e).__name__}: {e}"),
             )
         return None
     if isinstance(msg, AbortReq):

@@ -17,7 +17,7 @@ import torch
 from radixrt.runtime.constrained.grammar_step import advance_matchers, build_grammar_mask
 from radixrt.runtime.constrained.mask_fill import MaskPrefetcher
 from radixrt.runtime.executor.forward_batch import ForwardBatch
-from radixrt.runtime.io_struct import TokenOut
+from radixrt.runtime.io_struct import FinishAbort, FinishLength, FinishReason, FinishStop, TokenOut
 from radixrt.runtime.scheduler.jump_forward import try_jump_forward
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.sampling.sampler import SampleRow, sample
@@ -54,7 +54,7 @@ class OutputProcessor:
         self.jump_forward_tokens = 0
         self.share_tokens = share_tokens  # under --tp: TPGroup.share_tokens, rank 0's samples on every rank
 
-    def process(self, fb: ForwardBatch, logits: torch.Tensor) -> list[tuple[Req, dict]]:
+    def process(self, fb: ForwardBatch, logits: torch.Tensor) -> list[tuple[Req, FinishReason]]:
         """Consume fp32 ``logits [len(fb.logit_rows), vocab]``. Returns ``(req, finished_reason)`` for the
         requests that finished this step, in order; their tokens are already appended."""
         self.record_input_logprobs(logits, fb.input_logprob_at)
@@ -75,8 +75,8 @@ class OutputProcessor:
             else:
                 req.input_top_logprobs.append(None)
 
-    def sample(self, logits: torch.Tensor, sample_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
-        finished: list[tuple[Req, dict]] = []
+    def sample(self, logits: torch.Tensor, sample_at: list[tuple[Req, int]]) -> list[tuple[Req, FinishReason]]:
+        finished: list[tuple[Req, FinishReason]] = []
         todo = []
         for req, row in sample_at:
             if req.wants_input_logprobs:
@@ -85,7 +85,7 @@ class OutputProcessor:
                     req.input_logprobs.insert(0, None)
                     req.input_top_logprobs.insert(0, None)
             if len(req.output_ids) >= req.max_new_tokens:  # max_new_tokens == 0: prefill only
-                finished.append((req, {"type": "length", "length": req.max_new_tokens}))
+                finished.append((req, FinishLength(req.max_new_tokens)))
             else:
                 todo.append((req, row))
         if not todo:
@@ -126,7 +126,7 @@ class OutputProcessor:
             self.prefetch.start([r for r in reqs if id(r) not in done], sub.shape[-1])
         return finished
 
-    def _jump(self, req: Req) -> dict | None:
+    def _jump(self, req: Req) -> FinishReason | None:
         """Jump forward over forced text; the length limits still end the request."""
         if req.return_logprob or req.params.stop:  # forced tokens have no sampled logprob; stops need a scan
             return None
@@ -134,7 +134,7 @@ class OutputProcessor:
         added = try_jump_forward(req, self.tokenizer, room)
         self.jump_forward_tokens += added
         if added and (len(req.output_ids) >= req.max_new_tokens or req.seq_len >= self.context_length):
-            return {"type": "length", "length": len(req.output_ids)}
+            return FinishLength(len(req.output_ids))
         return None
 
     def _blocked(self, req: Req) -> list[int]:
@@ -143,26 +143,26 @@ class OutputProcessor:
             return []
         return sorted(set(req.params.stop_token_ids) | (set() if req.params.ignore_eos else self.eos_ids))
 
-    def check_finished(self, req: Req, tok: int) -> dict | None:
+    def check_finished(self, req: Req, tok: int) -> FinishReason | None:
         """The finish reason after ``tok`` was appended (and the matcher advanced), or None to go on.
 
         Stop strings are searched in the decoded tail of the output, a few tokens longer than the
         longest stop string (the detokenizer trims the text at the match)."""
         p = req.params
         if req.grammar is not None and (why := req.grammar.dead_end()) is not None:
-            return {"type": "abort", "message": f"grammar: the output cannot be completed: {why}"}
+            return FinishAbort(f"grammar: the output cannot be completed: {why}")
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
-            return {"type": "stop", "matched": tok}
+            return FinishStop(tok)
         if req.grammar is not None and req.grammar.is_terminated():
-            return {"type": "stop", "matched": None}
+            return FinishStop(None)
         if p.stop:
             tail_len = max(len(s) for s in p.stop) + 8
             tail = self.tokenizer.decode(req.output_ids[-tail_len:], skip_special_tokens=p.skip_special_tokens)
             for s in p.stop:
                 if s in tail:
-                    return {"type": "stop", "matched": s}
+                    return FinishStop(s)
         if len(req.output_ids) >= req.max_new_tokens or req.seq_len >= self.context_length:
-            return {"type": "length", "length": len(req.output_ids)}
+            return FinishLength(len(req.output_ids))
         return None
 
 

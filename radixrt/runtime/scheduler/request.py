@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import torch
 
-from radixrt.runtime.io_struct import GenerateReq, SamplingParams
+from radixrt.runtime.io_struct import FinishReason, GenerateReq, SamplingParams
 
 
 @dataclass(eq=False)
@@ -38,7 +38,7 @@ class Req:
     cached_tokens: int = 0  # tokens taken from the tree at first admission (reported)
     hit_counted: bool = False  # its admission counted a hit on the matched nodes (once per request)
     wait_steps: int = 0
-    finished_reason: Optional[dict] = None
+    finished_reason: Optional[FinishReason] = None
     # For the request log (request_log.py): Unix times of arrival and first admission, the cacheable
     # prompt tokens at that admission, and (time, tokens computed) after each prefill chunk.
     t_arrival: float = 0.0

@@ -30,6 +30,7 @@ import json
 import os
 from typing import IO, Any, Optional
 
+from radixrt.runtime.io_struct import kind
 from radixrt.runtime.mem.page_hash import HASH_MASK, page_hashes  # noqa: F401 (re-exported)
 
 
@@ -94,7 +95,7 @@ class RequestLog:
         """Append a finished scheduler ``Req`` (``request.py``: its ``t_arrival``, ``t_admit``,
         ``prefill_marks`` and ``cacheable_len``), finishing at ``now``."""
         first = next((t for t, n in req.prefill_marks if n >= len(req.input_ids)), None)
-        reason = (req.finished_reason or {}).get("type", "abort")
+        reason = kind(req.finished_reason) or "abort"
         cacheable = req.cacheable_len if req.cacheable_len is not None else max(len(req.input_ids) - 1, 0)
         self.write(
             rid=req.rid,

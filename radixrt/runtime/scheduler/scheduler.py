@@ -23,7 +23,7 @@ import logging
 import time
 
 from radixrt.runtime.errors import ValidationError, refusal
-from radixrt.runtime.io_struct import GenerateReq, TokenOut, room
+from radixrt.runtime.io_struct import FinishAbort, FinishReason, GenerateReq, TokenOut, room
 from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
 from radixrt.runtime.mem.req_pages import ReqPages
@@ -125,7 +125,7 @@ class Scheduler:
         for q in (self.waiting, self.grammar_queue):
             if req in q:
                 q.remove(req)
-        self._finish(req, {"type": "abort", "message": "aborted"})
+        self._finish(req, FinishAbort("aborted"))
 
     def flush_cache(self) -> bool:
         """Drop every unlocked cached page and the drafter's store of past outputs. Returns False (nothing
@@ -184,7 +184,7 @@ class Scheduler:
             try:
                 req.grammar = make_matcher(req.grammar_future.result(), req.params.reasoning_end_ids)
             except Exception as e:  # validated before queueing; a backend failure still ends cleanly
-                self._finish(req, {"type": "abort", "message": f"grammar: {e}"})
+                self._finish(req, FinishAbort(f"grammar: {e}"))
                 continue
             req.grammar_future = None
             self.waiting.append(req)
@@ -312,7 +312,7 @@ class Scheduler:
         return outs + [o for o in map(make_out, self.running) if o is not None]
 
     # ---- results -------------------------------------------------------------------------------------
-    def _finish_running(self, req: Req, reason: dict) -> None:
+    def _finish_running(self, req: Req, reason: FinishReason) -> None:
         self.running.remove(req)
         if req.session is None:
             self.mem.release(req)
@@ -320,7 +320,7 @@ class Scheduler:
             self.sessions.take_over(req, self.mem)
         self._finish(req, reason)
 
-    def _finish(self, req: Req, reason: dict) -> None:
+    def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
         self.spec.finish(req)
         if req.session is not None:

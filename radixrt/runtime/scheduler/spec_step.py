@@ -29,6 +29,7 @@ import logging
 import time
 
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
+from radixrt.runtime.io_struct import FinishReason
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.scheduler.spec_drafts import Draft, DraftMaker, forced_key
 from radixrt.runtime.scheduler.spec_verify import verify_rows
@@ -200,7 +201,7 @@ class Speculator:
         return [(i, Draft(d.tokens[:k], min(k, d.certain))) for i, d, k in zip(rows, drafts, ks) if k]
 
     # ---- verification ------------------------------------------------------------------------------
-    def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, dict]]:
+    def verify(self, logits, spec_at: list[tuple[Req, int]]) -> list[tuple[Req, FinishReason]]:
         """Verify each spec row (module doc; scheduler/spec_verify.py) and count what was kept. ``spec_at``:
         ``(req, first logits row)``; rows ``first .. first + len(req.draft_ids)`` score its positions.
         Returns the finished requests."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from radixrt.runtime.io_struct import FinishLength, FinishReason
 from radixrt.kernels import fused
 from radixrt.runtime.scheduler.request import Req
 
@@ -58,7 +59,7 @@ def verify_greedy(outputs, logits, rows: list[tuple[Req, int]], sampled: dict, a
     for req, _ in rows:
         draft, n, a = req.draft_ids, 0, 0
         if len(req.output_ids) >= req.max_new_tokens:
-            finished.append((req, {"type": "length", "length": req.max_new_tokens}))
+            finished.append((req, FinishLength(req.max_new_tokens)))
             n = 1
         else:
             for j in range(len(draft) + 1):
@@ -80,7 +81,7 @@ def verify_greedy(outputs, logits, rows: list[tuple[Req, int]], sampled: dict, a
 
 def verify_levels(outputs, logits, spec_at: list[tuple[Req, int]], sampled: dict, accepted: dict) -> list:
     """Any request: one sampler call per draft position over the rows still accepting."""
-    finished: list[tuple[Req, dict]] = []
+    finished: list[tuple[Req, FinishReason]] = []
     level, j = list(spec_at), 0
     for r, _ in spec_at:
         sampled[id(r)] = accepted[id(r)] = 0

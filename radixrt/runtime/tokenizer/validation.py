@@ -15,7 +15,7 @@ from typing import Any, Optional
 import msgspec
 
 from radixrt.runtime.errors import ValidationError
-from radixrt.runtime.io_struct import GenerateReq, SamplingParams, StrOut, room
+from radixrt.runtime.io_struct import FinishReason, GenerateReq, SamplingParams, StrOut, room
 from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.tokenizer.session_args import check_session_params
 from radixrt.runtime.sampling.params import grammar_of, normalize
@@ -269,7 +269,7 @@ class ReqOutput:
     created: float = field(default_factory=time.perf_counter)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
-    finished_reason: Optional[dict] = None
+    finished_reason: Optional[FinishReason] = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -323,7 +323,7 @@ class ReqOutput:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
-            "finish_reason": self.finished_reason,
+            "finish_reason": None if self.finished_reason is None else self.finished_reason.as_dict(),
             "e2e_latency": (self.finish_time or time.perf_counter()) - self.created,
             "ttft": (self.first_token_time - self.created) if self.first_token_time else None,
         }

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict
 
+from radixrt.runtime.io_struct import FinishReason, FinishStop
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.server.http.fields import foreign_constraints, refuse_set_fields, text_of_parts
 
@@ -270,11 +271,11 @@ def tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def stop_reason(reason: Optional[str], finished: Optional[dict]) -> tuple[str, Optional[str]]:
-    """``(stop_reason, stop_sequence)`` from the chat finish reason and the scheduler's finish dict. An
+def stop_reason(reason: Optional[str], finished: Optional[FinishReason]) -> tuple[str, Optional[str]]:
+    """``(stop_reason, stop_sequence)`` from the chat finish reason and the scheduler's finish reason. An
     aborted request says ``abort`` (SGLang's finish_reason value): Anthropic has no reason for it, and
     ``end_turn`` would claim a natural finish."""
-    matched = (finished or {}).get("matched")
+    matched = finished.matched if isinstance(finished, FinishStop) else None
     if reason == "abort":
         return "abort", None
     if reason == "tool_calls":

@@ -7,6 +7,8 @@ from collections import deque
 
 import numpy as np
 
+from radixrt.runtime.io_struct import kind
+
 
 class LatencyWindow:
     """The last ``size`` TTFTs and the last ``size`` inter-token gaps. ``itl(dt, n)`` records ``n`` gaps of
@@ -56,5 +58,5 @@ def record_output(s, t_submit: float, t_last: dict, now: float, window: LatencyW
                 metrics.observe_itl((now - last) / n, n)
         t_last[s.rid] = now
     if t.finished_reason is not None and metrics is not None:
-        reason = t.finished_reason.get("type", "stop")
+        reason = kind(t.finished_reason)
         metrics.observe_finish(now - t_submit, t.prompt_tokens, t.completion_tokens, t.cached_tokens, reason)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from radixrt.runtime.io_struct import FinishStop, kind
 from radixrt.runtime.parsers.chat_template import render
 from radixrt.runtime.server.openai.chat_format import ChatTurn
 from radixrt.runtime.server.openai.tool_parser import render_tool_history
@@ -101,9 +102,9 @@ def remember(store: TurnStore, turn: ChatTurn, salt: Optional[str], out, message
     assistant message, as sent to the client) will have when a later prompt renders it. Not kept: aborts,
     and outputs trimmed at a stop string (their ids hold more than their text)."""
     fr = out.finished_reason
-    if not store.capacity or fr is None or fr.get("type") not in ("stop", "length") or not out.output_ids:
+    if not store.capacity or kind(fr) not in ("stop", "length") or not out.output_ids:
         return
-    if isinstance(fr.get("matched"), str):
+    if isinstance(fr, FinishStop) and isinstance(fr.matched, str):
         return
     hist = {"role": "assistant", "content": message.get("content") or ""}
     if message.get("tool_calls"):

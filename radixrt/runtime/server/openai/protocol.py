@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixrt.runtime.io_struct import FinishReason, kind
 from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.tokenizer.token_texts import TokenTexts
@@ -217,13 +218,10 @@ def completion_logprobs(tt: TokenTexts, pairs: list, tops: list, top_n: int, off
 
 
 # ---- responses -------------------------------------------------------------------------------------------
-def finish_reason(reason: Optional[dict]) -> Optional[str]:
+def finish_reason(reason: Optional[FinishReason]) -> Optional[str]:
     """The scheduler's finish type as OpenAI's: stop | length | abort (SGLang's extra value: the request
     was aborted by the client, a drain, or a grammar that cannot be completed)."""
-    if reason is None:
-        return None
-    t = reason.get("type")
-    return t if t in ("length", "abort") else "stop"
+    return kind(reason)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
