@@ -6,30 +6,37 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from fastapi import Request
 
 from radixrt.runtime.tokenizer.token_texts import TokenTexts
 from radixrt.runtime.tokenizer.turn_store import TurnStore
 
+if TYPE_CHECKING:  # annotations only: the routes' modules import this one
+    from radixrt.runtime.config import ServerArgs
+    from radixrt.runtime.server.manager.tokenizer_manager import TokenizerManager
+    from radixrt.runtime.server.observe.metrics import Metrics
+    from radixrt.runtime.server.openai.chat_format import ChatFormat
+    from radixrt.runtime.server.openai.responses.store import ResponseStore
+
 START_TIME = int(time.time())  # the ``created`` of /v1/models (seconds since the epoch)
 
 
 @dataclass
 class ServerContext:
-    args: Any  # ServerArgs
-    tm: Any  # TokenizerManager
-    metrics: Optional[Any] = None  # Metrics, with --enable-metrics
-    chat_format: Optional[Any] = None  # ChatFormat, built on the first chat request
-    responses: Optional[Any] = None  # ResponseStore of /v1/responses, built on first use
+    args: ServerArgs
+    tm: TokenizerManager
+    metrics: Optional[Metrics] = None  # with --enable-metrics
+    chat_format: Optional[ChatFormat] = None  # built on the first chat request
+    responses: Optional[ResponseStore] = None  # the stored responses of /v1/responses, built on first use
     _turns: Optional[TurnStore] = field(default=None, repr=False)
     _token_texts: Optional[TokenTexts] = field(default=None, repr=False)
 
     def turns(self) -> TurnStore:
         """The generated ids of recent assistant turns, shared by every chat-shaped API (turn continuity)."""
         if self._turns is None:
-            self._turns = TurnStore(getattr(self.args, "turn_store_size", 4096))
+            self._turns = TurnStore(self.args.turn_store_size)
         return self._turns
 
     def token_texts(self) -> TokenTexts:
