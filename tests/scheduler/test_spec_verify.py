@@ -69,7 +69,7 @@ def run(fast: bool, monkeypatch=None):
         finished = verify_levels(outputs, logits, spec_at, sampled, accepted)
     return (
         [r.output_ids for r in reqs],
-        sorted((r.rid, str(why)) for r, why in finished),
+        sorted((r.rid, why.as_dict()) for r, why in finished),
         [sampled[id(r)] for r in reqs],
         [accepted[id(r)] for r in reqs],
         calls,
@@ -82,9 +82,9 @@ def test_greedy_rows_skip_the_sampler_and_match_the_level_path(monkeypatch):
     assert out == [[11, 12, 13, 14], [11, 30], [11, EOS], [5, 11, 12], [40, 41]]
     assert sampled == [4, 2, 2, 2, 2] and accepted == [3, 1, 2, 2, 2]
     assert fin == [
-        ("r2", "{'type': 'stop', 'matched': 2}"),
-        ("r3", "{'type': 'length', 'length': 3}"),
-        ("r4", "{'type': 'stop', 'matched': 'B'}"),
+        ("r2", {"type": "stop", "matched": 2}),
+        ("r3", {"type": "length", "length": 3}),
+        ("r4", {"type": "stop", "matched": "B"}),
     ]
     assert run(False)[:4] == (out, fin, sampled, accepted)
 
