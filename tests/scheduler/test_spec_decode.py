@@ -309,7 +309,7 @@ def test_drafts_after_the_prompt_are_verified_by_the_prefill(off, suffix):
         req = s.by_rid["spec-prefill"]
         row = (list(batch.num_new_tokens), list(req.draft_ids))
         fb = s.runner.prepare(batch)
-        s.conclude(batch, fb, s.runner.forward(fb))
+        s.process_batch_result(batch, fb, s.runner.forward(fb))
         s.collect_outputs()
         out = list(req.output_ids)
         s.abort("spec-prefill")
@@ -354,7 +354,7 @@ def _drive(s, rid, ids, abort_after_forward: bool):
             s.abort(rid)
             s.collect_outputs()
             return computed, kind(req.finished_reason)
-        s.conclude(batch, fb, logits)
+        s.process_batch_result(batch, fb, logits)
         s.collect_outputs()
         if drafted and req.finished_reason is None:
             # the computed tokens' pages stay, none past the next token's (that one's page comes with the

@@ -1,10 +1,10 @@
 """The scheduler: it decides who runs each step; others do the work.
 
-    step():  schedule()                  -> ScheduledBatch            admissions, chunks, preemptions
-             runner.prepare(batch)       -> ForwardBatch              executor/model_runner.py
-             runner.forward(fb)          -> logits                    executor/model_runner.py
-             conclude(batch, fb, logits) -> finished requests         output_processor.py, mem/req_pages.py
-             collect_outputs()           -> TokenOut deltas
+    step():  schedule()                               -> ScheduledBatch     admissions, chunks, preemptions
+             runner.prepare(batch)                    -> ForwardBatch       executor/model_runner.py
+             runner.forward(fb)                       -> logits             executor/model_runner.py
+             process_batch_result(batch, fb, logits)  -> finished requests  output_processor.py, mem/req_pages.py
+             collect_outputs()                        -> TokenOut deltas
 
 ``run_once`` is what every driver loop calls once per turn (the Engine's thread, the scheduler process,
 each --tp rank): session expiry, then a step when there is work, timed into :class:`StepStats`.
@@ -200,7 +200,7 @@ class Scheduler:
                 batch.add(req, 1)
                 budget -= 1
         pending = sum(min(r.extend_len, self.args.chunked_prefill_size) for r in self.running if r.extend_len > 1)
-        budget -= self.spec.attach(batch, self.mem, budget, pending)  # drafts on decode rows (spec_step.py)
+        budget -= self.spec.propose(batch, self.mem, budget, pending)  # drafts on decode rows (spec_step.py)
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch, wait=False):
@@ -209,7 +209,7 @@ class Scheduler:
         self.mem.poll_restores()  # restores that landed: their requests are admitted below
         if budget > 0 and self.waiting:
             budget = self._admit(batch, budget)
-        self.spec.attach_prefill(batch, self.mem, budget)  # drafts after prompts that end this step
+        self.spec.propose_after_prompts(batch, self.mem, budget)  # drafts after prompts that end this step
         self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
         return batch
 
@@ -283,13 +283,13 @@ class Scheduler:
         if batch:
             fb = self.runner.prepare(batch)
             logits = self.runner.forward(fb)
-            self.conclude(batch, fb, logits)
+            self.process_batch_result(batch, fb, logits)
         elif self.mem.restoring_pages or self.mem.storing_pages:  # only copies in flight: sleep, not spin
             self.mem.wait_copies(0.005)
         self._last_batch_size, self._last_tokens = len(batch), sum(batch.num_new_tokens)
         return self.collect_outputs()
 
-    def conclude(self, batch: ScheduledBatch, fb, logits) -> None:
+    def process_batch_result(self, batch: ScheduledBatch, fb, logits) -> None:
         """After the forward: advance each request by its tokens, sample and finish (output processor),
         and put every unfinished prefill chunk's KV in the tree at once, for others to hit."""
         now = time.time()
@@ -299,7 +299,7 @@ class Scheduler:
             if n - len(req.draft_ids) > 1:
                 chunks.append(req)
         finished = self.outputs.process(fb, logits) + self.spec.verify(logits, fb.spec_at)
-        self.spec.settle(batch, self.mem)
+        self.spec.rollback_rejected(batch, self.mem)
         for req, reason in finished:
             self._finish_running(req, reason)
         for req in chunks:

@@ -1,9 +1,10 @@
 """Speculative decoding in the batched step: drafts attached to decode rows, verified in one forward.
 
-    schedule():  attach(batch, mem, budget)   a decode row of req carries 1 + k tokens: its last sampled
-                                              token and k drafts (runtime/spec/: suffix or ngram drafter)
-    prepare():   the row is an extend row (causal inside the row) with logits at all of its 1 + k positions
-    conclude():  verify(logits, fb.spec_at)   accepted tokens appended, then settle(batch, mem)
+    schedule():   propose(batch, mem, budget)  a decode row of req carries 1 + k tokens: its last sampled
+                                               token and k drafts (runtime/spec/: suffix or ngram drafter)
+    prepare():    the row is an extend row (causal inside the row) with logits at all of its 1 + k positions
+    process_batch_result():  verify(logits, fb.spec_at): accepted tokens appended, then
+                  rollback_rejected(batch, mem): the rejected drafts' pages freed
 
 Verification samples position ``j`` of a row exactly as a plain decode step would sample that request's
 next token (penalties, grammar mask, temperature, top-k/p, its own generator), after the tokens accepted
@@ -19,7 +20,7 @@ same tokens with speculation on and off, and every finish check (stop ids, stop 
 grammar termination) runs after each token, so nothing overshoots.
 
 Rollback: the rejected drafts' KV slots lie past ``num_computed`` and are overwritten by later steps before
-they are read; their pages beyond the next token's are freed at once (``settle``), and the radix tree only
+they are read; their pages beyond the next token's are freed at once (``rollback_rejected``), and the radix tree only
 ever inserts ``fill_ids[:num_computed]``, which holds accepted tokens only.
 """
 
@@ -97,7 +98,7 @@ class Speculator:
         if self.drafter is not None and tokens > 0:
             self.times.observe(tokens, seconds)
 
-    def attach(self, batch: ScheduledBatch, mem, budget: int, pending: int = 0) -> int:
+    def propose(self, batch: ScheduledBatch, mem, budget: int, pending: int = 0) -> int:
         """Give each decode row of ``batch`` its drafts (``req.draft_ids``) and the pages for them, from
         free pages only (drafts never evict cached prefixes nor preempt). ``pending``: prompt tokens the
         step will add after the decodes (the cost model's base). Returns the extra tokens."""
@@ -105,9 +106,11 @@ class Speculator:
         if self.drafter is None:  # speculation off: nothing on the per-step path
             return 0
         decodes = [i for i, (r, n) in enumerate(batch) if n == 1 and r.extend_len == 1]
-        return self._attach(batch, decodes, mem, budget, sum(batch.num_new_tokens) + min(pending, budget), len(decodes))
+        return self._propose(
+            batch, decodes, mem, budget, sum(batch.num_new_tokens) + min(pending, budget), len(decodes)
+        )
 
-    def attach_prefill(self, batch: ScheduledBatch, mem, budget: int) -> int:
+    def propose_after_prompts(self, batch: ScheduledBatch, mem, budget: int) -> int:
         """Drafts after a prompt: a chunk that ends its prompt samples the first output token at its last
         position, so drafts appended to it are verified by the same forward, and the first decode step's
         tokens come with the prefill. Called once the step's chunks are scheduled (the cost model's base is
@@ -122,11 +125,11 @@ class Speculator:
         ]
         if not ends:
             return 0
-        return self._attach(
+        return self._propose(
             batch, ends, mem, budget, sum(batch.num_new_tokens), sum(1 for r, n in batch if n >= r.extend_len)
         )
 
-    def _attach(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int, n0: int) -> int:
+    def _propose(self, batch: ScheduledBatch, rows: list[int], mem, budget: int, base: int, n0: int) -> int:
         """Drafts for ``rows`` of a step of ``base`` tokens whose ``n0`` sampling rows emit one token each
         without drafts (none above ``--speculative-max-batch-size`` of them); each row's pages grow for its
         draft (free pages only: ``DraftMaker.room`` counted them). Returns the extra tokens."""
@@ -208,7 +211,7 @@ class Speculator:
         finished, sampled, accepted = verify_rows(self.outputs, logits, spec_at)
         ended = {id(r) for r, _ in finished}
         for req, _ in spec_at:
-            # conclude advanced by the row's first token; each further sampled position's input was an
+            # process_batch_result advanced by the row's first token; each further sampled position's input was an
             # accepted draft whose KV this forward wrote
             req.num_computed += sampled[id(req)] - 1
             k, a = len(req.draft_ids), accepted[id(req)]
@@ -227,7 +230,7 @@ class Speculator:
                 self.acceptance.observe(req.rid, k - c, a - c, a < k and not stopped)
         return finished
 
-    def settle(self, batch: ScheduledBatch, mem) -> None:
+    def rollback_rejected(self, batch: ScheduledBatch, mem) -> None:
         """After verification: free the pages past the next token's that only rejected drafts used, and
         clear the step's drafts."""
         if self.drafter is None:
