@@ -83,7 +83,7 @@ def test_overlap_engine_outputs_match(engine):
     on_engine = make_engine(grammar_overlap=True)
     try:
         on = on_engine.generate(prompts, [dict(sp) for _ in prompts])
-        prefetch = on_engine.scheduler.outputs.prefetch
+        prefetch = on_engine.scheduler.outputs.mask_prefetcher
     finally:
         close_engine(on_engine)
     assert [o["text"] for o in on] == [o["text"] for o in off]

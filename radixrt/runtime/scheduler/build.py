@@ -68,11 +68,11 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
     """
     from radixrt.runtime.models.args import ModelArgs
     from radixrt.runtime.models.loader import deferred_tokenizer, load_model_config, resolve_model
-    from radixrt.runtime.models.prefetch import prefetch
+    from radixrt.runtime.models.readahead import readahead
 
     t0 = time.perf_counter()
     src = resolve_model(args.model)
-    prefetch(src.directory, src.gguf_file)  # read while torch and the rest are imported
+    readahead(src.directory, src.gguf_file)  # read while torch and the rest are imported
     from radixrt.runtime.scheduler.scheduler import Scheduler
 
     vocab_size = ModelArgs.from_hf(load_model_config(args.model)).vocab_size

@@ -49,7 +49,7 @@ class OutputProcessor:
     ):
         self.tokenizer, self.eos_ids, self.context_length = tokenizer, eos_ids, context_length
         # next-step grammar masks filled on a worker thread while the scheduler runs the next forward
-        self.prefetch = MaskPrefetcher() if grammar_overlap else None
+        self.mask_prefetcher = MaskPrefetcher() if grammar_overlap else None
         self.jump_forward = jump_forward
         self.jump_forward_tokens = 0
         self.share_tokens = share_tokens  # under --tp: TPGroup.share_tokens, rank 0's samples on every rank
@@ -106,7 +106,7 @@ class OutputProcessor:
             )
             for req in reqs
         ]
-        out = sample(sub, srows, build_grammar_mask(reqs, sub.shape[-1], self.prefetch))
+        out = sample(sub, srows, build_grammar_mask(reqs, sub.shape[-1], self.mask_prefetcher))
         if self.share_tokens is not None:
             out.token_ids = self.share_tokens(out.token_ids)
         advance_matchers(reqs, out.token_ids)
@@ -121,9 +121,9 @@ class OutputProcessor:
                 reason = self._jump(req)
             if reason is not None:
                 finished.append((req, reason))
-        if self.prefetch is not None:  # after jump-forward: the matchers are final for this step
+        if self.mask_prefetcher is not None:  # after jump-forward: the matchers are final for this step
             done = {id(r) for r, _ in finished}
-            self.prefetch.start([r for r in reqs if id(r) not in done], sub.shape[-1])
+            self.mask_prefetcher.start([r for r in reqs if id(r) not in done], sub.shape[-1])
         return finished
 
     def _jump(self, req: Req) -> FinishReason | None:

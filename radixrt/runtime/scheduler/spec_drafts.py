@@ -43,7 +43,7 @@ class DraftMaker:
     def room(self, req: Req, mem, budget: int, n: int = 1) -> int:
         """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
         out, or constrained with its matcher on the mask-prefetch thread)."""
-        if not req.params.speculative or (req.grammar is not None and self.outputs.prefetch is not None):
+        if not req.params.speculative or (req.grammar is not None and self.outputs.mask_prefetcher is not None):
             return 0
         room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
         fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - n

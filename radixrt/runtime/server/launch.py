@@ -117,9 +117,9 @@ def serve(args: ServerArgs) -> int:
     early = _EarlySignal()  # until uvicorn's handlers: a stop then must not orphan started children
     try:  # a bad path or file fails here with one line (the children, if started, are stopped first)
         src = resolve_model(args.model)
-        from radixrt.runtime.models.prefetch import prefetch
+        from radixrt.runtime.models.readahead import readahead
 
-        prefetch(src.directory, src.gguf_file)  # the disk streams while the children start (cold page cache)
+        readahead(src.directory, src.gguf_file)  # the disk streams while the children start (cold page cache)
         children = _start_children_early(args, src)
         from radixrt.runtime.models.loader import load_config, tokenizer_only_transformers
 

@@ -36,13 +36,13 @@ def _advise(paths: list[str]) -> None:
             os.close(fd)
 
 
-def prefetch(directory: str, gguf_file: str | None) -> threading.Thread | None:
+def readahead(directory: str, gguf_file: str | None) -> threading.Thread | None:
     """Ask for the weight files' pages on a daemon thread (the call itself can block while it queues the
     reads); returns the thread, or None where ``posix_fadvise`` does not exist."""
     if not hasattr(os, "posix_fadvise"):
         return None
     t = threading.Thread(
-        target=_advise, args=(weight_files(directory, gguf_file),), name="weights-prefetch", daemon=True
+        target=_advise, args=(weight_files(directory, gguf_file),), name="weights-readahead", daemon=True
     )
     t.start()
     return t
