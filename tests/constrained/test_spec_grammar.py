@@ -77,7 +77,7 @@ def test_grammar_prefix_cuts_and_rolls_back(tokenizer):
 
 
 def maker(tokenizer, drafter=None) -> DraftMaker:
-    outputs = SimpleNamespace(tokenizer=tokenizer, eos_ids={tokenizer.eos_token_id}, prefetch=None)
+    outputs = SimpleNamespace(tokenizer=tokenizer, eos_ids={tokenizer.eos_token_id}, mask_prefetcher=None)
     return DraftMaker(drafter or SimpleNamespace(cfg=DraftConfig()), outputs, 2048, adaptive=True)
 
 
