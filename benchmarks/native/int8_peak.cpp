@@ -18,88 +18,49 @@
 #define T2 __attribute__((target("avx2,fma")))
 #define T512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-// Each returns a value that depends on every accumulator, so nothing is optimised away. Chain i multiplies
-// a[i % 4] by b[i / 4]: 8 distinct products per iteration; the empty asm makes every operand new each time.
+// Each form is one function made by PEAK: CHAINS accumulators, chain i multiplying a[i % 4] by b[i / 4] (8
+// distinct products per iteration, so the compiler cannot share one between chains); the empty asm makes every
+// operand new each iteration, and the return value depends on every accumulator, so nothing is optimised away.
 #define CHAINS 8
+#define PEAK(NAME, TARGET, VEC, REG, A, B, ACC0, STEP, ADD, OUT)                                 \
+  TARGET int64_t NAME(int64_t iters) {                                                            \
+    VEC a[4], b[2], acc[CHAINS];                                                                  \
+    for (int i = 0; i < 4; ++i) a[i] = A;                                                         \
+    for (int i = 0; i < 2; ++i) b[i] = B;                                                         \
+    for (int i = 0; i < CHAINS; ++i) acc[i] = ACC0;                                               \
+    for (int64_t it = 0; it < iters; ++it) {                                                      \
+      _Pragma("GCC unroll 8") for (int i = 0; i < CHAINS; ++i) acc[i] = STEP(acc[i], a[i % 4], b[i / 4]);  \
+      __asm__ volatile("" : REG(a[0]), REG(a[1]), REG(a[2]), REG(a[3]), REG(b[0]), REG(b[1]));   \
+    }                                                                                             \
+    VEC s = acc[0];                                                                               \
+    for (int i = 1; i < CHAINS; ++i) s = ADD(s, acc[i]);                                          \
+    return OUT(s);                                                                                \
+  }
+#define YMM(v) "+x"(v)
+#define ZMM(v) "+v"(v)
+
+// one chain step of each form
+T2 static inline __m256i maddubs_step(__m256i acc, __m256i a, __m256i b) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+T512 static inline __m512i kq_step(__m512i acc, __m512i a, __m512i b) {
+  return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(a, b), _mm512_set1_epi16(7));
+}
+T512 static inline __m512 fma_step(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
+T2 static inline int64_t lane0(__m256i s) { return _mm256_extract_epi32(s, 0); }
+T512 static inline int64_t fsum(__m512 s) { return (int64_t)_mm512_reduce_add_ps(s); }
 
 extern "C" {
 
-T2 int64_t avx2_maddubs(int64_t iters) {
-  __m256i a[4], b[2], acc[CHAINS];
-  for (int i = 0; i < 4; ++i) a[i] = _mm256_set1_epi8((char)(3 + i));
-  for (int i = 0; i < 2; ++i) b[i] = _mm256_set1_epi8((char)(5 + i));
-  const __m256i one = _mm256_set1_epi16(1);
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm256_set1_epi32(i);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 8
-    for (int i = 0; i < CHAINS; ++i)
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a[i % 4], b[i / 4]), one));
-    __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(b[0]), "+x"(b[1]));
-  }
-  __m256i s = acc[0];
-  for (int i = 1; i < CHAINS; ++i) s = _mm256_add_epi32(s, acc[i]);
-  return _mm256_extract_epi32(s, 0);
-}
-
-T512 int64_t vnni256(int64_t iters) {
-  __m256i a[4], b[2], acc[CHAINS];
-  for (int i = 0; i < 4; ++i) a[i] = _mm256_set1_epi8((char)(3 + i));
-  for (int i = 0; i < 2; ++i) b[i] = _mm256_set1_epi8((char)(5 + i));
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm256_set1_epi32(i);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 8
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm256_dpbusd_epi32(acc[i], a[i % 4], b[i / 4]);
-    __asm__ volatile("" : "+x"(a[0]), "+x"(a[1]), "+x"(a[2]), "+x"(a[3]), "+x"(b[0]), "+x"(b[1]));
-  }
-  __m256i s = acc[0];
-  for (int i = 1; i < CHAINS; ++i) s = _mm256_add_epi32(s, acc[i]);
-  return _mm256_extract_epi32(s, 0);
-}
-
-T512 int64_t vnni512(int64_t iters) {
-  __m512i a[4], b[2], acc[CHAINS];
-  for (int i = 0; i < 4; ++i) a[i] = _mm512_set1_epi8((char)(3 + i));
-  for (int i = 0; i < 2; ++i) b[i] = _mm512_set1_epi8((char)(5 + i));
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_epi32(i);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 8
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a[i % 4], b[i / 4]);
-    __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(b[0]), "+v"(b[1]));
-  }
-  __m512i s = acc[0];
-  for (int i = 1; i < CHAINS; ++i) s = _mm512_add_epi32(s, acc[i]);
-  return _mm512_reduce_add_epi32(s);
-}
-
-T512 int64_t kq512(int64_t iters) {
-  __m512i a[4], b[2], acc[CHAINS];
-  for (int i = 0; i < 4; ++i) a[i] = _mm512_set1_epi8((char)(3 + i));
-  for (int i = 0; i < 2; ++i) b[i] = _mm512_set1_epi8((char)(5 + i));
-  const __m512i sc = _mm512_set1_epi16(7);
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_epi32(i);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 8
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpwssd_epi32(acc[i], _mm512_maddubs_epi16(a[i % 4], b[i / 4]), sc);
-    __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(b[0]), "+v"(b[1]));
-  }
-  __m512i s = acc[0];
-  for (int i = 1; i < CHAINS; ++i) s = _mm512_add_epi32(s, acc[i]);
-  return _mm512_reduce_add_epi32(s);
-}
-
-T512 int64_t fma512(int64_t iters) {
-  __m512 a[4], b[2], acc[CHAINS];
-  for (int i = 0; i < 4; ++i) a[i] = _mm512_set1_ps(1.0f + 1e-4f * i);
-  for (int i = 0; i < 2; ++i) b[i] = _mm512_set1_ps(0.9999f - 1e-4f * i);
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_ps((float)i);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 8
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_fmadd_ps(a[i % 4], b[i / 4], acc[i]);
-    __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(b[0]), "+v"(b[1]));
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < CHAINS; ++i) s = _mm512_add_ps(s, acc[i]);
-  return (int64_t)_mm512_reduce_add_ps(s);
-}
+PEAK(avx2_maddubs, T2, __m256i, YMM, _mm256_set1_epi8((char)(3 + i)), _mm256_set1_epi8((char)(5 + i)),
+     _mm256_set1_epi32(i), maddubs_step, _mm256_add_epi32, lane0)
+PEAK(vnni256, T512, __m256i, YMM, _mm256_set1_epi8((char)(3 + i)), _mm256_set1_epi8((char)(5 + i)),
+     _mm256_set1_epi32(i), _mm256_dpbusd_epi32, _mm256_add_epi32, lane0)
+PEAK(vnni512, T512, __m512i, ZMM, _mm512_set1_epi8((char)(3 + i)), _mm512_set1_epi8((char)(5 + i)),
+     _mm512_set1_epi32(i), _mm512_dpbusd_epi32, _mm512_add_epi32, _mm512_reduce_add_epi32)
+PEAK(kq512, T512, __m512i, ZMM, _mm512_set1_epi8((char)(3 + i)), _mm512_set1_epi8((char)(5 + i)),
+     _mm512_set1_epi32(i), kq_step, _mm512_add_epi32, _mm512_reduce_add_epi32)
+PEAK(fma512, T512, __m512, ZMM, _mm512_set1_ps(1.0f + 1e-4f * i), _mm512_set1_ps(0.9999f - 1e-4f * i),
+     _mm512_set1_ps((float)i), fma_step, _mm512_add_ps, fsum)
 
 }  // extern "C"
