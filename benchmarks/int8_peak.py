@@ -68,6 +68,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--macs", type=float, default=0.0, help="multiply-adds of one step: print its time bound")
     a = ap.parse_args()
+    if a.macs < 0:
+        raise SystemExit(f"--macs must be >= 0 (multiply-adds of one step), got {a.macs}")
     lib = build()
     vnni = has_vnni512()
     print(f"load {os.getloadavg()[0]:.2f}, read bandwidth {read_gbps():.1f} GB/s")

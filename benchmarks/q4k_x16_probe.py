@@ -28,8 +28,12 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=8, help="weight copies cycled (more than the LLC holds)")
     ap.add_argument("--reps", type=int, default=40)
     a = ap.parse_args()
-    if a.n % 16 or a.k % 256:
-        raise SystemExit(f"--n must be a multiple of 16 and --k of 256, got {a.n} and {a.k}")
+    if a.n <= 0 or a.n % 16:
+        raise SystemExit(f"--n must be a positive multiple of 16, got {a.n}")
+    if a.k <= 0 or a.k % 256:
+        raise SystemExit(f"--k must be a positive multiple of 256, got {a.k}")
+    if a.copies < 1 or a.reps < 1:
+        raise SystemExit(f"--copies and --reps must be at least 1, got {a.copies} and {a.reps}")
     with open("/proc/cpuinfo") as f:
         if " avx512_vnni" not in f.read():
             raise SystemExit("q4k_x16_probe: this CPU has no AVX-512 VNNI")
