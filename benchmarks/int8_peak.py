@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import subprocess
 import sys
@@ -65,11 +66,11 @@ def rate(fn, macs_per_iter: int, threads: int, iters: int = 10_000_000) -> float
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--macs", type=float, default=0.0, help="multiply-adds of one step: print its time bound")
     a = ap.parse_args()
-    if a.macs < 0:
-        raise SystemExit(f"--macs must be >= 0 (multiply-adds of one step), got {a.macs}")
+    if not math.isfinite(a.macs) or a.macs < 0:
+        raise SystemExit(f"--macs must be a finite number >= 0 (multiply-adds of one step), got {a.macs}")
     lib = build()
     vnni = has_vnni512()
     print(f"load {os.getloadavg()[0]:.2f}, read bandwidth {read_gbps():.1f} GB/s")

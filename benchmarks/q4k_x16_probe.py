@@ -22,11 +22,11 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-std=c++17", 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--n", type=int, default=8192, help="output columns (weight rows), a multiple of 16")
     ap.add_argument("--k", type=int, default=2048, help="input width, a multiple of 256")
     ap.add_argument("--copies", type=int, default=8, help="weight copies cycled (more than the LLC holds)")
-    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=40, help="products per timing (fewer than ~20 give noise)")
     a = ap.parse_args()
     if a.n <= 0 or a.n % 16:
         raise SystemExit(f"--n must be a positive multiple of 16, got {a.n}")
@@ -41,6 +41,11 @@ def main() -> None:
     os.makedirs(os.path.dirname(exe), exist_ok=True)
     inc = os.path.join(ROOT, "radixrt", "kernels", "quant")
     subprocess.run(["g++", *FLAGS, "-I", inc, SRC, "-o", exe], check=True)
+    need = a.copies * a.n * (a.k // 256) * (144 + 2368 // 16)  # GGUF blocks + their x16 repack
+    if need > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2:
+        raise SystemExit(
+            f"--n {a.n} --k {a.k} --copies {a.copies} needs ~{need / 1e9:.1f} GB of weights: too large here"
+        )
     print(f"load {os.getloadavg()[0]:.2f}", flush=True)
     subprocess.run([exe, str(a.n), str(a.k), str(a.copies), str(a.reps)], check=True)
 
