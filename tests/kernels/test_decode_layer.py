@@ -110,8 +110,12 @@ def test_fused_layer_is_bit_identical(fmt, monkeypatch):
 
 def test_fused_layer_rows_above_the_gemv():
     """Every row count runs the same projection kernel inside the op: the panel kernel for fp32, the
-    block kernel of the type (GGML_BASE + its number) for int8 (Q8_0) and q4 (Q4_1)."""
-    for fmt, kind in [("none", 1), ("int8", 100 + 8), ("q4", 100 + 3)]:
+    block kernel of the type (GGML_BASE + its number) for int8 (Q8_0, in its x16 layout where that runs:
+    + X16) and q4 (Q4_1)."""
+    from radixrt.runtime.layers.ggml_ops import X16, use_x16
+
+    q8 = 8 | (X16 if use_x16("Q8_0", 576 + 2 * 192) else 0)
+    for fmt, kind in [("none", 1), ("int8", 100 + q8), ("q4", 100 + 3)]:
         proj = _model(fmt).layers[0].self_attn.qkv_proj
         assert [proj.kernel_weight(r)[0] for r in (1, 8, 9, 300)] == [kind] * 4
 
@@ -130,18 +134,17 @@ def _in_parts(model: llama.LlamaForCausalLM) -> None:
     """Each layer's qkv as a Q4_K_M file stores it: parts of two types (q in Q8_0, k and v in Q5_0)."""
     from gguf import GGMLQuantizationType, quants
 
-    from radixrt.kernels import quant
     from radixrt.runtime.layers.ggml_linear import ConcatLinear, GGMLLinear
 
     for layer in model.layers:
         a = layer.self_attn
-        blocks, hidden = a.qkv_proj.blocks, a.qkv_proj.in_features
-        kv = quant.dequantize(blocks[a.q_size :].contiguous(), 8).numpy()
-        q5 = torch.from_numpy(quants.quantize(kv, GGMLQuantizationType.Q5_0).copy())
+        w, hidden = a.qkv_proj.weight_fp32().numpy(), a.qkv_proj.in_features
+        q8 = torch.from_numpy(quants.quantize(w[: a.q_size], GGMLQuantizationType.Q8_0).copy())
+        q5 = torch.from_numpy(quants.quantize(w[a.q_size :], GGMLQuantizationType.Q5_0).copy())
         a.qkv_proj = ConcatLinear(
             [
-                GGMLLinear("Q8_0", blocks[: a.q_size].contiguous(), hidden, None),
-                GGMLLinear("Q5_0", q5.reshape(kv.shape[0], -1), hidden, None),
+                GGMLLinear("Q8_0", q8.reshape(a.q_size, -1), hidden, None),
+                GGMLLinear("Q5_0", q5.reshape(w.shape[0] - a.q_size, -1), hidden, None),
             ]
         )
 
@@ -154,7 +157,9 @@ def test_projection_in_parts_runs_in_the_op(monkeypatch):
     model = _model("int8")
     _in_parts(model)
     w = model.layers[0].fused_args(1)
-    assert w is not None and w.kinds == [108, 106 | CONT, 108, 108, 108] and len(w.weights) == 5
+    q8 = 100 + model.layers[0].self_attn.o_proj.type_id  # Q8_0, x16 where that runs
+    assert q8 in (108, 108 | 256) and model.layers[0].self_attn.qkv_proj.parts[0].type_id == q8 - 100
+    assert w is not None and w.kinds == [q8, 106 | CONT, q8, q8, q8] and len(w.weights) == 5
     ours, kv1, calls = _run(model, STEPS, True, monkeypatch)
     ref, kv2, none = _run(model, STEPS, False, monkeypatch)
     assert none == 0 and calls == 6 * 3

@@ -51,6 +51,7 @@ def test_q4_k_refuses_ragged_rows():
 
 
 def test_q4_k_blocks_run_in_the_kernel():
+    from radixrt.runtime.layers import ggml_ops
     from radixrt.runtime.layers.ggml_linear import GGMLLinear
 
     g = torch.Generator().manual_seed(1)
@@ -63,3 +64,11 @@ def test_q4_k_blocks_run_in_the_kernel():
     assert (y - ref).abs().max().item() <= 0.01 * ref.abs().max().item()
     assert torch.equal(lin(x[4:5]), y[4:5])  # a row alone: the same bits
     assert np.isfinite(y.numpy()).all()
+    # 48 rows: the x16 layout where the kernels run (40 above are not a multiple of 16), the same weight
+    w48 = torch.cat([w, w[:8]])
+    lin48 = GGMLLinear("Q4_K", quantize_q4_k(w48), 512, None)
+    assert lin48.x16 == ggml_ops.use_x16("Q4_K", 48) and lin48.blocks.shape[0] == (3 if lin48.x16 else 48)
+    assert torch.equal(lin48.weight_fp32(), torch.cat([lin.weight_fp32(), lin.weight_fp32()[:8]]))
+    y48 = lin48(x)
+    assert (y48[:, :40] - ref).abs().max().item() <= 0.01 * ref.abs().max().item()
+    assert torch.equal(lin48(x[4:5]), y48[4:5])

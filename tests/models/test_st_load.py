@@ -12,7 +12,9 @@ import torch
 from conftest import close_engine, hf_greedy, make_engine, wait_idle
 from model_dirs import make_model_dir
 from radixrt.runtime.layers.dense_embed import PanelEmbedding, RowEmbedding
+from radixrt.kernels.quant import x16
 from radixrt.runtime.layers.ggml_linear import GGMLEmbedding, GGMLLinear
+from radixrt.runtime.layers.ggml_ops import use_x16
 from radixrt.runtime.layers.quant import DenseLinear
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -99,7 +101,12 @@ def test_q4_k_quantizes_while_loading(wide_dir, prompts):
         assert layer.self_attn.qkv_proj.type_name == "Q4_K" and layer.mlp.gate_up_proj.type_name == "Q4_K"
         assert layer.mlp.down_proj.type_name == "Q4_1"  # 384 columns: the Q4_1 fallback
         assert isinstance(m.embed_tokens, GGMLEmbedding) and isinstance(m.lm_head, GGMLLinear)
-        assert m.lm_head.blocks is m.embed_tokens.blocks and m.lm_head.type_name == "Q8_0"
+        # the tied head: the embedding's own Q8_0 bytes, repacked once into the x16 layout where that runs
+        assert m.lm_head.type_name == "Q8_0" and m.lm_head.x16 == use_x16("Q8_0", m.embed_tokens.blocks.shape[0])
+        if m.lm_head.x16:
+            assert torch.equal(m.lm_head.blocks, x16.repack(m.embed_tokens.blocks, "Q8_0"))
+        else:
+            assert m.lm_head.blocks is m.embed_tokens.blocks
         alone = [e.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
         e.flush_cache()
         batched = [o["output_ids"] for o in e.generate(input_ids=prompts, sampling_params=GREEDY)]

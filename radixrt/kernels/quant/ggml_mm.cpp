@@ -35,6 +35,7 @@ namespace radixrt {
 namespace ggml {
 
 at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t ggml_type) {
+  if (ggml_type & 256) return x16::mm(x, w, ggml_type & 255);  // the weight is in the type's x16 layout
   const TypeInfo* t = find_type(ggml_type);
   TORCH_CHECK(t != nullptr, "radixrt_ggml.mm: no kernel for ggml type ", ggml_type,
               " (supported: Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)");
@@ -82,7 +83,8 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t ggml_type) {
 
 // ggml_gemv.cpp owns TORCH_LIBRARY(radixrt_ggml); this file adds to it.
 TORCH_LIBRARY_FRAGMENT(radixrt_ggml, m) {
-  // x [M, K] fp32 @ GGUF blocks of `ggml_type` [N, K / block * type_size] uint8 -> [M, N] fp32
+  // x [M, K] fp32 @ GGUF blocks of `ggml_type` [N, K / block * type_size] uint8 -> [M, N] fp32; with
+  // ggml_type | 256, w is that type's x16 layout [N / 16, ...] (x16_mm.cpp)
   m.def("mm(Tensor x, Tensor w, int ggml_type) -> Tensor");
 }
 

@@ -66,6 +66,10 @@ bool gemm512_enabled();  // the CPU has AVX-512 VNNI and RADIXRT_DISABLE_AVX512 
 bool decode512();        // RADIXRT_GGML_DECODE512=1: 1 row on gemv512.h's tiles
 // q4_0_rows.cpp: Q4_0 at every row count and on every CPU (its own arithmetic: see q4_0_lanes.h).
 void q4_0_run(const Ctx& c, int64_t M);
+// x16_mm.cpp: radixrt_ggml.mm over a weight in `type`'s x16 layout (x16_layout.h), every row count.
+namespace x16 {
+at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t type);
+}
 
 }  // namespace ggml
 }  // namespace radixrt

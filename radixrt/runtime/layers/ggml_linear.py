@@ -17,20 +17,32 @@ from radixrt.runtime.layers import ggml_ops as ggml
 class GGMLLinear(nn.Module):
     """``y = x @ W.T (+ bias)`` over ``W`` in GGUF blocks.
 
+    A type with an x16 layout (Q4_K, Q5_K, Q6_K, Q8_0) and a multiple of 16 rows is repacked into it once,
+    here (:func:`radixrt.runtime.layers.ggml_ops.use_x16`; our own copy in huge pages, and the file's pages are
+    left to the page cache): a product of T rows then streams the weight once for all T rows
+    (:mod:`radixrt.kernels.quant.x16`). Either layout gives a row the same bits whatever the other rows.
+
     Args:
         type_name: the ggml type (one of :data:`radixrt.kernels.quant.SUPPORTED`).
         blocks: ``[out, in / block * type_size]`` uint8, the file's bytes (one row per output channel).
         in_features: ``in``.
         bias: ``[out]`` fp32 or None.
+        x16: repack into the x16 layout; ``None`` (default): where :func:`~.ggml_ops.use_x16` says so.
 
-    Input ``[M, in]`` fp32, output ``[M, out]`` fp32, for any ``M``.
+    Input ``[M, in]`` fp32, output ``[M, out]`` fp32, for any ``M``. Raises ValueError: an unknown type, or
+    ``blocks`` not of that type's shape.
     """
 
-    def __init__(self, type_name: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None):
+    def __init__(
+        self, type_name: str, blocks: torch.Tensor, in_features: int, bias: torch.Tensor | None, x16: bool | None = None
+    ):
         super().__init__()
         self.type_name, self.type_id = type_name, ggml.type_id(type_name)
         self.in_features, self.out_features = in_features, blocks.shape[0]
         ggml.check_blocks(blocks, type_name, in_features)
+        self.x16 = ggml.use_x16(type_name, blocks.shape[0]) if x16 is None else x16
+        if self.x16:
+            blocks, self.type_id = ggml.x16.repack(blocks, type_name), self.type_id | ggml.X16
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.bias = bias
 
@@ -44,6 +56,10 @@ class GGMLLinear(nn.Module):
         if self.bias is not None or not ggml.has_kernels():
             return None
         return layer_kernels.GGML_BASE + self.type_id, self.blocks
+
+    def weight_fp32(self) -> torch.Tensor:
+        """The weight dequantized, fp32 ``[out, in]`` (for references and checks; either layout)."""
+        return ggml.dequantize(self.blocks, self.type_name, self.in_features, self.x16)
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,156 @@
+"""The x16 layouts (radixrt/kernels/quant/x16_layout.h) and their tiles: the repack is a rearrangement of the
+file's bytes (C++ = numpy, and dequantizing either gives gguf.quants.dequantize's values), and every path gives
+exactly the arithmetic the header documents (x16.mm_twin) whatever the row count: the AVX-512 VNNI tiles, the
+AVX2 tiles (a second process with RADIXRT_DISABLE_AVX512=1), T = 1, 3 and 16 rows, a row alone or among others."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from radixrt.kernels import quant
+from radixrt.kernels.quant import x16
+from test_ggml_types import int8_rounded, random_blocks
+
+NAMES = list(x16.LAYOUTS)
+K = 512
+N = 48  # three groups of 16 rows
+MS = [1, 3, 16, 21]  # 21: three passes of 7 rows on AVX-512, six of 3-4 on AVX2
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from radixrt.kernels import cpp
+
+    if not cpp.cpu_ok():
+        pytest.skip("no AVX2/FMA/F16C: the C++ kernels cannot run here")
+    ops = quant.ggml_gemv()
+    assert ops is not None, f"radixrt_cpu failed to build on a CPU that supports it: {cpp.build_error()}"
+    return ops
+
+
+@pytest.fixture(scope="module")
+def case():
+    x = torch.randn(max(MS), K, generator=torch.Generator().manual_seed(5)) * 2
+    x[2, :256] = 0.0  # a zero activation block: scale 0
+    blocks = {n: random_blocks(quant.BY_NAME[n], N, K, 30 + i) for i, n in enumerate(NAMES)}
+    return x, blocks
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_repack_is_the_files_bytes_rearranged(ops, case, name):
+    _, blocks = case
+    w = blocks[name]
+    lay = x16.LAYOUTS[name]
+    wx = x16.repack(w, name)
+    assert wx.shape == (N // 16, K // lay.qk * lay.bytes) and wx.dtype == torch.uint8
+    assert np.array_equal(wx.numpy(), x16.repack_np(w.numpy(), name))
+    assert torch.equal(x16.dequantize(wx, name), quant.dequantize(w, quant.BY_NAME[name].ggml_type))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bits_are_the_documented_arithmetic_at_every_row_count(ops, case, name):
+    """T = 1, 3, 16 and 21 rows: each equals the twin bit for bit, and each row equals that row alone."""
+    x, blocks = case
+    wx = x16.repack(blocks[name], name)
+    tid = quant.BY_NAME[name].ggml_type | x16.X16
+    alone = [ops.mm(x[i : i + 1].contiguous(), wx, tid) for i in range(max(MS))]
+    for m in MS:
+        got = ops.mm(x[:m].contiguous(), wx, tid)
+        assert torch.equal(got, x16.mm_twin(x[:m], wx, name)), (name, m)
+        assert torch.equal(got, torch.cat(alone[:m])), (name, m)
+    assert torch.equal(alone[2][0, :], ops.mm(x[2:3].contiguous(), wx, tid)[0])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_error_is_the_int8_activations(ops, case, name):
+    """Against the fp64 product of gguf.quants.dequantize's weight: the same int8 activations give the
+    result to fp32 rounding (1e-5 of the sum of |terms|); the fp32 activations differ by at most the int8
+    rounding, half a step d = amax / 127 per element (d per 256 for the K-quants, per 32 for Q8_0)."""
+    x, blocks = case
+    t = quant.BY_NAME[name]
+    w = quant.dequantize(blocks[name], t.ggml_type).double()
+    got = ops.mm(x.contiguous(), x16.repack(blocks[name], name), t.ggml_type | x16.X16).double()
+    xq, step = int8_rounded(x, t.block_size)
+    exact = xq.double() @ w.T
+    scale = xq.double().abs() @ w.abs().T
+    assert ((got - exact).abs() <= 1e-5 * scale + 1e-30).all()
+    bound = (step.double() / 2) @ w.abs().T
+    assert ((got - x.double() @ w.T).abs() <= bound * 1.001 + 1e-5 * scale).all()
+
+
+def test_avx2_tiles_give_the_avx512_bits(ops, case, tmp_path):
+    """RADIXRT_DISABLE_AVX512=1 (read once per process: a second one) runs the AVX2 tiles: the same bits
+    at every row count and type. On a CPU without AVX-512 VNNI both processes run the AVX2 tiles."""
+    x, blocks = case
+    packed = {n: x16.repack(blocks[n], n) for n in NAMES}
+    torch.save({"x": x, "w": packed}, tmp_path / "case.pt")
+    script = (
+        "import sys, torch\nfrom radixrt.kernels import quant\nops = quant.ggml_gemv()\n"
+        "c = torch.load(sys.argv[1])\nout = {'enabled': ops.gemm512_enabled()}\n"
+        "for n, w in c['w'].items():\n"
+        "    out[n] = [ops.mm(c['x'][:m].contiguous(), w, quant.BY_NAME[n].ggml_type | 256) for m in (1, 3, 16, 21)]\n"
+        "torch.save(out, sys.argv[2])\n"
+    )
+    env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "o.pt")], env=env, check=True)
+    avx2 = torch.load(tmp_path / "o.pt")
+    assert avx2["enabled"] is False
+    for n in NAMES:
+        for m, ref in zip(MS, avx2[n]):
+            assert torch.equal(ops.mm(x[:m].contiguous(), packed[n], quant.BY_NAME[n].ggml_type | 256), ref), (n, m)
+
+
+def test_bad_input_names_the_problem(ops, case):
+    x, blocks = case
+    wx = x16.repack(blocks["Q4_K"], "Q4_K")
+    with pytest.raises(RuntimeError, match=r"x16\): w must be contiguous uint8 \[N / 16, K / 256 \* 2368\]"):
+        ops.mm(x[:, :256].contiguous(), wx, 12 | 256)
+    with pytest.raises(RuntimeError, match="no x16 layout for ggml type 3"):
+        ops.mm(x, wx, 3 | 256)
+    with pytest.raises(ValueError, match="N a multiple of 16"):
+        x16.repack(blocks["Q4_K"][:40], "Q4_K")
+    with pytest.raises(ValueError, match="no x16 layout for ggml type 'Q4_1'"):
+        x16.repack(blocks["Q4_K"], "Q4_1")
+    with pytest.raises(RuntimeError, match=r"out must be contiguous uint8 \[3, 4736\]"):
+        ops.x16_repack(blocks["Q4_K"], 12, torch.empty(3, 10, dtype=torch.uint8))
+    assert not x16.can_repack("Q4_K", 40) and x16.can_repack("Q6_K", 32) and not x16.can_repack("Q4_0", 32)
+
+
+def _round32(v) -> np.float32:
+    """The fp32 nearest to the Fraction v, ties to even: the reference for one rounding."""
+    from fractions import Fraction
+
+    r = np.float32(float(v))
+    cands = [r, np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))]
+    err = [abs(Fraction(float(c)) - v) for c in cands]
+    best = min(err)
+    ties = [c for c, e in zip(cands, err) if e == best]
+    return min(ties, key=lambda c: int(np.array(c).view(np.uint32)) & 1)
+
+
+def test_fma32_rounds_once():
+    """The twin's fma rounds a * b + c once, as the hardware's does; products that land a sum exactly on an
+    fp32 midpoint in float64 (ties broken by the exact remainder) are the hard cases."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0.5, 1, 4000).astype(np.float32)
+    b = (rng.uniform(0.5, 1, 4000) * 2.0**-24).astype(np.float32)
+    c = np.where(rng.random(4000) < 0.5, np.float32(1.0), rng.uniform(-4, 4, 4000).astype(np.float32))
+    # near-ties: a * b = 2^-24 (1 - k^2 2^-46) and c = 1 + 2^-23 (odd): the float64 sum rounds onto the fp32
+    # midpoint 1 + 3 2^-24, where ties-to-even goes up, while the exact sum lies below it
+    k = rng.integers(1, 8, 1000).astype(np.float32)
+    a[:1000] = np.float32(1.0) + np.float32(2.0**-23) * k
+    b[:1000] = np.float32(2.0**-24) * (np.float32(1.0) - np.float32(2.0**-23) * k)
+    c[:1000] = np.float32(1.0) + np.float32(2.0**-23)
+    got = x16.fma32(a, b, c)
+    want = np.array([_round32(Fraction(float(p)) * Fraction(float(q)) + Fraction(float(r))) for p, q, r in zip(a, b, c)])
+    assert np.array_equal(got, want.astype(np.float32))
+    naive = (a.astype(np.float64) * b + c).astype(np.float32)
+    assert (naive != want).any()  # the cases above do reach the double-rounding trap
