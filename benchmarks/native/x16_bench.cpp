@@ -12,7 +12,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 #include "q8_act.h"
 #include "x16_512.h"
@@ -120,12 +119,8 @@ float spec_row(const std::string& type, const uint8_t* row, const Act& a, int64_
 template <class T, int MB>
 void pass(const XCtx& c, int64_t m0, int64_t g0, int64_t g1, bool wide) {
   if (wide) {
-    if constexpr (MB <= 8) {
-      if (getenv("BIG") && MB >= 2 && std::is_same_v<T, Q4_K>) { for (int64_t g = g0; g < g1; ++g) ktile_big<Q4_K, MB>(c, g, m0); return; }
+    if constexpr (MB <= 8)
       for (int64_t g = g0; g < g1; ++g) tile512<T, MB>(c, g, m0);
-    } else if constexpr (std::is_same_v<T, Q4_K>) {
-      for (int64_t g = g0; g < g1; ++g) ktile_big<Q4_K, MB>(c, g, m0);
-    }
   } else if constexpr (MB <= 4) {
     for (int64_t g = g0; g < g1; ++g) {
       tile256<T, MB>(c, g, 0, m0);
@@ -137,11 +132,9 @@ void pass(const XCtx& c, int64_t m0, int64_t g0, int64_t g1, bool wide) {
 // the runtime's loop nest (x16_mm.cpp rows()) on one thread's groups
 template <class T>
 void rows(const XCtx& c, int64_t M, int64_t g0, int64_t g1, bool wide) {
-  static const int big = getenv("BIG") ? atoi(getenv("BIG")) : 8;
-  const int most = wide ? (std::is_same_v<T, Q4_K> ? big : 8) : 4;
+  const int most = wide ? 8 : 4;
   const int64_t passes = (M + most - 1) / most;
-  static const int64_t chunk_kb = getenv("CHUNK_KB") ? atoll(getenv("CHUNK_KB")) : 256;
-  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (chunk_kb << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
+  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (256 << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
   for (int64_t g = g0; g < g1; g += chunk) {
     const int64_t ge = std::min(g1, g + chunk);
     for (int64_t i = 0, m0 = 0; i < passes; ++i) {
@@ -154,9 +147,7 @@ void rows(const XCtx& c, int64_t M, int64_t g0, int64_t g1, bool wide) {
         case 5: pass<T, 5>(c, m0, g, ge, wide); break;
         case 6: pass<T, 6>(c, m0, g, ge, wide); break;
         case 7: pass<T, 7>(c, m0, g, ge, wide); break;
-        case 8: pass<T, 8>(c, m0, g, ge, wide); break;
-        case 9: case 10: case 11: case 12: pass<T, 12>(c, m0, g, ge, wide); break;
-        default: pass<T, 16>(c, m0, g, ge, wide); break;
+        default: pass<T, 8>(c, m0, g, ge, wide); break;
       }
       m0 += mb;
     }
