@@ -31,11 +31,18 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--hot", action="store_true")
+    ap.add_argument(
+        "--layout",
+        choices=["x16", "gguf"],
+        default="x16",
+        help="x16: each weight the runtime repacks (Q4_K, Q5_K, Q6_K, Q8_0, rows % 16 == 0) in its x16 layout, as "
+        "the runtime runs it (default); gguf: every weight in the file's own blocks (RADIXRT_GGML_X16=0)",
+    )
     a = ap.parse_args()
     from gguf import GGUFReader
 
     from radixrt.kernels import cpp
-    from radixrt.kernels.quant import TYPES
+    from radixrt.kernels.quant import TYPES, x16
 
     torch.set_num_threads(2)
     ops = cpp.ops("radixrt_ggml")
@@ -49,8 +56,14 @@ def main() -> None:
             if ty not in TYPES:
                 continue
             w = torch.from_numpy(np.asarray(t.data)).reshape(int(t.shape[1]), -1)
+            if a.layout == "x16" and x16.can_repack(TYPES[ty].name, w.shape[0]):
+                w, ty = x16.repack(w, TYPES[ty].name), ty | x16.X16
             ws.append((t.name, ty, w, int(t.shape[0])))
     xs = {k: torch.randn(a.rows, k) for _, _, _, k in ws}
+
+    def kind(ty: int) -> str:
+        return TYPES[ty & ~x16.X16].name + ("x16" if ty & x16.X16 else "")
+
     per = collections.defaultdict(float)
     for _, ty, w, k in ws:  # warm-up: page the file in
         ops.mm(xs[k], w, ty)
@@ -60,27 +73,27 @@ def main() -> None:
         for name, ty, w, k in ws:
             t = time.perf_counter()
             ops.mm(xs[k], w, ty)
-            per[(TYPES[ty].name, tuple(w.shape))] += time.perf_counter() - t
+            per[(kind(ty), tuple(w.shape))] += time.perf_counter() - t
         total.append(time.perf_counter() - t0)
     nbytes = collections.Counter()
     count = collections.Counter()
     for _, ty, w, _ in ws:
-        nbytes[(TYPES[ty].name, tuple(w.shape))] += w.numel()
-        count[(TYPES[ty].name, tuple(w.shape))] += 1
+        nbytes[(kind(ty), tuple(w.shape))] += w.numel()
+        count[(kind(ty), tuple(w.shape))] += 1
     probe = read_gbps()
     allb = sum(w.numel() for _, _, w, _ in ws)
     best = min(total)
     print(
-        f"{os.path.basename(a.gguf)} M={a.rows}: matmuls {best * 1e3:.2f} ms/step (median "
+        f"{os.path.basename(a.gguf)} ({a.layout}) M={a.rows}: matmuls {best * 1e3:.2f} ms/step (median "
         f"{sorted(total)[len(total) // 2] * 1e3:.2f}), {allb / best / 1e9:.1f} GB/s, bound {1 / best:.1f} tok/s; "
         f"read probe {probe:.1f} GB/s; load {os.getloadavg()[0]:.2f}"
     )
     for key in sorted(per, key=lambda k: -per[k]):
         s = per[key] / a.reps
         gbs = nbytes[key] / s / 1e9
-        line = f"  {key[0]:5s} {str(key[1]):16s} x{count[key]:3d}: {s * 1e3:7.2f} ms/step {gbs:6.1f} GB/s"
+        line = f"  {key[0]:8s} {str(key[1]):16s} x{count[key]:3d}: {s * 1e3:7.2f} ms/step {gbs:6.1f} GB/s"
         if a.hot:
-            name, ty, w, k = next(x for x in ws if (TYPES[x[1]].name, tuple(x[2].shape)) == key)
+            name, ty, w, k = next(x for x in ws if (kind(x[1]), tuple(x[2].shape)) == key)
             for _ in range(3):
                 ops.mm(xs[k], w, ty)
             n = 20

@@ -39,8 +39,10 @@ def main() -> None:
             eng.runner, eng.scheduler.allocator, sizes, reps=a.reps, context=a.context, budget_s=None
         )
     mid = os.environ.get("RADIXRT_GGML_MID_ROWS", "default")
+    x16 = os.environ.get("RADIXRT_GGML_X16", "1")
     print(
-        f"{os.path.basename(a.model or 'smollm2-135m')} (RADIXRT_GGML_MID_ROWS={mid}, context {a.context}, "
+        f"{os.path.basename(a.model or 'smollm2-135m')} (RADIXRT_GGML_X16={x16}, RADIXRT_GGML_MID_ROWS={mid}, "
+        f"context {a.context}, "
         f"load {os.getloadavg()[0]:.2f}) ms per step:"
     )
     print("  " + "  ".join(f"t{T} {times(T) * 1e3:.1f}" for T in sizes))

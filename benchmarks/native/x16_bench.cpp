@@ -15,6 +15,7 @@
 #include <vector>
 #include "q8_act.h"
 #include "x16_512.h"
+#include "x16_amx.h"
 #include "x16_avx2.h"
 
 using namespace radixrt::ggml;
@@ -154,6 +155,25 @@ void rows(const XCtx& c, int64_t M, int64_t g0, int64_t g1, bool wide) {
   }
 }
 
+// the runtime's AMX loop nest (x16_mm.cpp rows_amx())
+template <class T>
+RADIXRT_X16_AMX void rows_amx(const XCtx& c, int64_t M, int64_t g0, int64_t g1) {
+  alignas(64) AmxScratch w;
+  const int64_t passes = (M + 15) / 16;
+  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (256 << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
+  for (int64_t g = g0; g < g1; g += chunk) {
+    const int64_t ge = std::min(g1, g + chunk);
+    for (int64_t i = 0, m0 = 0; i < passes; ++i) {
+      const int mb = (int)((M - m0) / (passes - i));
+      const TileCfg cfg(mb, Amx<T>::KA);
+      _tile_loadconfig(&cfg);
+      for (int64_t gg = g; gg < ge; ++gg) tile_amx<T>(c, gg, m0, mb, w);
+      m0 += mb;
+    }
+  }
+  _tile_release();
+}
+
 // f(rep, begin_group, end_group) on 2 threads, `reps` times, with a barrier between calls; seconds per call
 template <class F>
 double timed(int64_t G, int reps, F f) {
@@ -199,7 +219,7 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
     std::vector<float> x(M * K);
     for (auto& v : x) v = nd(rng);
     const Act a = quantize(x, M, K, T::QK);
-    std::vector<float> o512(M * N, -1.0f), o256(M * N, -2.0f);
+    std::vector<float> o512(M * N, -1.0f), o256(M * N, -2.0f), oamx(M * N, -3.0f);
     XCtx c{nullptr, K, N, a.q.data(), a.d.data(), a.bsums.data(), a.ypair.data(), a.yoff.data(), nullptr};
     auto run = [&](bool wide, std::vector<float>& o) {
       return [&, wide](int r, int64_t b, int64_t e) {
@@ -209,12 +229,22 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
         rows<T>(cc, M, b, e, wide);
       };
     };
-    double t512 = 0, t256 = 1e9;
+    auto run_amx = [&](int r, int64_t b, int64_t e) {
+      XCtx cc = c;
+      cc.W = xs[r % copies].data();
+      cc.out = oamx.data();
+      rows_amx<T>(cc, M, b, e);
+    };
+    const bool amx = has512 && amx_ready() && M >= 2;
+    double t512 = 0, t256 = 1e9, tamx = 0;
     if (has512) timed(G, copies, run(true, o512));
+    if (amx) timed(G, copies, run_amx);
     timed(G, copies, run(false, o256));
     if (has512) t512 = 1e9;
+    if (amx) tamx = 1e9;
     for (int i = 0; i < 3; ++i) {  // alternating, best of 3
       if (has512) t512 = std::min(t512, timed(G, reps, run(true, o512)));
+      if (amx) tamx = std::min(tamx, timed(G, reps, run_amx));
       t256 = std::min(t256, timed(G, reps, run(false, o256)));
     }
     // bits: every output of copy 0 on both paths, 64 sampled outputs against the scalar spec
@@ -225,8 +255,13 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
       c.out = o512.data();
       rows<T>(c, M, 0, G, true);
     }
+    if (amx) {
+      c.out = oamx.data();
+      rows_amx<T>(c, M, 0, G);
+    }
     int64_t diff = 0, spec_bad = 0;
     for (int64_t i = 0; has512 && i < M * N; ++i) diff += std::memcmp(&o512[i], &o256[i], 4) != 0;
+    for (int64_t i = 0; amx && i < M * N; ++i) diff += std::memcmp(&oamx[i], &o256[i], 4) != 0;
     for (int i = 0; i < 64; ++i) {
       const int64_t m = i % M, n = (i * 2654435761u) % N;
       const float want = spec_row(name, ws[0].data() + n * row, a, m, K);
@@ -234,10 +269,11 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
     }
     bad += diff + spec_bad;
     const double macs = (double)M * N * K, gb = (double)G * nb * T::BYTES / 1e9;
-    std::printf("%s N=%lld K=%lld M=%2lld  avx512 %8.3f ms %6.1f GMAC/s %5.1f GB/s  avx2 %8.3f ms %6.1f GMAC/s  "
-                "512!=avx2 %lld  spec mismatches %lld/64\n",
+    std::printf("%s N=%lld K=%lld M=%2lld  vnni512 %7.3f ms %6.1f GMAC/s %5.1f GB/s  amx %7.3f ms %6.1f GMAC/s "
+                "%5.1f GB/s  avx2 %7.3f ms %6.1f GMAC/s  bits differ %lld  spec mismatches %lld/64\n",
                 name, (long long)N, (long long)K, (long long)M, t512 * 1e3, has512 ? macs / t512 / 1e9 : 0.0,
-                has512 ? gb / t512 : 0.0, t256 * 1e3, macs / t256 / 1e9, (long long)diff, (long long)spec_bad);
+                has512 ? gb / t512 : 0.0, tamx * 1e3, amx ? macs / tamx / 1e9 : 0.0, amx ? gb / tamx : 0.0,
+                t256 * 1e3, macs / t256 / 1e9, (long long)diff, (long long)spec_bad);
     std::fflush(stdout);
   }
   return bad;
@@ -258,6 +294,6 @@ int main(int argc, char** argv) {
   if (which == "all" || which == "Q5_K") bad += bench<Q5_K>("Q5_K", N, K, copies, reps, has512);
   if (which == "all" || which == "Q6_K") bad += bench<Q6_K>("Q6_K", N, K, copies, reps, has512);
   if (which == "all" || which == "Q8_0") bad += bench<Q8_0>("Q8_0", N, K, copies, reps, has512);
-  std::printf("%s\n", bad ? "BITS DIFFER" : "bits: avx512 = avx2 = spec");
+  std::printf("%s\n", bad ? "BITS DIFFER" : "bits: vnni512 = amx = avx2 = spec");
   return bad ? 1 : 0;
 }

@@ -84,26 +84,53 @@ def test_error_is_the_int8_activations(ops, case, name):
     assert ((got - x.double() @ w.T).abs() <= bound * 1.001 + 1e-5 * scale).all()
 
 
-def test_avx2_tiles_give_the_avx512_bits(ops, case, tmp_path):
-    """RADIXRT_DISABLE_AVX512=1 (read once per process: a second one) runs the AVX2 tiles: the same bits
-    at every row count and type. On a CPU without AVX-512 VNNI both processes run the AVX2 tiles."""
+def _flags() -> str:
+    return open("/proc/cpuinfo").read()
+
+
+def _amx_granted() -> bool:
+    """Whether Linux grants this process AMX's tile data (arch_prctl ARCH_REQ_XCOMP_PERM, x86-64 syscall 158)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
+
+
+def test_every_instruction_set_gives_the_same_bits(ops, case, tmp_path):
+    """The same products in processes that pick other tiles (the choice is read once per process): the
+    AVX2 tiles (RADIXRT_DISABLE_AVX512=1), the AVX-512 VNNI tiles at every row count
+    (RADIXRT_X16_AMX_MIN_ROWS=0), and the default (AMX from 2 rows where the CPU and the OS allow it). Each
+    process says which ran; where the CPU lacks a feature the process runs the next one down, as asserted."""
     x, blocks = case
     packed = {n: x16.repack(blocks[n], n) for n in NAMES}
     torch.save({"x": x, "w": packed}, tmp_path / "case.pt")
     script = (
         "import sys, torch\nfrom radixrt.kernels import quant\nops = quant.ggml_gemv()\n"
-        "c = torch.load(sys.argv[1])\nout = {'enabled': ops.gemm512_enabled()}\n"
+        "c = torch.load(sys.argv[1])\nout = {'isa': [ops.x16_isa(m) for m in (1, 3, 16, 21)]}\n"
         "for n, w in c['w'].items():\n"
         "    out[n] = [ops.mm(c['x'][:m].contiguous(), w, quant.BY_NAME[n].ggml_type | 256) for m in (1, 3, 16, 21)]\n"
         "torch.save(out, sys.argv[2])\n"
     )
-    env = dict(os.environ, RADIXRT_DISABLE_AVX512="1")
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(tmp_path / "o.pt")], env=env, check=True)
-    avx2 = torch.load(tmp_path / "o.pt")
-    assert avx2["enabled"] is False
+    flags = _flags()
+    vnni = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"))
+    amx = vnni and "amx_int8" in flags and "amx_tile" in flags and _amx_granted()
+    wide = "avx512" if vnni else "avx2"
+    runs = {
+        "avx2": ({"RADIXRT_DISABLE_AVX512": "1"}, ["avx2"] * 4),
+        "vnni": ({"RADIXRT_X16_AMX_MIN_ROWS": "0"}, [wide] * 4),
+        "default": ({}, [wide] + ["amx" if amx else wide] * 3),
+    }
+    outs = {}
+    for name, (extra, isa) in runs.items():
+        env = {k: v for k, v in os.environ.items() if k not in ("RADIXRT_DISABLE_AVX512", "RADIXRT_X16_AMX_MIN_ROWS")}
+        path = tmp_path / f"{name}.pt"
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(path)], env={**env, **extra}, check=True)
+        outs[name] = torch.load(path)
+        assert outs[name]["isa"] == isa, name
     for n in NAMES:
-        for m, ref in zip(MS, avx2[n]):
-            assert torch.equal(ops.mm(x[:m].contiguous(), packed[n], quant.BY_NAME[n].ggml_type | 256), ref), (n, m)
+        for i, m in enumerate(MS):
+            ref = x16.mm_twin(x[:m], packed[n], n)
+            for name in runs:
+                assert torch.equal(outs[name][n][i], ref), (name, n, m)
 
 
 def test_bad_input_names_the_problem(ops, case):

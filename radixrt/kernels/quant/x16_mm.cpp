@@ -10,12 +10,15 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 #include "../alloc.h"
 #include "../parallel.h"
 #include "mm_driver.h"
 #include "q8_act.h"
 #include "x16_512.h"
+#include "x16_amx.h"
 #include "x16_avx2.h"
 
 namespace radixrt {
@@ -85,12 +88,43 @@ void rows(const XCtx& c, int64_t M, int64_t g0, int64_t g1, bool wide) {
   }
 }
 
+// AMX: passes of up to 16 rows, each with this thread's tile configuration for its row count.
+template <class T>
+RADIXRT_X16_AMX void rows_amx(const XCtx& c, int64_t M, int64_t g0, int64_t g1) {
+  alignas(64) AmxScratch w;
+  const int64_t passes = (M + 15) / 16;
+  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (256 << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
+  for (int64_t g = g0; g < g1; g += chunk) {
+    const int64_t ge = std::min(g1, g + chunk);
+    for (int64_t i = 0, m0 = 0; i < passes; ++i) {
+      const int mb = (int)((M - m0) / (passes - i));
+      const TileCfg cfg(mb, Amx<T>::KA);
+      _tile_loadconfig(&cfg);
+      for (int64_t gg = g; gg < ge; ++gg) tile_amx<T>(c, gg, m0, mb, w);
+      m0 += mb;
+    }
+  }
+  _tile_release();
+}
+
+// AMX from this many rows (RADIXRT_X16_AMX_MIN_ROWS, read once; 0 turns AMX off): below, VNNI's passes.
+int64_t amx_min_rows() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("RADIXRT_X16_AMX_MIN_ROWS");
+    return v && *v ? std::atoll(v) : 2;
+  }();
+  return n;
+}
+
 template <class T>
 void run(const XCtx& c, int64_t M) {
-  const bool wide = gemm512_enabled();
+  const bool wide = gemm512_enabled(), amx = wide && amx_min_rows() > 0 && M >= amx_min_rows() && amx_ready();
   const int64_t G = c.N / 16;
   const int64_t grain = M * c.N * c.K < (1 << 16) ? G : 1;
-  radixrt::parallel_for(0, G, grain, [&](int64_t g0, int64_t g1) { rows<T>(c, M, g0, g1, wide); });
+  radixrt::parallel_for(0, G, grain, [&](int64_t g0, int64_t g1) {
+    if (amx) rows_amx<T>(c, M, g0, g1);
+    else rows<T>(c, M, g0, g1, wide);
+  });
 }
 
 }  // namespace
@@ -174,6 +208,12 @@ void repack_op(const at::Tensor& w, int64_t type, at::Tensor out) {
   });
 }
 
+// What runs a product of `rows` rows in this process: "amx", "avx512" (VNNI) or "avx2".
+std::string isa(int64_t rows) {
+  if (!gemm512_enabled()) return "avx2";
+  return amx_min_rows() > 0 && rows >= amx_min_rows() && amx_ready() ? "amx" : "avx512";
+}
+
 }  // namespace x16
 }  // namespace ggml
 }  // namespace radixrt
@@ -182,6 +222,9 @@ TORCH_LIBRARY_FRAGMENT(radixrt_ggml, m) {
   // GGUF blocks [N, K / block * type_size] uint8 of ggml_type -> its x16 layout, written into out
   // [N / 16, K / block * x16 bytes] uint8 (x16_layout.h; the caller allocates it, in huge pages); N % 16 == 0
   m.def("x16_repack(Tensor w, int ggml_type, Tensor(a!) out) -> ()");
+  // the instruction set a product of `rows` activation rows runs on here: "amx", "avx512" or "avx2"
+  m.def("x16_isa(int rows) -> str");
 }
 
 TORCH_LIBRARY_IMPL(radixrt_ggml, CPU, m) { m.impl("x16_repack", &radixrt::ggml::x16::repack_op); }
+TORCH_LIBRARY_IMPL(radixrt_ggml, CatchAll, m) { m.impl("x16_isa", &radixrt::ggml::x16::isa); }
