@@ -40,6 +40,7 @@ class Sizes:
     dep_tools_words: int = 700
     dep_output_len: int = 32
     dep_obs_len: int = 32
+    dep_agents: int = 1  # agents running at once, each its own task on the shared tool list
     ss_groups: int = 4
     ss_per_group: int = 8
     ss_system_words: int = 700

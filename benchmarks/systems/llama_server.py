@@ -2,8 +2,8 @@
 
 It runs the file's Q4_1 weights natively, with ``--threads`` compute threads, the prompt cache on
 (``--cache-prompt``, ``cache_prompt`` per request, and the RAM cache of idle slots), and ``--parallel``
-slots in one unified KV buffer (``-kvu``): 16 slots where the workload sends requests concurrently, 1 where
-it sends one at a time. It is restarted before each workload, so every system starts with a cold cache.
+slots in one unified KV buffer (``-kvu``): as many slots as the workload has requests in flight (at most
+16), 1 where it sends one at a time. It is restarted before each workload, so every system starts with a cold cache.
 
 The server is OpenAI-compatible; the harness drives its native ``POST /completion`` because that endpoint
 takes and returns token ids. So a continuation (agent loop, chat) sends exactly the ids radixrt is sent:
@@ -53,8 +53,8 @@ class LlamaServer(RestartedServer):
         return None if self.exe else missing_notice("llama-server")
 
     def configure(self, in_flight: int) -> None:
-        """Slots for the next workload: 16 when it sends requests concurrently, 1 when one at a time."""
-        self.slots = 1 if in_flight <= 1 else CONCURRENT_SLOTS
+        """Slots for the next workload: one per request in flight (``-np`` = the concurrency), at most 16."""
+        self.slots = max(1, min(in_flight, CONCURRENT_SLOTS))
 
     def _cmd(self, port: int) -> list[str]:
         t = str(self.threads)

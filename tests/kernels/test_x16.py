@@ -123,7 +123,9 @@ def test_every_instruction_set_gives_the_same_bits(ops, case, tmp_path):
     for name, (extra, isa) in runs.items():
         env = {k: v for k, v in os.environ.items() if k not in ("RADIXRT_DISABLE_AVX512", "RADIXRT_X16_AMX_MIN_ROWS")}
         path = tmp_path / f"{name}.pt"
-        subprocess.run([sys.executable, "-c", script, str(tmp_path / "case.pt"), str(path)], env={**env, **extra}, check=True)
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "case.pt"), str(path)], env={**env, **extra}, check=True
+        )
         outs[name] = torch.load(path)
         assert outs[name]["isa"] == isa, name
     for n in NAMES:
@@ -177,7 +179,9 @@ def test_fma32_rounds_once():
     b[:1000] = np.float32(2.0**-24) * (np.float32(1.0) - np.float32(2.0**-23) * k)
     c[:1000] = np.float32(1.0) + np.float32(2.0**-23)
     got = x16.fma32(a, b, c)
-    want = np.array([_round32(Fraction(float(p)) * Fraction(float(q)) + Fraction(float(r))) for p, q, r in zip(a, b, c)])
+    want = np.array(
+        [_round32(Fraction(float(p)) * Fraction(float(q)) + Fraction(float(r))) for p, q, r in zip(a, b, c)]
+    )
     assert np.array_equal(got, want.astype(np.float32))
     naive = (a.astype(np.float64) * b + c).astype(np.float32)
     assert (naive != want).any()  # the cases above do reach the double-rounding trap

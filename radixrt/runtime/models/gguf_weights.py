@@ -14,7 +14,6 @@ attn_q_norm, attn_k_norm}`` with ``.weight`` / ``.bias``.
 
 from __future__ import annotations
 
-import mmap
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
