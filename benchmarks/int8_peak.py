@@ -31,6 +31,7 @@ FORMS = {
     "kq512": (8 * 64, True),
     "vnni512": (8 * 64, True),
     "fma512": (8 * 16, True),
+    "amx": (4 * 16 * 16 * 64, True),  # needs AMX-TILE/INT8 too (checked below)
 }
 
 
@@ -39,7 +40,7 @@ def build() -> ctypes.CDLL:
     out = os.path.expanduser("~/.cache/radixrt/native/int8_peak.so")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(SRC):
-        subprocess.run(["g++", "-O3", "-shared", "-fPIC", SRC, "-o", out], check=True)
+        subprocess.run(["g++", "-O3", "-std=c++17", "-shared", "-fPIC", SRC, "-o", out], check=True)
     lib = ctypes.CDLL(out)
     for name in FORMS:
         getattr(lib, name).restype = ctypes.c_int64
@@ -50,6 +51,12 @@ def build() -> ctypes.CDLL:
 def has_vnni512() -> bool:
     with open("/proc/cpuinfo") as f:
         return " avx512_vnni" in f.read()
+
+
+def has_amx() -> bool:
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return " amx_int8" in flags and " amx_tile" in flags
 
 
 def rate(fn, macs_per_iter: int, threads: int, iters: int = 10_000_000) -> float:
@@ -78,8 +85,12 @@ def main() -> None:
         if need and not vnni:
             print(f"{name:13s} not run: no AVX-512 VNNI here")
             continue
-        g1 = rate(getattr(lib, name), per, 1)
-        g2 = rate(getattr(lib, name), per, 2)
+        if name == "amx" and not (has_amx() and lib.amx(1) >= 0):
+            print(f"{name:13s} not run: no AMX here (or the OS does not grant its tile state)")
+            continue
+        iters = 200_000 if name == "amx" else 10_000_000
+        g1 = rate(getattr(lib, name), per, 1, iters)
+        g2 = rate(getattr(lib, name), per, 2, iters)
         unit = "GFMA/s (fp32)" if name == "fma512" else "GMAC/s (int8)"
         line = f"{name:13s} 1 thread {g1:7.1f}  2 threads {g2:7.1f} {unit}"
         if a.macs and name != "fma512":

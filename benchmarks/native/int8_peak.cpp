@@ -8,11 +8,15 @@
 //   vnni512      : vpdpbusd on 512 bits (64 MACs per instruction)
 //   kq512        : vpmaddubsw + vpdpwssd on 512 bits (gemv512.h's K-quant tiles: 64 MACs per 2 instructions)
 //   fma512       : vfmadd231ps on 512 bits (fp32 FLOP pairs, for F16/BF16 tiles)
+//   amx          : AMX TDPBSUD, 16 x 16 x 64 int8 per instruction, 4 C tiles from 2 A and 2 B tiles in
+//                  registers (x16_amx.h's instruction); returns -1 where the OS does not grant the tile state
 //
 // Built and run by benchmarks/int8_peak.py (g++ -O3; the chains unrolled so every accumulator stays in a
 // register: at -O2 they lived on the stack and timed store forwarding); one symbol per form, one ctypes call
 // per thread.
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <cstdint>
 
 #define T2 __attribute__((target("avx2,fma")))
@@ -62,5 +66,36 @@ PEAK(kq512, T512, __m512i, ZMM, _mm512_set1_epi8((char)(3 + i)), _mm512_set1_epi
      _mm512_set1_epi32(i), kq_step, _mm512_add_epi32, _mm512_reduce_add_epi32)
 PEAK(fma512, T512, __m512, ZMM, _mm512_set1_ps(1.0f + 1e-4f * i), _mm512_set1_ps(0.9999f - 1e-4f * i),
      _mm512_set1_ps((float)i), fma_step, _mm512_add_ps, fsum)
+
+// 4 independent accumulator tiles, each TDPBSUD 16 x 16 x 64 = 16384 multiply-adds; per iteration 4 of them.
+__attribute__((target("amx-tile,amx-int8"))) int64_t amx(int64_t iters) {
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return -1;
+  struct alignas(64) {
+    uint8_t palette = 1, start = 0, rsv[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } cfg;
+  alignas(64) static thread_local int8_t buf[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) buf[i] = (int8_t)(i % 7);
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, buf, 64);
+  _tile_loadd(5, buf, 64);
+  _tile_loadd(6, buf, 64);
+  _tile_loadd(7, buf, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbsud(0, 4, 5);
+    _tile_dpbsud(1, 4, 7);
+    _tile_dpbsud(2, 6, 5);
+    _tile_dpbsud(3, 6, 7);
+  }
+  alignas(64) static thread_local int32_t out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
 
 }  // extern "C"

@@ -67,6 +67,17 @@ def test_bits_are_the_documented_arithmetic_at_every_row_count(ops, case, name):
     assert torch.equal(alone[2][0, :], ops.mm(x[2:3].contiguous(), wx, tid)[0])
 
 
+def test_q8_0_blocks_beyond_the_amx_batches(ops):
+    """Q8_0 at K = 352 (11 blocks): AMX multiplies 4 blocks per batch, the last 3 run the VNNI fold; the same
+    bits as the twin at every row count."""
+    k = 352
+    w = random_blocks(quant.BY_NAME["Q8_0"], 32, k, 77)
+    wx = x16.repack(w, "Q8_0")
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(8))
+    for m in (1, 4, 17):
+        assert torch.equal(ops.mm(x[:m].contiguous(), wx, 8 | x16.X16), x16.mm_twin(x[:m], wx, "Q8_0")), m
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_error_is_the_int8_activations(ops, case, name):
     """Against the fp64 product of gguf.quants.dequantize's weight: the same int8 activations give the

@@ -62,9 +62,10 @@ struct alignas(64) TileCfg {
 // The compiler does not know that TILELOADD reads memory: the unpacked B planes must be stored before it.
 inline void tile_fence() { __asm__ volatile("" ::: "memory"); }
 
-// C_i = A (M rows of `ka` int8 at a, stride lda) . B (the planes at b), i = 0..3, then each C_i stored at
-// out + i * 1024 (M rows of 64 bytes). The four products use tmm4/5 and tmm6/7 alternately.
-RADIXRT_X16_AMX inline void four_dots(const int8_t* const a[4], int64_t lda, const uint8_t* const b[4], int32_t* out) {
+// The tiles of one batch: C_i = A_i (M rows of KA int8 at a[i], stride lda) . B_i (the planes at b[i]),
+// i = 0..3, on tmm4/5 and tmm6/7 alternately. Issued here and stored by store4() after the caller has folded
+// the previous batch, so the vector units fold while the tile unit multiplies.
+RADIXRT_X16_AMX inline void issue4(const int8_t* const a[4], int64_t lda, const uint8_t* const b[4]) {
   tile_fence();
   _tile_loadd(4, a[0], lda);
   _tile_loadd(5, b[0], 64);
@@ -82,6 +83,10 @@ RADIXRT_X16_AMX inline void four_dots(const int8_t* const a[4], int64_t lda, con
   _tile_zero(3);
   _tile_dpbsud(2, 4, 5);
   _tile_dpbsud(3, 6, 7);
+}
+
+// C_0..3 to out + i * 256 int32 (M rows of 16 lanes each).
+RADIXRT_X16_AMX inline void store4(int32_t* out) {
   _tile_stored(0, out, 64);
   _tile_stored(1, out + 256, 64);
   _tile_stored(2, out + 512, 64);
@@ -89,107 +94,122 @@ RADIXRT_X16_AMX inline void four_dots(const int8_t* const a[4], int64_t lda, con
   tile_fence();
 }
 
-// Scratch of one pass: the unpacked planes of one block, the dot products of every sub-block / group, the
-// accumulators.
+// Scratch of one pass: two batches' planes and dot products (the one in the tile unit and the one being
+// folded), the integer sums of the block so far and the float accumulators.
 struct alignas(64) AmxScratch {
-  uint8_t planes[16][512];  // Q4_K / Q5_K: [sub-block j][t][64]; Q6_K: [group g][t][64] (4 of 8 t used)
-  int32_t dots[16][256];    // [sub-block / group][m][16 lanes]
-  float acc[16][16];        // [m][16 lanes]
+  uint8_t planes[2][4][512];  // [batch parity][i][K / 4 rows of 64 bytes]
+  int32_t dots[2][4][256];    // [batch parity][i][m][16 lanes]
+  int32_t isum[16][16];       // [m][16 lanes]
+  float acc[16][16];          // [m][16 lanes]
 };
 
-template <class T>
-struct Amx;
-
+// Q4_K / Q5_K: a batch is 4 sub-blocks (half a super-block), j = 4 half + i.
 template <class T>
 struct AmxKMin {
-  static constexpr int KA = 32;
-  RADIXRT_X16_AMX static void block(const uint8_t* b, const XCtx& c, int64_t m0, int M, int64_t s, AmxScratch& w) {
+  static constexpr int KA = 32, BATCHES = 2;
+  RADIXRT_X16_AMX static void unpack(const uint8_t* b, int half, uint8_t (*planes)[512]) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int cc = 0; cc < 4; ++cc)
+    for (int ci = 0; ci < 2; ++ci) {  // sub-block pairs cc = 2 half + ci: sub-blocks 2cc, 2cc + 1
+      const int cc = 2 * half + ci;
       for (int t = 0; t < 8; ++t) {
         const __m512i v = _mm512_loadu_si512(b + T::QS + cc * 512 + 64 * t);
         __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         if constexpr (T::HAS_QH) {
           const __m512i qh = _mm512_loadu_si512(b + T::QH + 64 * t), b4 = _mm512_set1_epi8(0x10);
-          // bit j of each byte is the fifth bit of sub-block j: j = 2cc to bit 4, then j = 2cc + 1
+          // bit j of each byte is the fifth bit of sub-block j: rotated to bit 4 (other bits masked)
           lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_rorv_epi32(qh, _mm512_set1_epi32((2 * cc - 4) & 31)), b4));
           hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_rorv_epi32(qh, _mm512_set1_epi32((2 * cc - 3) & 31)), b4));
         }
-        _mm512_store_si512(w.planes[2 * cc] + 64 * t, lo);
-        _mm512_store_si512(w.planes[2 * cc + 1] + 64 * t, hi);
+        _mm512_store_si512(planes[2 * ci] + 64 * t, lo);
+        _mm512_store_si512(planes[2 * ci + 1] + 64 * t, hi);
       }
-    const int8_t* y = c.q + m0 * c.K + s * 256;
-    for (int h = 0; h < 2; ++h) {
-      const int8_t* a[4] = {y + 32 * (4 * h), y + 32 * (4 * h + 1), y + 32 * (4 * h + 2), y + 32 * (4 * h + 3)};
-      const uint8_t* p[4] = {w.planes[4 * h], w.planes[4 * h + 1], w.planes[4 * h + 2], w.planes[4 * h + 3]};
-      four_dots(a, c.K, p, w.dots[4 * h]);
     }
+  }
+  static void a_rows(const XCtx& c, int64_t m0, int64_t s, int half, const int8_t* a[4]) {
+    const int8_t* y = c.q + m0 * c.K + s * 256 + 128 * half;
+    for (int i = 0; i < 4; ++i) a[i] = y + 32 * i;
+  }
+  RADIXRT_X16_AMX static void fold(const uint8_t* b, const XCtx& c, int64_t m0, int M, int64_t s, int half,
+                                   const int32_t (*dots)[256], AmxScratch& w) {
+    __m512i sc[4];
+    for (int i = 0; i < 4; ++i)
+      sc[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 64 + 16 * (4 * half + i))));
+    for (int m = 0; m < M; ++m) {
+      __m512i isum = half ? _mm512_load_si512(w.isum[m]) : _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i) isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(dots[i] + 16 * m), sc[i]));
+      _mm512_store_si512(w.isum[m], isum);
+    }
+    if (!half) return;
     const int64_t ns = c.K / 256;
-    __m512i sc[8], mn[4];
-    for (int j = 0; j < 8; ++j) sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 64 + 16 * j)));
+    __m512i mn[4];
     for (int i = 0; i < 4; ++i)
       mn[i] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 192 + 32 * i)));
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
     const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32)));
     for (int m = 0; m < M; ++m) {
-      __m512i isum = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(w.dots[j] + 16 * m), sc[j]));
       const int32_t* yp = c.ypair + ((m0 + m) * ns + s) * 4;
       __m512i corr = _mm512_setzero_si512();
       for (int i = 0; i < 4; ++i) corr = _mm512_dpwssd_epi32(corr, mn[i], _mm512_set1_epi32(yp[i]));
       const __m512 dy = _mm512_set1_ps(c.d[(m0 + m) * ns + s]);
       __m512 acc = _mm512_load_ps(w.acc[m]);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dy), acc);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(w.isum[m])), _mm512_mul_ps(dw, dy), acc);
       acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(corr), _mm512_mul_ps(dm, dy), acc);
       _mm512_store_ps(w.acc[m], acc);
     }
   }
 };
 
+template <class T>
+struct Amx;
 template <>
 struct Amx<Q4_K> : AmxKMin<Q4_K> {};
 template <>
 struct Amx<Q5_K> : AmxKMin<Q5_K> {};
 
+// Q6_K: a batch is 4 groups of 16 (a quarter super-block: sub-blocks 2 quarter, 2 quarter + 1), g = 4 q + i.
 template <>
 struct Amx<Q6_K> {
-  static constexpr int KA = 16;
-  RADIXRT_X16_AMX static void block(const uint8_t* b, const XCtx& c, int64_t m0, int M, int64_t s, AmxScratch& w) {
+  static constexpr int KA = 16, BATCHES = 4;
+  RADIXRT_X16_AMX static void unpack(const uint8_t* b, int quarter, uint8_t (*planes)[512]) {
     const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h)
-      for (int k2 = 0; k2 < 2; ++k2)  // ql plane (h, k2) holds sub-blocks 4h + k2 (low) and 4h + k2 + 2 (high)
-        for (int t = 0; t < 8; ++t) {
-          const __m512i v = _mm512_loadu_si512(b + Q6_K::QL + (2 * h + k2) * 512 + 64 * t);
-          const __m512i qh = _mm512_loadu_si512(b + Q6_K::QH + h * 512 + 64 * t);
-          const int jl = 4 * h + k2, jh = jl + 2;  // sub-blocks; group 2j + (t >= 4), plane row t % 4
-          const __m512i wl = _mm512_or_si512(_mm512_and_si512(v, low),
-                                             _mm512_and_si512(_mm512_rorv_epi32(qh, _mm512_set1_epi32((2 * k2 - 4) & 31)), two));
-          const __m512i wh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low),
-                                             _mm512_and_si512(_mm512_rorv_epi32(qh, _mm512_set1_epi32((2 * k2)& 31)), two));
-          _mm512_store_si512(w.planes[2 * jl + (t >> 2)] + 64 * (t & 3), wl);
-          _mm512_store_si512(w.planes[2 * jh + (t >> 2)] + 64 * (t & 3), wh);
-        }
-    const int8_t* y = c.q + m0 * c.K + s * 256;
-    for (int q = 0; q < 4; ++q) {
-      const int8_t* a[4] = {y + 16 * (4 * q), y + 16 * (4 * q + 1), y + 16 * (4 * q + 2), y + 16 * (4 * q + 3)};
-      const uint8_t* p[4] = {w.planes[4 * q], w.planes[4 * q + 1], w.planes[4 * q + 2], w.planes[4 * q + 3]};
-      four_dots(a, c.K, p, w.dots[4 * q]);
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = 2 * quarter + jj, h = j >> 2, k = j & 3;  // sub-block j = 4h + k
+      for (int t = 0; t < 8; ++t) {
+        const __m512i v = _mm512_loadu_si512(b + Q6_K::QL + (2 * h + (k & 1)) * 512 + 64 * t);
+        const __m512i qh = _mm512_loadu_si512(b + Q6_K::QH + h * 512 + 64 * t);
+        const __m512i lo4 = _mm512_and_si512(k < 2 ? v : _mm512_srli_epi16(v, 4), low);
+        // bits 2k, 2k + 1 of each qh byte rotated to bits 4, 5
+        const __m512i hi2 = _mm512_and_si512(_mm512_rorv_epi32(qh, _mm512_set1_epi32((2 * k - 4) & 31)), two);
+        _mm512_store_si512(planes[2 * jj + (t >> 2)] + 64 * (t & 3), _mm512_or_si512(lo4, hi2));
+      }
     }
+  }
+  static void a_rows(const XCtx& c, int64_t m0, int64_t s, int quarter, const int8_t* a[4]) {
+    const int8_t* y = c.q + m0 * c.K + s * 256 + 64 * quarter;
+    for (int i = 0; i < 4; ++i) a[i] = y + 16 * i;
+  }
+  RADIXRT_X16_AMX static void fold(const uint8_t* b, const XCtx& c, int64_t m0, int M, int64_t s, int quarter,
+                                   const int32_t (*dots)[256], AmxScratch& w) {
+    const __m512i scp0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + Q6_K::SC + 64 * quarter)));
+    const __m512i scp1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + Q6_K::SC + 64 * quarter + 32)));
+    const __m512i sc[4] = {_mm512_srai_epi32(_mm512_slli_epi32(scp0, 16), 16), _mm512_srai_epi32(scp0, 16),
+                           _mm512_srai_epi32(_mm512_slli_epi32(scp1, 16), 16), _mm512_srai_epi32(scp1, 16)};
+    for (int m = 0; m < M; ++m) {
+      __m512i isum = quarter ? _mm512_load_si512(w.isum[m]) : _mm512_setzero_si512();
+      for (int i = 0; i < 4; ++i) isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(dots[i] + 16 * m), sc[i]));
+      _mm512_store_si512(w.isum[m], isum);
+    }
+    if (quarter != 3) return;
     const int64_t ns = c.K / 256;
-    __m512i sc[16], scp[8];
-    for (int i = 0; i < 8; ++i) {
+    __m512i scp[8];
+    for (int i = 0; i < 8; ++i)
       scp[i] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + Q6_K::SC + 32 * i)));
-      sc[2 * i] = _mm512_srai_epi32(_mm512_slli_epi32(scp[i], 16), 16);
-      sc[2 * i + 1] = _mm512_srai_epi32(scp[i], 16);
-    }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
     for (int m = 0; m < M; ++m) {
-      __m512i isum = _mm512_setzero_si512();
-      for (int g = 0; g < 16; ++g) isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(w.dots[g] + 16 * m), sc[g]));
       const uint8_t* bs = reinterpret_cast<const uint8_t*>(c.bsums + ((m0 + m) * ns + s) * 16);
       __m512i corr = _mm512_setzero_si512();
       for (int i = 0; i < 8; ++i) corr = _mm512_dpwssd_epi32(corr, scp[i], _mm512_set1_epi32((int)load_u32(bs + 4 * i)));
-      const __m512i tot = _mm512_sub_epi32(isum, _mm512_slli_epi32(corr, 5));
+      const __m512i tot = _mm512_sub_epi32(_mm512_load_si512(w.isum[m]), _mm512_slli_epi32(corr, 5));
       __m512 acc = _mm512_load_ps(w.acc[m]);
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, _mm512_set1_ps(c.d[(m0 + m) * ns + s])), acc);
       _mm512_store_ps(w.acc[m], acc);
@@ -197,22 +217,21 @@ struct Amx<Q6_K> {
   }
 };
 
+// Q8_0: a batch is 4 blocks (their planes are AMX's B as stored: w + 128, unsigned), block s + i.
 template <>
 struct Amx<Q8_0> {
-  static constexpr int KA = 32;
-  // four blocks at a time: their planes are AMX's B as stored (w + 128, unsigned)
-  RADIXRT_X16_AMX static void block4(const uint8_t* b, const XCtx& c, int64_t m0, int M, int64_t s, AmxScratch& w) {
-    const int8_t* y = c.q + m0 * c.K + s * 32;
-    const int8_t* a[4] = {y, y + 32, y + 64, y + 96};
-    const uint8_t* p[4] = {b + Q8_0::QS, b + Q8_0::BYTES + Q8_0::QS, b + 2 * Q8_0::BYTES + Q8_0::QS,
-                           b + 3 * Q8_0::BYTES + Q8_0::QS};
-    four_dots(a, c.K, p, w.dots[0]);
+  static constexpr int KA = 32, BATCHES = 1;  // per 4 blocks
+  static void a_rows(const XCtx& c, int64_t m0, int64_t s, int, const int8_t* a[4]) {
+    for (int i = 0; i < 4; ++i) a[i] = c.q + m0 * c.K + (s + i) * 32;
+  }
+  RADIXRT_X16_AMX static void fold(const uint8_t* b, const XCtx& c, int64_t m0, int M, int64_t s, int,
+                                   const int32_t (*dots)[256], AmxScratch& w) {
     const int64_t nb = c.K / 32;
     for (int i = 0; i < 4; ++i) {
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i * Q8_0::BYTES)));
       for (int m = 0; m < M; ++m) {
         const int64_t r = (m0 + m) * nb + s + i;
-        const __m512i dot = _mm512_add_epi32(_mm512_load_si512(w.dots[i] + 16 * m), _mm512_set1_epi32(c.yoff[r]));
+        const __m512i dot = _mm512_add_epi32(_mm512_load_si512(dots[i] + 16 * m), _mm512_set1_epi32(c.yoff[r]));
         __m512 acc = _mm512_load_ps(w.acc[m]);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(c.d[r])), acc);
         _mm512_store_ps(w.acc[m], acc);
@@ -222,25 +241,44 @@ struct Amx<Q8_0> {
 };
 
 // Group g (16 weight rows) against activation rows [m0, m0 + M), M <= 16, all of K; the caller has loaded a
-// TileCfg(M, Amx<T>::KA) on this thread.
+// TileCfg(M, Amx<T>::KA) on this thread. Batches in order; batch i's products run in the tile unit while
+// batch i - 1 is folded (the fold order, and so the bits, are the same as folding each batch at once).
 template <class T>
 RADIXRT_X16_AMX void tile_amx(const XCtx& c, int64_t g, int64_t m0, int M, AmxScratch& w) {
+  using A = Amx<T>;
   const int64_t nb = c.K / T::QK;
   const uint8_t* wg = c.W + g * nb * T::BYTES;
   for (int m = 0; m < M; ++m) _mm512_store_ps(w.acc[m], _mm512_setzero_ps());
-  if constexpr (T::QK == 32) {
-    int64_t s = 0;
-    for (; s + 4 <= nb; s += 4) Amx<T>::block4(wg + s * T::BYTES, c, m0, M, s, w);
-    for (; s < nb; ++s) {  // K not a multiple of 128: the last blocks on the VNNI fold, same arithmetic
-      for (int m = 0; m < M; ++m) {
-        __m512 acc[1] = {_mm512_load_ps(w.acc[m])};
-        Tile512<T>::template block<1>(wg + s * T::BYTES, c, m0 + m, s, acc);
-        _mm512_store_ps(w.acc[m], acc[0]);
-      }
+  constexpr int64_t STEP = T::QK == 32 ? 4 : 1;  // blocks per batch group: Q8_0 batches 4 blocks
+  const int64_t nbatch = T::QK == 32 ? nb / 4 : nb * A::BATCHES;
+  int64_t prev_s = -1;
+  int prev_part = 0;
+  for (int64_t i = 0; i < nbatch; ++i) {
+    const int64_t s = T::QK == 32 ? 4 * i : i / A::BATCHES;
+    const int part = T::QK == 32 ? 0 : (int)(i % A::BATCHES);
+    const uint8_t* b = wg + s * T::BYTES;
+    const int8_t* a[4];
+    A::a_rows(c, m0, s, part, a);
+    const uint8_t* p[4];
+    if constexpr (T::QK == 32) {
+      for (int k = 0; k < 4; ++k) p[k] = b + k * T::BYTES + Q8_0::QS;
+    } else {
+      A::unpack(b, part, w.planes[i & 1]);
+      for (int k = 0; k < 4; ++k) p[k] = w.planes[i & 1][k];
     }
-  } else {
-    for (int64_t s = 0; s < nb; ++s) Amx<T>::block(wg + s * T::BYTES, c, m0, M, s, w);
+    issue4(a, c.K, p);
+    if (prev_s >= 0) A::fold(wg + prev_s * T::BYTES, c, m0, M, prev_s, prev_part, w.dots[(i - 1) & 1], w);
+    store4(w.dots[i & 1][0]);
+    prev_s = s;
+    prev_part = part;
   }
+  if (prev_s >= 0) A::fold(wg + prev_s * T::BYTES, c, m0, M, prev_s, prev_part, w.dots[(nbatch - 1) & 1], w);
+  for (int64_t s = nbatch * STEP; T::QK == 32 && s < nb; ++s)  // K not a multiple of 128: VNNI, same arithmetic
+    for (int m = 0; m < M; ++m) {
+      __m512 acc[1] = {_mm512_load_ps(w.acc[m])};
+      Tile512<T>::template block<1>(wg + s * T::BYTES, c, m0 + m, s, acc);
+      _mm512_store_ps(w.acc[m], acc[0]);
+    }
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(c.out + (m0 + m) * c.N + 16 * g, _mm512_load_ps(w.acc[m]));
 }
 
