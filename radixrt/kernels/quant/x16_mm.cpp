@@ -107,11 +107,14 @@ RADIXRT_X16_AMX void rows_amx(const XCtx& c, int64_t M, int64_t g0, int64_t g1) 
   _tile_release();
 }
 
-// AMX from this many rows (RADIXRT_X16_AMX_MIN_ROWS, read once; 0 turns AMX off): below, VNNI's passes.
+// AMX from this many rows (RADIXRT_X16_AMX_MIN_ROWS, read once; 0 turns AMX off): below, VNNI's passes. 9:
+// up to 8 rows VNNI is one pass and faster (its per-row work is cheaper than AMX's per-batch unpack, tile
+// stores and fold); from 9 it takes two passes, and AMX one (x16_bench.py, 2026-12-07: Q4_K 8192 x 2048 at
+// M = 8 0.81 vs 1.01 ms, M = 16 1.33 vs 1.20, M = 32 2.41 vs 2.12).
 int64_t amx_min_rows() {
   static const int64_t n = [] {
     const char* v = std::getenv("RADIXRT_X16_AMX_MIN_ROWS");
-    return v && *v ? std::atoll(v) : 2;
+    return v && *v ? std::atoll(v) : 9;
   }();
   return n;
 }
