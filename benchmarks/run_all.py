@@ -186,7 +186,7 @@ def make_system(name: str, tok: Any, a: argparse.Namespace) -> Any:
         gguf = a.gguf or default_gguf_path()
         if name == "llama-cpp-python":
             return S.LlamaCpp(tok, gguf, threads=a.threads)
-        return S.LlamaServer(tok, gguf, threads=a.threads)
+        return S.LlamaServer(tok, gguf, threads=a.threads, extra=tuple(a.llama_args.split()))
     raise ValueError(f"unknown system {name!r}; known: {KNOWN_SYSTEMS}")
 
 
@@ -429,6 +429,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         help="compute threads of every system (radixrt --num-threads, torch, llama.cpp n_threads)",
     )
     ap.add_argument("--radixrt-args", default="", help="extra `radixrt serve` flags for both radixrt systems")
+    ap.add_argument(
+        "--llama-args",
+        default="",
+        help="extra llama-server flags (e.g. -nr where its weight repacking crashes: llama.cpp 0.3.36 on an AMX Xeon)",
+    )
     ap.add_argument("--gguf", default=None, help="GGUF for llama.cpp (default: SmolLM2-135M-Instruct's)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument(

@@ -42,9 +42,9 @@ class LlamaServer(RestartedServer):
     name = "llama.cpp"
     has_cache_report = True
 
-    def __init__(self, tokenizer: Any, gguf: str, threads: Optional[int] = None):
+    def __init__(self, tokenizer: Any, gguf: str, threads: Optional[int] = None, extra: tuple[str, ...] = ()):
         super().__init__(tokenizer)
-        self.gguf, self.threads = gguf, threads or os.cpu_count() or 1
+        self.gguf, self.threads, self.extra = gguf, threads or os.cpu_count() or 1, tuple(extra)
         self.exe = llama_binary("llama-server")
         self.slots = CONCURRENT_SLOTS
         self.eos_ids = eos_ids_of(tokenizer)
@@ -79,6 +79,7 @@ class LlamaServer(RestartedServer):
             "--cache-prompt",
             "--no-webui",
             "--log-disable",
+            *self.extra,
         ]
 
     def describe(self) -> dict:
