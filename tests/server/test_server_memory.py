@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixrt.runtime.layers.ggml_ops import use_x16
 from radixrt.runtime.models.gguf_weights import GGUF_TYPES, GGUFWeights
 from radixrt.runtime.models.loader import default_gguf_path
 from server_util import CONTEXT, start_server
@@ -34,9 +35,13 @@ def test_weights_kv_and_peak_rss_are_reported(server):
     with server.client() as c:
         mem = c.get("/get_server_info").json()["memory"]
         metrics = c.get("/metrics").text
-    stored = GGUFWeights(default_gguf_path(), 9, 3, GGUF_TYPES).nbytes()
+    w = GGUFWeights(default_gguf_path(), 9, 3, GGUF_TYPES)
+    stored = w.nbytes()
     rotary = 2 * CONTEXT * 64 * 4  # cos and sin, fp32, at the served context length
-    assert mem["weight_bytes"] == stored + rotary
+    # the tied head: the embedding's Q8_0 bytes, or (where the x16 layout runs) their repack, the same size
+    head = w.need("token_embd.weight")
+    repacked = head.torch_bytes(copy=False).numel() if use_x16("Q8_0", head.shape[0]) else 0
+    assert mem["weight_bytes"] == stored + rotary + repacked
     assert mem["kv_dtype"] == "fp16" and mem["kv_pool_bytes"] == 8192 * SMOLLM2_KV_FP16_BYTES_PER_TOKEN
     peaks = mem["peak_rss_by_process"]
     assert set(peaks) == {"main", "scheduler", "detokenizer", "total"}
