@@ -80,13 +80,13 @@ def test_running_request_decodes_while_a_restore_waits(eng, cold, passage_ids, g
     def hold_until_r1_done(salt, h):  # the restore's first read waits for r1's last token
         if seen:
             return
-        steps0, acc0, deadline = s.stats.steps, s.spec.accepted_tokens, time.time() + 30
+        steps0, acc0, deadline = s.stats.steps, s.spec.counts.accepted_tokens, time.time() + 30
         while "r1" in s.by_rid and time.time() < deadline:
             time.sleep(0.002)
         seen.update(
             r1_done="r1" not in s.by_rid,
             steps=s.stats.steps - steps0,
-            accepted=s.spec.accepted_tokens - acc0,
+            accepted=s.spec.counts.accepted_tokens - acc0,
             r2_waiting=[r.rid for r in list(s.waiting)],
             r2_out=len(s.by_rid["r2"].output_ids),
         )

@@ -31,6 +31,7 @@ class ReqPages:
         self.unpin: Callable[[], bool] | None = None
         self.hicache: Any = None
         self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
+        self.flushes = 0  # flush() calls so far
 
     def allocate(self, n: int, wait: bool = True) -> list[int] | None:
         """``n`` free pages, evicting tree leaves (by the eviction policy) if short, then dropping session
@@ -133,6 +134,15 @@ class ReqPages:
         req.page_table.extend(pages)
         return True
 
+    def trim(self, req: Req, n: int) -> None:
+        """Give back the request's own pages past those that hold its first ``n`` tokens (the rollback of
+        rejected draft tokens: their slots lie past ``num_computed``, and ``n`` is ``num_computed + 1``, the
+        next token's). The tree's pages, the first ``prefix_len`` tokens', are never trimmed."""
+        keep = max(-(-n // self.P), req.prefix_len // self.P)
+        if len(req.page_table) > keep:
+            self.allocator.free(req.page_table[keep:])
+            del req.page_table[keep:]
+
     def cache(self, req: Req) -> None:
         """Insert the request's computed, page-aligned prefix into the tree and share the tree's pages:
         ``insert`` reports how much was already there, and those duplicate pages of ours go back."""
@@ -189,7 +199,10 @@ class ReqPages:
                 self.hicache.prefetch(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
 
     def flush(self) -> int:
-        """Drop every unlocked cached page (and tier 2's); returns pool pages freed."""
+        """Drop every unlocked cached page (and tier 2's); returns pool pages freed. Counted in ``flushes``
+        even without a tree: what caches outputs beside the tree (the drafter's store of past outputs)
+        drops them when the count moves."""
+        self.flushes += 1
         if self.tree is None:
             return 0
         return self.hicache.flush() if self.hicache is not None else self.tree.flush()

@@ -30,15 +30,17 @@ class DraftMaker:
 
     Args:
         drafter: a runtime/spec Drafter.
-        outputs: the scheduler's OutputProcessor (``tokenizer``, ``eos_ids``, ``prefetch``).
+        outputs: the scheduler's OutputProcessor (``tokenizer``, ``eos_ids``, ``mask_prefetcher``).
         context_length: the longest prompt + output, in tokens.
-        adaptive: the cost model chooses the length (the drafter's own proposal), else the drafter's
-            adapted proposal (``Drafter.propose``).
+        acceptance: the requests' acceptance record (spec/acceptance.py). With ``adaptive`` the cost model
+            chooses the length later (the drafter's whole proposal here); else the proposal is cut to the
+            share the record's fixed rule gives (``Acceptance.fixed_scale``).
     """
 
-    def __init__(self, drafter, outputs, context_length: int, adaptive: bool):
+    def __init__(self, drafter, outputs, context_length: int, adaptive: bool, acceptance=None):
         self.drafter, self.outputs = drafter, outputs
         self.context_length, self.adaptive = context_length, adaptive
+        self.acceptance = acceptance
 
     def room(self, req: Req, mem, budget: int, n: int = 1) -> int:
         """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
@@ -75,8 +77,10 @@ class DraftMaker:
         k = self.room(req, mem, budget, n) - len(after)
         if k <= 0:
             return []
-        d = self.drafter.draft(req, after) if self.adaptive else self.drafter.propose(req, after)
-        return self._legal(req, list(after), d[:k])
+        scale = 1.0 if self.adaptive else self.acceptance.fixed_scale(req.rid)
+        if scale is None:  # a low-acceptance request's step without drafts
+            return []
+        return self._legal(req, list(after), self.drafter.draft(req, after, scale)[:k])
 
     def _legal(self, req: Req, after: list[int], draft: list[int]) -> list[int]:
         if not draft or req.grammar is None:
