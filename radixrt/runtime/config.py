@@ -208,13 +208,15 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
-        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+        given = vars(ns)
+        return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)})
 
     def to_cli(self, skip: tuple[str, ...] = ()) -> list[str]:
         """The flags that rebuild these args (non-default fields only), e.g. for a replica's own server."""
         out: list[str] = []
+        values = vars(self)
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+            v = values[f.name]
             if f.name in skip or v == f.default:
                 continue
             flag = "--" + f.name.replace("_", "-")

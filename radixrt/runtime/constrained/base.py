@@ -101,6 +101,11 @@ class GrammarMatcher(ABC):
         """The text the grammar forces next (xgrammar's jump-forward string; "": none, or cannot tell)."""
         return ""
 
+    def batch_fill_matcher(self):
+        """The ``llguidance.LLMatcher`` that fills this row in a batched ``LLExecutor`` call (mask_fill.py),
+        or None: another backend, a closed reasoning gate, or EOS accepted (the row is filled alone)."""
+        return None
+
 
 class RowMatcher(GrammarMatcher):
     """A matcher whose library writes a mask row through a raw pointer (llguidance, outlines-core): the row

@@ -208,9 +208,7 @@ async def run_chat(
         req.separate_reasoning,
     )
     sp.update(turn.sampling)
-    ids, spliced = encode_turn(
-        tm.tokenizer, c.turns(), turn, req.cache_salt, getattr(c.args, "reasoning_history", "strip") == "keep"
-    )
+    ids, spliced = encode_turn(tm.tokenizer, c.turns(), turn, req.cache_salt, c.args.reasoning_history == "keep")
     n = req.n
     if not submit_it:
         return ChatRun(c, turn, None, n, req.cache_salt, spliced, ids)
