@@ -53,7 +53,7 @@ class Probe:
             (s.outputs, "process", "sample"),
             (s.spec, "accept", "accept"),
             (s.spec, "propose", "propose"),
-            (s.mem, "cache", "cache"),
+            (s.req_pages, "cache", "cache"),
             (s, "collect_outputs", "collect"),
             (e.detokenizer, "handle_one", "detok"),
         ):

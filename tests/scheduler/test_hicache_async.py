@@ -41,7 +41,7 @@ def tiers(e) -> dict:
 def on_disk_only(e, ids) -> None:
     """Cache ``ids``, wait for its files, then empty the pool and tier 2: a match must read the files."""
     e.generate(input_ids=ids, sampling_params={**G, "max_new_tokens": 1})
-    assert e.scheduler.mem.hicache.disk.flush()
+    assert e.scheduler.req_pages.hicache.disk.flush()
     assert e.flush_cache() is True
     assert tiers(e)["host"]["used_pages"] == 0
 
@@ -56,7 +56,7 @@ def wait_for(cond, timeout: float = 30.0) -> None:
 @pytest.fixture
 def gated_reads(eng):
     """Replace the disk tier's ``read`` with ``gate(salt, hash)`` then the real read; restored afterwards."""
-    disk = eng.scheduler.mem.hicache.disk
+    disk = eng.scheduler.req_pages.hicache.disk
     real = disk.read
 
     def install(gate):

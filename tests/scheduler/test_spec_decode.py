@@ -360,7 +360,7 @@ def _drive(s, rid, ids, abort_after_forward: bool):
             # the computed tokens' pages stay, none past the next token's (that one's page comes with the
             # next step's grow when every draft was accepted and the next token starts a page)
             assert -(-req.num_computed // P) <= len(req.page_table) <= -(-(req.num_computed + 1) // P)
-            st = s.mem.stats(s.running)
+            st = s.req_pages.stats(s.running)
             assert (
                 st["free_pages"] + st["evictable_pages"] + st["protected_pages"] + st["private_pages"]
                 == st["total_pages"]

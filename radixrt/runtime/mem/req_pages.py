@@ -18,18 +18,29 @@ if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [to
 
 
 class ReqPages:
-    """Attributes:
-    unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
-        evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
-    hicache: the tiers under the tree (``hicache.HiCache``), or None.
+    """The pool's pages for the requests: an allocator, the radix tree (``enable_cache``) and its tiers.
+
+    Args:
+        tiers: builds the tiers under the tree (``hicache.HiCache``) from the tree and :meth:`allocate`;
+            None (or no tree): none. Kept as ``hicache``.
+        unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
+            evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
     """
 
-    def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):
+    def __init__(
+        self,
+        page_size: int,
+        num_pages: int,
+        enable_cache: bool,
+        eviction_policy: str = DEFAULT_POLICY,
+        tiers: Callable[[RadixCache, Callable[..., list[int] | None]], Any] | None = None,
+        unpin: Callable[[], bool] | None = None,
+    ):
         self.P = page_size
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
-        self.unpin: Callable[[], bool] | None = None
-        self.hicache: Any = None
+        self.unpin = unpin
+        self.hicache: Any = tiers(self.tree, self.allocate) if tiers is not None and self.tree is not None else None
         self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
         self.flushes = 0  # flush() calls so far
 
@@ -94,7 +105,7 @@ class ReqPages:
         if r is None or req.max_cacheable_prefix() <= 0:
             return False
         job = req.restore_job
-        if job is None or (job.finished and getattr(job, "is_store", False)):  # a store landed: restore it now
+        if job is None or (job.finished and job.is_store):  # a store landed: restore it now
             req.restore_job = r.begin(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
             return req.restore_job is not None
         return not job.finished

@@ -65,7 +65,7 @@ def run_scheduler_process(
         zmq_ctx.term()
         sys.exit(1)
     runner = sched.runner
-    if sched.mem.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
+    if sched.req_pages.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     push.send(
         enc.encode(
@@ -99,8 +99,8 @@ def run_scheduler_process(
     finally:
         if sched.grammar_cache is not None:
             sched.grammar_cache.shutdown(wait=False)
-        if sched.mem.hicache is not None:  # queued tier-3 writes reach their files
-            sched.mem.hicache.close()
+        if sched.req_pages.hicache is not None:  # queued tier-3 writes reach their files
+            sched.req_pages.hicache.close()
         # nobody is left to read what is queued (the parent is gone or stopping us): ZMQ's default linger
         # would hold the context's term() forever on an unsent message, and the process with it
         push.close(linger=0)

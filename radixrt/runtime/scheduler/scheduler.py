@@ -47,10 +47,16 @@ class Scheduler:
     def __init__(self, args, runner, tokenizer, grammar_cache=None, tp=None):
         self.args, self.runner, self.tokenizer, self.tp = args, runner, tokenizer, tp  # tp: this rank's TPGroup
         self.P = runner.page_size
-        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
+        self.req_pages = ReqPages(
+            self.P,
+            runner.num_pages,
+            not args.disable_radix_cache,
+            args.eviction_policy,
+            tiers=make_hicache(args, runner),  # tiers 2-3 under the tree, or None
+            unpin=self._unpin_oldest,
+        )
         self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
-        self.allocator, self.tree = self.mem.allocator, self.mem.tree
-        self.mem.hicache = make_hicache(args, runner, self.mem)  # tiers 2-3 under the tree, or None
+        self.allocator, self.tree = self.req_pages.allocator, self.req_pages.tree
         self.grammar_cache = grammar_cache
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
         self.outputs = OutputProcessor(
@@ -62,7 +68,7 @@ class Scheduler:
             share_tokens=tp.share_tokens if tp is not None and tp.size > 1 else None,
         )
         self.stats = StepStats()
-        self.spec = make_speculator(args, self.outputs, runner, self.mem, self.stats)  # the step hook
+        self.spec = make_speculator(args, self.outputs, runner, self.req_pages, self.stats)  # the step hook
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -77,7 +83,6 @@ class Scheduler:
         self.sessions = SessionManager(
             self.tree, args.max_pinned_tokens, TurnClock() if tp is not None else time.monotonic
         )
-        self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 
     # ---- messages in -------------------------------------------------------------------------------
     def handle(self, msg):
@@ -122,7 +127,7 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
-            self.mem.release(req)
+            self.req_pages.release(req)
         for q in (self.waiting, self.grammar_queue):
             if req in q:
                 q.remove(req)
@@ -131,9 +136,9 @@ class Scheduler:
     def flush_cache(self) -> bool:
         """Drop every unlocked cached page, and what caches outputs beside the tree (``ReqPages.flush``).
         Returns False (nothing done) while requests are running (True without a tree)."""
-        if self.running or self.waiting or self.mem.restoring_pages:
+        if self.running or self.waiting or self.req_pages.restoring_pages:
             return self.tree is None
-        self.mem.flush()
+        self.req_pages.flush()
         if self.tree is not None and self.request_log is not None:
             self.request_log.write_flush(time.time())
         return True
@@ -145,14 +150,18 @@ class Scheduler:
             or self.waiting
             or self.grammar_queue
             or self.finished_outs
-            or self.mem.restoring_pages
-            or self.mem.storing_pages
+            or self.req_pages.restoring_pages
+            or self.req_pages.storing_pages
         )
 
     # ---- memory ------------------------------------------------------------------------------------
+    def _unpin_oldest(self) -> bool:
+        """ReqPages' ``unpin``: memory pressure drops the oldest session pin first."""
+        return self.sessions.unpin_oldest()
+
     def _preempt(self, req: Req) -> None:
         self.running.remove(req)
-        self.mem.release(req)
+        self.req_pages.release(req)
         if req.input_logprobs is not None and not req.input_logprobs_done:
             req.input_logprobs, req.input_top_logprobs = [], []  # recomputed from the start
         self.num_preemptions += 1
@@ -160,7 +169,7 @@ class Scheduler:
 
     def cache_stats(self) -> dict:
         return {
-            **self.mem.stats(self.running),
+            **self.req_pages.stats(self.running),
             "hit_tokens": self.hit_tokens,
             "query_tokens": self.query_tokens,
             "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
@@ -168,7 +177,7 @@ class Scheduler:
             "req_forward_passes": self.stats.req_forward_passes,
             "jump_forward_tokens": self.outputs.jump_forward_tokens,
             **self.sessions.stats(),
-            **({"hicache": self.mem.hicache.stats(self.query_tokens)} if self.mem.hicache else {}),
+            **({"hicache": self.req_pages.hicache.stats(self.query_tokens)} if self.req_pages.hicache else {}),
         }
 
     # ---- scheduling --------------------------------------------------------------------------------
@@ -199,11 +208,11 @@ class Scheduler:
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch, wait=False):
                 batch.add(req, n)
                 budget -= n
-        self.mem.poll_restores()  # restores that landed: their requests are admitted below
+        self.req_pages.poll_restores()  # restores that landed: their requests are admitted below
         if budget > 0 and self.waiting:
             budget = self._admit(batch, budget)
-        self.spec.propose(batch, self.mem, budget)
-        self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
+        self.spec.propose(batch, self.req_pages, budget)
+        self.req_pages.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> int:
@@ -215,12 +224,12 @@ class Scheduler:
                 break
             if self.tree is not None and shares_uncached(self.tree, req, admitted, self.P):
                 continue
-            if self.tree is not None and self.mem.restoring(req):  # its pages load while others step
+            if self.tree is not None and self.req_pages.restoring(req):  # its pages load while others step
                 continue
-            matched = self.mem.admit(req)
+            matched = self.req_pages.admit(req)
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if not self.mem.grow(req, n, wait=False):  # no room yet (or it is being stored): next step
-                self.mem.release(req)
+            if not self.req_pages.grow(req, n, wait=False):  # no room yet (or it is being stored): next step
+                self.req_pages.release(req)
                 break
             if req.t_admit is None:
                 req.t_admit, req.cacheable_len = time.time(), req.max_cacheable_prefix()
@@ -246,8 +255,8 @@ class Scheduler:
         Decodes are visited oldest first, so the newest request gives way: recompute preemption, as in
         vLLM and SGLang."""
         in_batch = set(batch.reqs)
-        while not self.mem.grow(req, n, wait):
-            if not wait and self.mem.storing_pages:
+        while not self.req_pages.grow(req, n, wait):
+            if not wait and self.req_pages.storing_pages:
                 return False
             victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
             self._preempt(victim)
@@ -276,8 +285,8 @@ class Scheduler:
             fb = self.runner.prepare(batch)
             logits = self.runner.forward(fb)
             self.process_batch_result(batch, fb, logits)
-        elif self.mem.restoring_pages or self.mem.storing_pages:  # only copies in flight: sleep, not spin
-            self.mem.wait_copies(0.005)
+        elif self.req_pages.restoring_pages or self.req_pages.storing_pages:  # only copies in flight: sleep, not spin
+            self.req_pages.wait_copies(0.005)
         self._last_batch_size, self._last_tokens = len(batch), batch.num_tokens
         return self.collect_outputs()
 
@@ -291,12 +300,12 @@ class Scheduler:
         for row, k in zip(batch, keep):
             row.req.advance(k, now, chunk=row.num_fill > 1)
             if k < row.n:
-                self.mem.trim(row.req, row.req.num_computed + 1)
+                self.req_pages.trim(row.req, row.req.num_computed + 1)
         for req, reason in finished:
             self._finish_running(req, reason)
         for row in batch:
             if row.num_fill > 1 and row.req.finished_reason is None:
-                self.mem.cache(row.req)
+                self.req_pages.cache(row.req)
 
     def collect_outputs(self) -> list[TokenOut]:
         """This step's TokenOut deltas: finished requests' last ones, then each running request's new tokens."""
@@ -307,9 +316,9 @@ class Scheduler:
     def _finish_running(self, req: Req, reason: FinishReason) -> None:
         self.running.remove(req)
         if req.session is None:
-            self.mem.release(req)
+            self.req_pages.release(req)
         else:  # the request's lock on its deepest cached node passes to its session
-            self.sessions.take_over(req, self.mem)
+            self.sessions.take_over(req, self.req_pages)
         self._finish(req, reason)
 
     def _finish(self, req: Req, reason: FinishReason) -> None:

@@ -42,13 +42,13 @@ class DraftMaker:
         self.context_length, self.adaptive = context_length, adaptive
         self.acceptance = acceptance
 
-    def room(self, req: Req, mem, budget: int, n: int = 1) -> int:
+    def room(self, req: Req, req_pages, budget: int, n: int = 1) -> int:
         """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
         out, or constrained with its matcher on the mask-prefetch thread)."""
         if not req.params.speculative or (req.grammar is not None and self.outputs.mask_prefetcher is not None):
             return 0
         room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
-        fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - n
+        fit = (len(req.page_table) + req_pages.allocator.num_free) * req_pages.P - req.num_computed - n
         return max(0, min(room, fit, budget, self.drafter.cfg.num_draft_tokens))
 
     def forced(self, req: Req, room: int) -> list[int]:
@@ -61,20 +61,20 @@ class DraftMaker:
             toks = self.outputs.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
         return self._legal(req, [], toks[:room])
 
-    def continued(self, req: Req, mem, budget: int, n: int, forced: list[int]) -> Draft:
+    def continued(self, req: Req, req_pages, budget: int, n: int, forced: list[int]) -> Draft:
         """The drafter's proposal where it is longer than ``forced`` and starts with them; else ``forced``
         followed by the drafter's proposal after them; ``forced`` count as certain where they lead."""
-        draft = self.proposal(req, mem, budget, n)
+        draft = self.proposal(req, req_pages, budget, n)
         if len(draft) > len(forced) and draft[: len(forced)] == forced:
             return Draft(draft, len(forced))
         if not forced:
             return Draft(draft)
-        return Draft(forced + self.proposal(req, mem, budget, n, forced), len(forced))
+        return Draft(forced + self.proposal(req, req_pages, budget, n, forced), len(forced))
 
-    def proposal(self, req: Req, mem, budget: int, n: int = 1, after: list[int] = ()) -> list[int]:
+    def proposal(self, req: Req, req_pages, budget: int, n: int = 1, after: list[int] = ()) -> list[int]:
         """The drafter's proposal for ``req``'s next tokens after ``after`` (which its grammar accepts),
         cut to the room left and to what the grammar accepts."""
-        k = self.room(req, mem, budget, n) - len(after)
+        k = self.room(req, req_pages, budget, n) - len(after)
         if k <= 0:
             return []
         scale = 1.0 if self.adaptive else self.acceptance.fixed_scale(req.rid)

@@ -1,6 +1,6 @@
 """Speculative decoding in the batched step (the Speculator hook of speculator.py, with a drafter).
 
-    propose(batch, mem, budget)   after the rows are scheduled: each decode row, then each row whose chunk
+    propose(batch, req_pages, budget)   after the rows are scheduled: each decode row, then each row whose chunk
                                   ends its prompt, carries k drafts after its tokens (runtime/spec/: suffix or
                                   ngram drafter; spec_drafts.py: the grammar's forced tokens)
     prepare()                     such a row is an extend row (causal inside the row) with logits at its last
@@ -87,25 +87,25 @@ class DraftSpeculator(Speculator):
         )
 
     # ---- propose -----------------------------------------------------------------------------------
-    def propose(self, batch: ScheduledBatch, mem, budget: int) -> None:
+    def propose(self, batch: ScheduledBatch, req_pages, budget: int) -> None:
         """Drafts on the decode rows, then after the prompts that end this step (module doc). A chunk that
         ends its prompt samples the first output token at its last position, so drafts appended to it are
         verified by the same forward; not for requests that want prompt logprobs. Each phase's cost model
         sees the whole step; every row that samples counts once in its output."""
-        self._catch_up(mem)
+        self._catch_up(req_pages)
         self._certain = {}
         for row in batch:
             self._live[id(row.req)] = row.req
         decodes = [row for row in batch if row.n == 1 and row.req.extend_len == 1]
-        budget -= self._propose(decodes, mem, budget, batch.num_tokens, len(decodes))
+        budget -= self._propose(decodes, req_pages, budget, batch.num_tokens, len(decodes))
         if budget <= 0:
             return
         ends = [r for r in batch if 1 < r.n == r.req.extend_len and not r.drafts and not r.req.wants_input_logprobs]
         if ends:
             n0 = sum(1 for r in batch if r.num_fill >= r.req.extend_len)
-            self._propose(ends, mem, budget, batch.num_tokens, n0)
+            self._propose(ends, req_pages, budget, batch.num_tokens, n0)
 
-    def _catch_up(self, mem) -> None:
+    def _catch_up(self, req_pages) -> None:
         """What happened since the last step: its time refines the curve; requests that ended leave the
         drafter (their outputs join its store); a flush of the cache empties that store."""
         st = self.steps
@@ -119,40 +119,42 @@ class DraftSpeculator(Speculator):
                 self.drafter.finish(req)
                 self.acceptance.finish(req.rid)
                 self.acceptance.finish(forced_key(req.rid))
-        if mem.flushes != self._flushes:
-            self._flushes = mem.flushes
+        if req_pages.flushes != self._flushes:
+            self._flushes = req_pages.flushes
             self.drafter.flush()
 
-    def _propose(self, rows: list[Row], mem, budget: int, base: int, n0: int) -> int:
+    def _propose(self, rows: list[Row], req_pages, budget: int, base: int, n0: int) -> int:
         """Drafts for ``rows`` of a step of ``base`` tokens whose ``n0`` sampling rows emit one token each
         without drafts (none above ``--speculative-max-batch-size`` of them); each row's pages grow for its
         draft (free pages only: ``DraftMaker.room`` counted them). Returns the draft tokens added."""
         if not rows or budget <= 0 or (self.max_batch is not None and n0 > self.max_batch):
             return 0
-        drafts = self._adaptive(rows, mem, budget, base, n0) if self.adaptive else self._fixed(rows, mem, budget)
+        drafts = (
+            self._adaptive(rows, req_pages, budget, base, n0) if self.adaptive else self._fixed(rows, req_pages, budget)
+        )
         used = 0
         for row, d in drafts:
-            if d.tokens and mem.grow(row.req, row.n + len(d.tokens)):
+            if d.tokens and req_pages.grow(row.req, row.n + len(d.tokens)):
                 row.add_drafts(d.tokens)
                 used += len(d.tokens)
                 if d.certain:
                     self._certain[id(row.req)] = d.certain
         return used
 
-    def _fixed(self, rows: list[Row], mem, budget: int) -> list[tuple[Row, Draft]]:
+    def _fixed(self, rows: list[Row], req_pages, budget: int) -> list[tuple[Row, Draft]]:
         """Not adaptive: each row the tokens its grammar forces and the drafter's proposal cut by the fixed
         rule (spec_drafts.py), until the budget is spent."""
         out, used = [], 0
         for row in rows:
             if budget - used <= 0:
                 break
-            forced = self.drafts.forced(row.req, self.drafts.room(row.req, mem, budget - used, row.n))
-            d = self.drafts.continued(row.req, mem, budget - used, row.n, forced)
+            forced = self.drafts.forced(row.req, self.drafts.room(row.req, req_pages, budget - used, row.n))
+            d = self.drafts.continued(row.req, req_pages, budget - used, row.n, forced)
             out.append((row, d))
             used += len(d.tokens)
         return out
 
-    def _adaptive(self, rows: list[Row], mem, budget: int, base: int, n0: int) -> list[tuple[Row, Draft]]:
+    def _adaptive(self, rows: list[Row], req_pages, budget: int, base: int, n0: int) -> list[tuple[Row, Draft]]:
         """The cost model's draft lengths (spec/cost.py) for ``rows`` of a step of ``base`` tokens that
         emits ``n0`` without drafts: first with every row's most (a constrained row: the tokens its grammar
         forces, if any), to skip drafting where even full drafts cannot pay, then with the drafts really
@@ -160,7 +162,7 @@ class DraftSpeculator(Speculator):
         if not len(self.times):
             return []
         reqs, ns = [r.req for r in rows], [r.n for r in rows]
-        rooms = [self.drafts.room(r, mem, budget, n) for r, n in zip(reqs, ns)]
+        rooms = [self.drafts.room(r, req_pages, budget, n) for r, n in zip(reqs, ns)]
         forced = [self.drafts.forced(r, k) for r, k in zip(reqs, rooms)]
         pf = [self.acceptance.p(forced_key(r.rid)) for r in reqs]
         pd = [self.acceptance.p(r.rid) for r in reqs]
@@ -177,7 +179,7 @@ class DraftSpeculator(Speculator):
                 self.acceptance.pass_over(r.rid)
             return []
         drafts = [
-            self.drafts.continued(r, mem, budget, n, f) if k else Draft(f, len(f))
+            self.drafts.continued(r, req_pages, budget, n, f) if k else Draft(f, len(f))
             for r, n, f, k in zip(reqs, ns, forced, want)
         ]
         ks = choose_drafts(
@@ -221,13 +223,13 @@ class DraftSpeculator(Speculator):
         return keep
 
 
-def make_speculator(args, outputs, runner, mem, steps) -> Speculator:
+def make_speculator(args, outputs, runner, req_pages, steps) -> Speculator:
     """The scheduler's speculator for ``args`` (ServerArgs' ``speculative_*`` flags, ``tp``).
 
     Args:
         outputs: the scheduler's OutputProcessor, whose ``sample`` verifies each position.
         runner: the ModelRunner (``device``, ``context_length``; the cost model's start-up step times are
-            measured on it, on scratch pages of ``mem``).
+            measured on it, on scratch pages of ``req_pages``).
         steps: the scheduler's StepStats: each step's tokens and seconds refine the cost model's curve.
 
     Raises:
@@ -246,5 +248,5 @@ def make_speculator(args, outputs, runner, mem, steps) -> Speculator:
     if drafter is None:
         return Speculator()
     spec = DraftSpeculator(args, algorithm, drafter, outputs, runner.context_length, steps)
-    spec.calibrate(runner, mem.allocator)
+    spec.calibrate(runner, req_pages.allocator)
     return spec

@@ -1,7 +1,7 @@
 """Speculation as one step hook: the scheduler calls it at two points of a step and knows nothing else of it.
 
     schedule()  rows: decodes, extend chunks, admissions
-                Speculator.propose(batch, mem, budget)     drafts into rows (row.drafts; row.n counts them once)
+                Speculator.propose(batch, req_pages, budget)     drafts into rows (row.drafts; row.n counts them once)
     prepare(), forward()
                 Speculator.accept(batch, fb, logits, finished) -> keep    tokens each row keeps
     process_batch_result: advance each request by keep; ReqPages.trim where keep < n (rejected drafts)
@@ -54,8 +54,8 @@ class Speculator:
     def __init__(self):
         self.counts = SpecCounts()
 
-    def propose(self, batch: ScheduledBatch, mem: ReqPages, budget: int) -> None:
-        """Add draft tokens to rows of ``batch`` (``Row.add_drafts``), growing their pages through ``mem``
+    def propose(self, batch: ScheduledBatch, req_pages: ReqPages, budget: int) -> None:
+        """Add draft tokens to rows of ``batch`` (``Row.add_drafts``), growing their pages through ``req_pages``
         from free pages only (drafts never evict nor preempt), at most ``budget`` tokens in all. Called once
         per step, after the rows are scheduled and before the batch is prepared."""
 
