@@ -266,9 +266,9 @@ _XGR_APPLY: list = []  # [xgrammar.apply_token_bitmask_inplace or None], resolve
 
 
 def load_cpu_kernel():
-    """xgrammar's C++ CPU bitmask kernel, or None when xgrammar is not installed. Importing xgrammar takes
-    ~0.9 s, so the scheduler calls this at start-up (:func:`.grammar_step.warm_up`) instead of stalling the
-    first constrained decode step (and every request in its batch) on the import."""
+    """xgrammar's C++ CPU bitmask kernel, or None when xgrammar is not installed. Importing xgrammar is
+    slow (docs/measurements.md), so the scheduler calls this at start-up (:func:`.grammar_step.warm_up`)
+    instead of stalling the first constrained decode step (and every request in its batch) on the import."""
     if not _XGR_APPLY:
         try:
             import xgrammar

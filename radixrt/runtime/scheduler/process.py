@@ -37,7 +37,7 @@ def run_scheduler_process(
     a file where the reason is written when a ``--tp`` rank's death stops this process (the supervisor
     reads it, since this process's exit code alone cannot name the rank)."""
     # OpenMP workers that spin between parallel regions fight the main and detokenizer processes (and
-    # anything else on the host) for cores: on a busy 2-core machine a decode step got ~10x slower.
+    # anything else on the host) for cores, slowing every decode step (docs/measurements.md).
     # Sleeping workers cost a wake-up per parallel op, so radixrt's C++ kernels, ~150 calls per decode step,
     # run on radixrt's own pool instead (kernels/parallel.h: a bounded spin). An explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -192,9 +192,10 @@ def serve(args: ServerArgs) -> int:
 
 def _start_children_early(args: ServerArgs, src):
     """Start the scheduler and detokenizer now, before this process imports transformers and the HTTP
-    stack (~2 s of a cold start), when the GGUF's converted metadata is already cached and verified
-    (:mod:`~radixrt.runtime.models.meta_cache`): otherwise this process converts it first, as before, so
-    that the three processes never convert it at once. None when not started. ValueError: not a GGUF."""
+    stack (a large part of a cold start, docs/measurements.md), when the GGUF's converted metadata is
+    already cached and verified (:mod:`~radixrt.runtime.models.meta_cache`): otherwise this process
+    converts it first, as before, so that the three processes never convert it at once. None when not
+    started. ValueError: not a GGUF."""
     if src.gguf_file is None:
         return None
     from radixrt.runtime.models.meta_cache import cache_dir, verified

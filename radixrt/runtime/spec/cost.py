@@ -1,7 +1,7 @@
 """How many draft tokens a step should verify: a cost model from the measured step time (issue 27, item 4).
 
-On a CPU a step's time grows with the tokens it computes almost from the first extra one (a 135M model on
-2 cores: 1.7x the time for 2 tokens, 5x for 9), so a draft pays only when enough of it is accepted, and the
+On a CPU a step's time grows with the tokens it computes almost from the first extra one (docs/DESIGN.md,
+speculative decoding, has the measured curves), so a draft pays only when enough of it is accepted, and the
 answer changes with the batch size and the load. Per step the scheduler knows, for each decode row that
 could carry drafts, the probability ``p`` that a draft token is accepted given that the ones before it were
 (the request's recent acceptance, spec/acceptance.py), and the measured step time ``t(T)`` at ``T`` tokens

@@ -109,7 +109,7 @@ class TokenizerManager:
             return
         from radixrt.runtime.scheduler.build import make_grammar_cache
 
-        # the grammar backend (~1.4 s of CPU at a 128k vocabulary) on its own thread once no request is in
+        # the grammar backend (seconds of CPU at a large vocabulary) on its own thread once no request is in
         # flight, or at the first compile: built beside the scheduler's load or the first requests it
         # delayed their tokens on 2 cores (CPU and this process's GIL); a compile waits for it, and a failed
         # build fails each constrained request with its cause (a 400)
