@@ -130,7 +130,7 @@ def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
     assert forced == call[:3]  # {"tool":" (the enum's values follow)
     asked = []
 
-    def draft(req, after=()):
+    def draft(req, after=(), share=1.0):  # Drafter.draft: the adaptive path asks for the whole proposal
         asked.append(list(after))
         return call[len(after) :] + enc(tokenizer, "]]") if after else enc(tokenizer, "Sure")
 
@@ -141,7 +141,7 @@ def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
     # room 8: the forced tokens and 6 of the call after them ("]]" would fail the grammar, but is not reached)
     assert d.certain == len(forced) and d.tokens == call[:8]
     # a proposal that begins with the forced tokens is taken as it is
-    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(): call[len(after) :]))
+    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(), share=1.0: call[len(after) :]))
     assert dm.continued(row(m), req_pages, 64, 1, forced).tokens == call[:8]
     assert dm.continued(row(m), req_pages, 64, 1, []).certain == 0
 
