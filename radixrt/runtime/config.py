@@ -103,9 +103,8 @@ class ServerArgs:
     )
     grammar_overlap: bool = flag(
         False,
-        "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU "
-        "cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, "
-        "benchmarks/results/grammar_backends.md)",
+        "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on few CPU "
+        "cores the thread competes with the forward (benchmarks/results/grammar_backends.md)",
     )
     disable_jump_forward: bool = flag(
         True,

@@ -93,7 +93,7 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
         tokenizer = load_tokenizer(args.model)
         t1 = time.perf_counter()
         # the grammar backend before the weights: its set-up's transient (llguidance serializes the tokenizer
-        # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
+        # to JSON) then peaks over no weights, not over all of them
         grammar_cache = make_grammar_cache(args, tokenizer, vocab_size)
         t2 = time.perf_counter()
         runner = _runner(args, tp, grammar_cache)

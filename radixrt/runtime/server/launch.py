@@ -123,7 +123,7 @@ def serve(args: ServerArgs) -> int:
         children = _start_children_early(args, src)
         from radixrt.runtime.models.loader import load_config, tokenizer_only_transformers
 
-        tokenizer_only_transformers()  # this process runs no model: ~235 MiB and seconds of torch kept out
+        tokenizer_only_transformers()  # this process runs no model: torch's memory and import time kept out
         load_config(args.model)
     except ValueError as e:
         if children is not None:

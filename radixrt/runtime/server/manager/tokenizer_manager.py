@@ -111,7 +111,7 @@ class TokenizerManager:
 
         # the grammar backend (seconds of CPU at a large vocabulary) on its own thread once no request is in
         # flight, or at the first compile: built beside the scheduler's load or the first requests it
-        # delayed their tokens on 2 cores (CPU and this process's GIL); a compile waits for it, and a failed
+        # delayed their tokens on few cores (CPU and this process's GIL); a compile waits for it, and a failed
         # build fails each constrained request with its cause (a 400)
         if self.grammar_cache is None or self._grammar_vocab != r.vocab_size:  # once, unless a restart differs
             if self.grammar_cache is not None:

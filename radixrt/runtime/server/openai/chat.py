@@ -58,8 +58,8 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
 
 def _check_size(messages, limits) -> None:
     """Refuse, before the template renders it, a conversation that cannot fit the context: more messages
-    than tokens, or more characters than the context's tokens can hold (a 8 MB message took the event loop
-    for 6 s to render and tokenize). Raises ApiError 400 naming ``messages``."""
+    than tokens, or more characters than the context's tokens can hold (rendering and tokenizing such a
+    message would hold the event loop for seconds). Raises ApiError 400 naming ``messages``."""
     chars = 0
     for m in messages:
         parts = m.content if isinstance(m.content, list) else [m.content]
