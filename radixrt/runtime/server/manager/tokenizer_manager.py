@@ -143,9 +143,18 @@ class TokenizerManager:
         if self.on_fatal is not None:
             self.on_fatal()
 
-    def fail(self, msg: str) -> None:
-        """Mark the runtime dead and wake every waiter with a 503."""
-        if self.dead is None:
+    def connect(self, children: ChildProcesses, ipc: Ipc) -> None:
+        """Serve through ``children`` over ``ipc`` (the supervisor's start and each restart)."""
+        self.children, self.ipc = children, ipc
+
+    def revive(self) -> None:
+        """The restarted children are ready: serve again."""
+        self.dead = None
+
+    def fail(self, msg: str, newer: bool = False) -> None:
+        """Mark the runtime dead and wake every waiter with a 503. The first reason is kept, unless the
+        reason is ``newer`` (a later death, the supervisor giving up)."""
+        if self.dead is None or newer:
             self.dead = msg
         err = ApiError(msg, status=503, type="service_unavailable")
         for batch in {id(b): b for b in self.states.values()}.values():
