@@ -176,7 +176,7 @@ def serve(args: ServerArgs) -> int:
     )
     server = _server_class()(config, tm, args.drain_timeout)
     holder["server"] = server
-    early.server = server
+    early.stops(server)
     if early.signalled:  # stopped while starting: the children go, and it is still a clean stop
         tm.stop_processes()
         return 0
@@ -240,6 +240,10 @@ class _EarlySignal:
         self.signalled = False
         self.server = None  # the uvicorn Server, once made
         self.install()
+
+    def stops(self, server) -> None:
+        """From now on a signal stops the uvicorn ``server`` (until uvicorn installs its own handlers)."""
+        self.server = server
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
