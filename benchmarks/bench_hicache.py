@@ -79,12 +79,12 @@ def ttft_section(a, kv_dir: str) -> dict:
     for f in fillers:  # push p out of the pool into tier 2
         e.generate(input_ids=f, sampling_params=G)
     out["host_s"], out["host_cached"] = ttft(e, p)
-    e.scheduler.mem.hicache.disk.flush()
+    e.scheduler.req_pages.hicache.disk.flush()
     e.flush_cache()  # pool and tier 2 emptied; the files stay
     out["disk_s"], out["disk_cached"] = ttft(e, p)
     warm, _ = ttft(e, p)
     out["pool_hit_s"] = warm
-    e.scheduler.mem.hicache.disk.flush()
+    e.scheduler.req_pages.hicache.disk.flush()
     e.shutdown()
     e = engine(a.pool, enable_hierarchical_cache=True, hicache_ratio=4.0, hicache_storage=f"file:{kv_dir}")
     out["restart_s"], out["restart_cached"] = ttft(e, p)

@@ -92,7 +92,7 @@ def main() -> None:
             for _ in range(3):  # push the prefix out of the 4,096-token pool into tier 2
                 e.generate(input_ids=ids(rng, 1800), sampling_params={"max_new_tokens": 1})
             res["host"] = measure(e, prefix, rng, a.decode)
-            e.scheduler.mem.hicache.disk.flush()
+            e.scheduler.req_pages.hicache.disk.flush()
             assert e.flush_cache()
             res["disk"] = measure(e, prefix, rng, a.decode)
             if a.no_recompute:

@@ -13,8 +13,8 @@ chunk), else a *decode* step (plain decode rows and draft-carrying rows). Per wo
                 caching, output collection
     outside     wall minus all steps: the scheduler thread's inbox/detokenizer work, the client's
                 tokenization and result assembly, idle waits between dependent calls
-and per-step means of the decode steps (ms): forward, schedule, attach (drafting), prepare, sample
-(plain rows), verify (draft rows), and the forward time of B=1 decode steps by tokens T (the verify cost
+and per-step means of the decode steps (ms): forward, schedule, propose (drafting), prepare, sample
+(plain rows), accept (verifying the draft rows), and the forward time of B=1 decode steps by tokens T (the verify cost
 curve t(T)).
 """
 
@@ -51,9 +51,9 @@ class Probe:
             (s.runner, "prepare", "prepare"),
             (s.runner, "forward", "forward"),
             (s.outputs, "process", "sample"),
-            (s.spec, "verify", "verify"),
-            (s.spec, "attach", "attach"),
-            (s.mem, "cache", "cache"),
+            (s.spec, "accept", "accept"),
+            (s.spec, "propose", "propose"),
+            (s.req_pages, "cache", "cache"),
             (s, "collect_outputs", "collect"),
             (e.detokenizer, "handle_one", "detok"),
         ):
@@ -62,7 +62,7 @@ class Probe:
 
         def schedule():
             b = orig_schedule()
-            self._kind = "decode" if all(r.extend_len == 1 for r, _ in b) else "prefill"
+            self._kind = "decode" if all(row.req.extend_len == 1 for row in b) else "prefill"
             self._batch = list(b)
             return b
 
@@ -74,7 +74,7 @@ class Probe:
             dt = time.perf_counter() - t0
             if self._batch:
                 kind = self._kind
-                T = sum(n for _, n in self._batch)
+                T = sum(row.n for row in self._batch)
                 self.steps.append(
                     (kind, T, len(self._batch), dt, self.step_parts.get("forward", 0.0), dict(self.step_parts))
                 )
@@ -121,7 +121,7 @@ def summarize(name: str, wall: float, tokens: int, p: Probe) -> str:
         "          per decode step ms: "
         + " ".join(
             f"{k} {1000 * part[k] / n:.2f}"
-            for k in ("forward", "schedule", "attach", "prepare", "sample", "verify", "collect")
+            for k in ("forward", "schedule", "propose", "prepare", "sample", "accept", "collect")
         )
         + f" | total {1000 * dec_t / n:.2f} | detok/step {1000 * p.acc['detok'] / max(1, len(p.steps)):.2f}",
     ]

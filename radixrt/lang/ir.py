@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from radixrt.lang.tracer import Placeholder
+from radixrt.lang.tracer import Placeholder, argument_name
 
 # dtype -> regex (SGLang's definitions, minus the trailing whitespace that lets a small model ramble).
 REGEX_INT = r"[-+]?[0-9]+"
@@ -195,7 +195,7 @@ def to_expr(x: Any) -> SglExpr:
     if isinstance(x, SglExpr):
         return x
     if isinstance(x, Placeholder):
-        return SglArgument(x._name)
+        return SglArgument(argument_name(x))
     if isinstance(x, str):
         return SglConstantText(x)
     if x is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,8 @@ def as_backend(backend: Any) -> BaseBackend:
         from radixrt.lang.backend import RuntimeEndpoint
 
         return RuntimeEndpoint(backend)
-    if hasattr(backend, "generate") and hasattr(backend, "tokenizer") and hasattr(backend, "flush_cache"):
+    engine = sys.modules.get("radixrt.runtime.engine")  # an Engine exists only once its module is loaded
+    if engine is not None and isinstance(backend, engine.Engine):
         with _default_lock:
             if backend not in _wrapped:
                 from radixrt.lang.backend.engine import EngineBackend

@@ -18,7 +18,8 @@ class StopTrace(Exception):
 
 
 class Placeholder:
-    """Stands for a program argument while tracing; any use of its value stops the trace."""
+    """Stands for a program argument while tracing; any use of its value stops the trace (so its name is
+    read with :func:`argument_name`, not as an attribute)."""
 
     __slots__ = ("_name",)
 
@@ -45,6 +46,11 @@ class Placeholder:
 
     def __repr__(self) -> str:
         return f"<argument {self._name}>"
+
+
+def argument_name(p: Placeholder) -> str:
+    """The program argument ``p`` stands for."""
+    return p._name
 
 
 def placeholders(func: Any, bound: dict[str, Any]) -> dict[str, Any]:

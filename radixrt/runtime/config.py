@@ -103,9 +103,8 @@ class ServerArgs:
     )
     grammar_overlap: bool = flag(
         False,
-        "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on 2 CPU "
-        "cores the thread competes with the forward (json-decode 0.83x vs 0.90x of unconstrained, "
-        "benchmarks/results/grammar_backends.md)",
+        "fill the next step's grammar masks on a worker thread while the forward runs; off by default: on few CPU "
+        "cores the thread competes with the forward (benchmarks/results/grammar_backends.md)",
     )
     disable_jump_forward: bool = flag(
         True,
@@ -208,13 +207,15 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "ServerArgs":
-        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+        given = vars(ns)
+        return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)})
 
     def to_cli(self, skip: tuple[str, ...] = ()) -> list[str]:
         """The flags that rebuild these args (non-default fields only), e.g. for a replica's own server."""
         out: list[str] = []
+        values = vars(self)
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+            v = values[f.name]
             if f.name in skip or v == f.default:
                 continue
             flag = "--" + f.name.replace("_", "-")

@@ -19,10 +19,11 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_has
 def validate(args) -> None:
     """Check every field of ``args`` (a ServerArgs); turns ``enable_hierarchical_cache`` on where a tier is
     sized. Raises ValueError naming the bad field."""
+    values = vars(args)  # the checks below name the fields they read
 
     def choice(name, options):
-        if getattr(args, name) not in options:
-            raise ValueError(f"{name} must be one of {options}, got {getattr(args, name)!r}")
+        if values[name] not in options:
+            raise ValueError(f"{name} must be one of {options}, got {values[name]!r}")
 
     choice("schedule_policy", SCHEDULE_POLICIES)
     choice("eviction_policy", tuple(POLICIES))
@@ -35,8 +36,8 @@ def validate(args) -> None:
     choice("reasoning_history", ("keep", "strip"))
     choice("speculative_algorithm", ("auto", "none", "suffix", "ngram"))
     for name in ("turn_store_size", "response_store_size"):
-        if not isinstance(getattr(args, name), int) or getattr(args, name) < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {getattr(args, name)!r}")
+        if not isinstance(values[name], int) or values[name] < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {values[name]!r}")
     if not args.response_session_ttl > 0:
         raise ValueError(f"response_session_ttl must be > 0, got {args.response_session_ttl!r}")
     for name in (
@@ -51,7 +52,7 @@ def validate(args) -> None:
         "dp",
         "speculative_num_draft_tokens",
     ):
-        v = getattr(args, name)
+        v = values[name]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if args.speculative_num_draft_tokens > MAX_DRAFT_TOKENS:
@@ -67,7 +68,7 @@ def validate(args) -> None:
     ):
         raise ValueError(f"max_pinned_tokens must be an integer >= 0, got {args.max_pinned_tokens!r}")
     for name in ("max_total_tokens", "context_length"):
-        v = getattr(args, name)
+        v = values[name]
         if v is not None and (not isinstance(v, int) or v < 2):
             raise ValueError(f"{name} must be an integer >= 2, got {v!r}")
     if args.tool_call_parser is not None or args.reasoning_parser is not None:

@@ -285,8 +285,8 @@ class Engine:
             assert total == st["total_pages"], f"page accounting broken: {st}"
             if s.tree is not None:
                 s.tree.check_invariants()
-                if s.mem.hicache is not None:
-                    s.mem.hicache.check_invariants()
+                if s.req_pages.hicache is not None:
+                    s.req_pages.hicache.check_invariants()
                 if not s.running and not st["pinned_sessions"]:
                     assert s.tree.all_locks_released(), "a lock_ref is above 0 while idle"
             return st
@@ -296,8 +296,8 @@ class Engine:
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        if self.scheduler.mem.hicache is not None:
-            self.scheduler.mem.hicache.close()
+        if self.scheduler.req_pages.hicache is not None:
+            self.scheduler.req_pages.hicache.close()
         if self.grammar_cache is not None:
             self.grammar_cache.shutdown()
 

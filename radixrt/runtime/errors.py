@@ -24,7 +24,7 @@ class ValidationError(ValueError):
 def refusal(error: ValueError) -> FinishAbort:
     """The finish reason of a request the scheduler refuses for bad input (SGLang's FINISH_ABORT with a 400
     status code), carrying the field; :func:`refused` turns it back into the error."""
-    return FinishAbort(str(error), 400, getattr(error, "param", None))
+    return FinishAbort(str(error), 400, error.param if isinstance(error, ValidationError) else None)
 
 
 def refused(reason) -> Optional[ValidationError]:

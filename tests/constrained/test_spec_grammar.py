@@ -130,20 +130,20 @@ def test_forced_tokens_then_the_drafters_proposal_after_them(tokenizer):
     assert forced == call[:3]  # {"tool":" (the enum's values follow)
     asked = []
 
-    def draft(req, after=()):
+    def draft(req, after=(), share=1.0):  # Drafter.draft: the adaptive path asks for the whole proposal
         asked.append(list(after))
         return call[len(after) :] + enc(tokenizer, "]]") if after else enc(tokenizer, "Sure")
 
     dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=draft))
-    mem = SimpleNamespace(allocator=SimpleNamespace(num_free=8), P=16)
-    d = dm.continued(row(m), mem, 64, 1, forced)
+    req_pages = SimpleNamespace(allocator=SimpleNamespace(num_free=8), P=16)
+    d = dm.continued(row(m), req_pages, 64, 1, forced)
     assert asked == [[], forced]
     # room 8: the forced tokens and 6 of the call after them ("]]" would fail the grammar, but is not reached)
     assert d.certain == len(forced) and d.tokens == call[:8]
     # a proposal that begins with the forced tokens is taken as it is
-    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(): call[len(after) :]))
-    assert dm.continued(row(m), mem, 64, 1, forced).tokens == call[:8]
-    assert dm.continued(row(m), mem, 64, 1, []).certain == 0
+    dm = maker(tokenizer, SimpleNamespace(cfg=DraftConfig(), draft=lambda req, after=(), share=1.0: call[len(after) :]))
+    assert dm.continued(row(m), req_pages, 64, 1, forced).tokens == call[:8]
+    assert dm.continued(row(m), req_pages, 64, 1, []).certain == 0
 
 
 def corpus(engine) -> list[str]:

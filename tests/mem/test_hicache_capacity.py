@@ -49,33 +49,35 @@ def trace() -> list[list[int]]:
 
 def run(pool_pages: int, policy: str, host_pages: int = 0) -> tuple[int, ReqPages]:
     """Hit tokens of the trace; each computed page's K holds its tokens, checked on every hit."""
-    mem = ReqPages(P, pool_pages, True, policy)
     kv = KVPool(pool_pages, P, 1, 1, 1, torch.float32)
-    if host_pages:
-        codec = PageCodec(kv)
-        mem.hicache = HiCache(mem.tree, codec, mem.allocate, HostTier(host_pages, codec.page_bytes))
+    codec = PageCodec(kv)
+    tiers = lambda tree, allocate: HiCache(tree, codec, allocate, HostTier(host_pages, codec.page_bytes))  # noqa: E731
+    req_pages = ReqPages(P, pool_pages, True, policy, tiers=tiers if host_pages else None)
     hits = 0
     for i, ids in enumerate(trace()):
         r = Turn(ids, str(i))
-        matched = mem.admit(r)
+        matched = req_pages.admit(r)
         hits += matched
         got = kv.k[0][torch.tensor(r.page_table, dtype=torch.long)].flatten().tolist() if matched else []
         assert got == [float(t) for t in ids[:matched]], f"turn {i}: a cached page holds other tokens"
-        assert mem.grow(r, len(ids) - matched)
+        assert req_pages.grow(r, len(ids) - matched)
         for j in range(matched, len(ids)):  # "compute" the rest: each slot holds its token id
             kv.k[0][r.page_table[j // P], j % P, 0, 0] = float(ids[j])
         r.num_computed = len(ids)
-        mem.cache(r)
+        req_pages.cache(r)
         r.output_ids.append(7)
-        assert mem.grow(r, 1)
+        assert req_pages.grow(r, 1)
         kv.k[0][r.page_table[len(ids) // P], len(ids) % P, 0, 0] = 7.0
         r.num_computed += 1
         r.output_ids.append(7)
-        mem.release(r)
-        assert mem.allocator.num_free + mem.tree.evictable_pages == pool_pages and mem.tree.protected_pages == 0
-        if mem.hicache is not None:
-            mem.hicache.check_invariants()
-    return hits, mem
+        req_pages.release(r)
+        assert (
+            req_pages.allocator.num_free + req_pages.tree.evictable_pages == pool_pages
+            and req_pages.tree.protected_pages == 0
+        )
+        if req_pages.hicache is not None:
+            req_pages.hicache.check_invariants()
+    return hits, req_pages
 
 
 @pytest.mark.parametrize("policy", ["gdsf", "lru"])
@@ -85,18 +87,18 @@ def test_pool_and_tier2_hit_like_a_pool_of_their_size(policy):
     leaves), and far more than the pool alone."""
     alone, _ = run(POOL, policy)
     x4, _ = run(4 * POOL, policy)
-    tiered, mem = run(POOL, policy, 3 * POOL)
+    tiered, req_pages = run(POOL, policy, 3 * POOL)
     assert alone == 0  # the working set is 4.4x the pool: every prefix is gone before its revisit
     assert 0 < x4 <= tiered <= 16 * 32, (x4, tiered)
     # the tier's own hits are what the pool alone could not keep, and a hit is never counted twice
-    assert 0 < mem.hicache.host_hit_tokens <= tiered
+    assert 0 < req_pages.hicache.host_hit_tokens <= tiered
 
 
 def test_restore_spills_after_its_slots_are_free():
     """A restore takes its pages out of a full tier 2 and then allocates pool pages, which pushes pool
     leaves down into tier 2: those must land in the slots just emptied, not push other entries out."""
-    _, mem = run(POOL, "gdsf", 3 * POOL)
-    hc = mem.hicache
+    _, req_pages = run(POOL, "gdsf", 3 * POOL)
+    hc = req_pages.hicache
     assert hc.host.num_used + hc.host.num_free == 3 * POOL
     # every page that left tier 2 for good made room for a newer one when the tier was full
     assert hc.host_evicted_pages == hc.stored_pages - hc.loaded_pages - hc.host.num_used

@@ -54,7 +54,7 @@ def evict_all(e, passage_ids) -> None:
 
 
 def disk_file(e, ids, page: int, salt=None) -> str:
-    d = e.scheduler.mem.hicache.disk
+    d = e.scheduler.req_pages.hicache.disk
     assert d.flush()
     return d.path(d.name(salt, page_hashes(ids, P)[page]))
 
@@ -82,7 +82,7 @@ def test_disk_tier_restore_is_exact(tiered, cold, passage_ids):
     ids = passage_ids[100:230]
     ref = cold.generate(input_ids=ids, sampling_params=G)["output_ids"]
     tiered.generate(input_ids=ids, sampling_params=G)
-    assert tiered.scheduler.mem.hicache.disk.flush()
+    assert tiered.scheduler.req_pages.hicache.disk.flush()
     assert tiered.flush_cache() is True  # empties the pool and tier 2; the files stay
     assert tiers(tiered)["host"]["used_pages"] == 0
     before = tiers(tiered)["disk"]
@@ -155,7 +155,7 @@ def test_another_model_never_reads_the_files(kv_dir, tiered, passage_ids):
     """The same directory under fp32 weights (another fingerprint): no hit, nothing dropped."""
     ids = passage_ids[:100]
     tiered.generate(input_ids=ids, sampling_params=G)
-    assert tiered.scheduler.mem.hicache.disk.flush()
+    assert tiered.scheduler.req_pages.hicache.disk.flush()
     e = make_engine(enable_hierarchical_cache=True, hicache_storage=f"file:{kv_dir}", **{**KW, "quantization": "none"})
     try:
         out = e.generate(input_ids=ids, sampling_params=G)
@@ -181,7 +181,7 @@ def test_write_back_spills_host_to_disk(tmp_path, cold, passage_ids):
         st = tiers(e)
         assert st["host"]["capacity_pages"] == 6 and st["host"]["used_pages"] == 6
         assert st["host"]["evicted_pages"] > 0
-        assert e.scheduler.mem.hicache.disk.flush()
+        assert e.scheduler.req_pages.hicache.disk.flush()
         assert tiers(e)["disk"]["written_pages"] == st["host"]["evicted_pages"]
         assert e.flush_cache() is True
         out = e.generate(input_ids=ids, sampling_params=G)
@@ -205,7 +205,7 @@ def test_queued_request_is_prefetched_from_disk(tmp_path, cold, passage_ids):
         sp = {**G, "max_new_tokens": 24}
         ref = cold.generate(input_ids=a, sampling_params=sp)["output_ids"]
         e.generate(input_ids=a, sampling_params=sp)
-        assert e.scheduler.mem.hicache.disk.flush()
+        assert e.scheduler.req_pages.hicache.disk.flush()
         assert e.flush_cache() is True
         outs = e.generate(input_ids=[b, a], sampling_params=sp)
         assert outs[0]["meta_info"]["cached_tokens"] == 0

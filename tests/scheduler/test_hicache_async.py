@@ -41,7 +41,7 @@ def tiers(e) -> dict:
 def on_disk_only(e, ids) -> None:
     """Cache ``ids``, wait for its files, then empty the pool and tier 2: a match must read the files."""
     e.generate(input_ids=ids, sampling_params={**G, "max_new_tokens": 1})
-    assert e.scheduler.mem.hicache.disk.flush()
+    assert e.scheduler.req_pages.hicache.disk.flush()
     assert e.flush_cache() is True
     assert tiers(e)["host"]["used_pages"] == 0
 
@@ -56,7 +56,7 @@ def wait_for(cond, timeout: float = 30.0) -> None:
 @pytest.fixture
 def gated_reads(eng):
     """Replace the disk tier's ``read`` with ``gate(salt, hash)`` then the real read; restored afterwards."""
-    disk = eng.scheduler.mem.hicache.disk
+    disk = eng.scheduler.req_pages.hicache.disk
     real = disk.read
 
     def install(gate):
@@ -80,13 +80,13 @@ def test_running_request_decodes_while_a_restore_waits(eng, cold, passage_ids, g
     def hold_until_r1_done(salt, h):  # the restore's first read waits for r1's last token
         if seen:
             return
-        steps0, acc0, deadline = s.stats.steps, s.spec.accepted_tokens, time.time() + 30
+        steps0, acc0, deadline = s.stats.steps, s.spec.counts.accepted_tokens, time.time() + 30
         while "r1" in s.by_rid and time.time() < deadline:
             time.sleep(0.002)
         seen.update(
             r1_done="r1" not in s.by_rid,
             steps=s.stats.steps - steps0,
-            accepted=s.spec.accepted_tokens - acc0,
+            accepted=s.spec.counts.accepted_tokens - acc0,
             r2_waiting=[r.rid for r in list(s.waiting)],
             r2_out=len(s.by_rid["r2"].output_ids),
         )

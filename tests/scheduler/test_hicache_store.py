@@ -49,7 +49,7 @@ class Gate:
     """Holds the store thread's copies (``Storer._copy``) until ``open``; counts the copies entered."""
 
     def __init__(self, e) -> None:
-        self.storer = e.scheduler.mem.hicache.storer
+        self.storer = e.scheduler.req_pages.hicache.storer
         self.real, self.entered, self.opened = self.storer._copy, [], threading.Event()
         self.storer._copy = self._copy
 
@@ -238,7 +238,7 @@ def test_shutdown_with_a_store_pending_persists_it(tmp_path, cold, passage_ids):
         threading.Timer(0.3, g.open).start()  # the copy finishes while shutdown waits for it
     finally:
         close_engine(e)
-    assert e.scheduler.mem.hicache.storer.jobs == [] and e.scheduler.mem.allocator.num_free == 13
+    assert e.scheduler.req_pages.hicache.storer.jobs == [] and e.scheduler.req_pages.allocator.num_free == 13
     e = make_engine(**kw)
     try:
         out = e.generate(input_ids=a, sampling_params=G)

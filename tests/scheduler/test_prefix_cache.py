@@ -272,17 +272,17 @@ def test_one_hit_per_request_however_often_admitted():
     preemption counts one hit on its prefix, not one per try: LFU/GDSF rank by hits."""
     from radixrt.runtime.mem.req_pages import ReqPages
 
-    mem = ReqPages(4, 64, True, "lfu")
+    req_pages = ReqPages(4, 64, True, "lfu")
     hot = list(range(100, 116))
-    mem.tree.insert(hot, mem.allocator.allocate(4))
+    req_pages.tree.insert(hot, req_pages.allocator.allocate(4))
     req = Req("r", hot + [1, 2], SamplingParams(), 4)
     for _ in range(3):
-        assert mem.admit(req) == 16
-        mem.release(req)
-    node = mem.tree.match_prefix(hot).last_node
+        assert req_pages.admit(req) == 16
+        req_pages.release(req)
+    node = req_pages.tree.match_prefix(hot).last_node
     assert (node.key, node.hit_count) == (hot, 1)
     other = Req("s", hot + [3], SamplingParams(), 4)
-    mem.admit(other)
-    mem.release(other)
+    req_pages.admit(other)
+    req_pages.release(other)
     assert node.hit_count == 2
-    assert mem.allocator.num_free + mem.tree.evictable_pages == 64 and mem.tree.protected_pages == 0
+    assert req_pages.allocator.num_free + req_pages.tree.evictable_pages == 64 and req_pages.tree.protected_pages == 0

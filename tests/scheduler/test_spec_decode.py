@@ -265,8 +265,8 @@ def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
     prompt = "Once upon a time"
     g = off.generate(prompt, {"temperature": 0, "max_new_tokens": 2})["output_ids"]
     drafter = wide.scheduler.spec.drafter
-    orig = drafter.propose
-    drafter.propose = lambda req, after=(): [g[1]] if len(req.output_ids) == 1 else []
+    orig = drafter.draft
+    drafter.draft = lambda req, after=(), share=1.0: [g[1]] if len(req.output_ids) == 1 else []
     try:
         n = 300
         sp = lambda s: {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True, "seed": s}
@@ -274,7 +274,7 @@ def test_sampled_distribution_unchanged_chi_square(off, wide, tokenizer):
         on = [o["output_ids"][1] for o in wide.generate([prompt] * n, [sp(s) for s in range(n)])]
         after = spec(wide)
     finally:
-        drafter.propose = orig
+        drafter.draft = orig
     ref = [o["output_ids"][1] for o in off.generate([prompt] * n, [sp(10_000 + s) for s in range(n)])]
     assert after["verify_steps"] - before["verify_steps"] == n  # every second token was a verification
     kept = after["accepted_tokens"] - before["accepted_tokens"]
@@ -307,7 +307,7 @@ def test_drafts_after_the_prompt_are_verified_by_the_prefill(off, suffix):
         s.add_request(GenerateReq(rid="spec-prefill", input_ids=ids, sampling_params=SamplingParams(**sp)))
         batch = s.schedule()
         req = s.by_rid["spec-prefill"]
-        row = (list(batch.num_new_tokens), list(req.draft_ids))
+        row = ([r.n for r in batch], next(list(r.drafts) for r in batch if r.req is req))
         fb = s.runner.prepare(batch)
         s.process_batch_result(batch, fb, s.runner.forward(fb))
         s.collect_outputs()
@@ -346,7 +346,7 @@ def _drive(s, rid, ids, abort_after_forward: bool):
     while rid in s.by_rid:
         batch = s.schedule()
         req = s.by_rid[rid]
-        drafted = bool(req.draft_ids)
+        drafted = any(r.drafts for r in batch if r.req is req)
         fb = s.runner.prepare(batch)
         logits = s.runner.forward(fb)
         if drafted and abort_after_forward:
@@ -360,7 +360,7 @@ def _drive(s, rid, ids, abort_after_forward: bool):
             # the computed tokens' pages stay, none past the next token's (that one's page comes with the
             # next step's grow when every draft was accepted and the next token starts a page)
             assert -(-req.num_computed // P) <= len(req.page_table) <= -(-(req.num_computed + 1) // P)
-            st = s.mem.stats(s.running)
+            st = s.req_pages.stats(s.running)
             assert (
                 st["free_pages"] + st["evictable_pages"] + st["protected_pages"] + st["private_pages"]
                 == st["total_pages"]

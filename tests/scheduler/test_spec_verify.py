@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from radixrt.runtime.executor.scheduled_batch import Row
 from radixrt.runtime.io_struct import SamplingParams
 from radixrt.runtime.scheduler.output_processor import OutputProcessor
 from radixrt.runtime.scheduler.request import Req
@@ -15,11 +16,12 @@ EOS = 2
 V = 64
 
 
-def make(rid: str, draft: list[int], out=(), **sp) -> Req:
+def make(rid: str, draft: list[int], out=(), **sp) -> Row:
+    """A decode row of request ``rid`` carrying ``draft``."""
     p = SamplingParams(**{"temperature": 0.0, **sp})
     r = Req(rid, [7, 8, 9], p, sp.get("max_new_tokens", 128), generator=torch.Generator().manual_seed(0))
-    r.output_ids, r.draft_ids = list(out), list(draft)
-    return r
+    r.output_ids = list(out)
+    return Row(r, 1 + len(draft), list(draft))
 
 
 def logits_for(rows: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
@@ -59,14 +61,15 @@ def run(fast: bool, monkeypatch=None):
     if monkeypatch is not None:
         orig = outputs.sample
         monkeypatch.setattr(outputs, "sample", lambda *a: calls.append(1) or orig(*a))
-    reqs = [make(f"r{i}", d, out, **sp) for i, (d, _, sp, out) in enumerate(cases())]
+    rows = [make(f"r{i}", d, out, **sp) for i, (d, _, sp, out) in enumerate(cases())]
+    reqs = [row.req for row in rows]
     logits, firsts = logits_for([a for _, a, _, _ in cases()])
-    spec_at = list(zip(reqs, firsts))
+    verify_at = list(zip(rows, firsts))
     if fast:
-        finished, sampled, accepted = verify_rows(outputs, logits, spec_at)
+        finished, sampled, accepted = verify_rows(outputs, logits, verify_at)
     else:
         sampled, accepted = {}, {}
-        finished = verify_levels(outputs, logits, spec_at, sampled, accepted)
+        finished = verify_levels(outputs, logits, verify_at, sampled, accepted)
     return (
         [r.output_ids for r in reqs],
         sorted((r.rid, why.as_dict()) for r, why in finished),
@@ -90,11 +93,11 @@ def test_greedy_rows_skip_the_sampler_and_match_the_level_path(monkeypatch):
 
 
 def test_plain_greedy_excludes_what_changes_logits():
-    assert plain_greedy(make("a", []))
-    assert not plain_greedy(make("a", [], temperature=0.7))
-    assert not plain_greedy(make("a", [], repetition_penalty=1.1))
-    assert not plain_greedy(make("a", [], min_new_tokens=3, max_new_tokens=8))
-    assert plain_greedy(make("a", [], (1, 2, 3), min_new_tokens=3, max_new_tokens=8))
-    r = make("a", [])
+    assert plain_greedy(make("a", []).req)
+    assert not plain_greedy(make("a", [], temperature=0.7).req)
+    assert not plain_greedy(make("a", [], repetition_penalty=1.1).req)
+    assert not plain_greedy(make("a", [], min_new_tokens=3, max_new_tokens=8).req)
+    assert plain_greedy(make("a", [], (1, 2, 3), min_new_tokens=3, max_new_tokens=8).req)
+    r = make("a", []).req
     r.return_logprob = True
     assert not plain_greedy(r)

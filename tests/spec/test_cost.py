@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixrt.runtime.spec.cost import DECAY, PRIOR, Acceptance, StepTimes, bucket, choose_drafts
+from radixrt.runtime.spec.acceptance import DECAY, PRIOR, Acceptance
+from radixrt.runtime.spec.cost import StepTimes, bucket, choose_drafts
 
 MS = 1e-3
 

@@ -1,6 +1,6 @@
 """The drafters of runtime/spec (issue 27): prompt lookup, the occurrence index's suffix match and frequency
 vote, the suffix drafter's per-request and global stores, the rest of a prompt word copied in other tokens,
-and the acceptance-rate adaptation."""
+and the fixed rule of the acceptance record."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from radixrt.runtime.spec import DraftConfig, NgramDrafter, SuffixDrafter, make_drafter, resolve_algorithm
-from radixrt.runtime.spec.base import LOW_ACCEPT, PROBE_EVERY
+from radixrt.runtime.spec.acceptance import LOW_ACCEPT, PROBE_EVERY, Acceptance
 from radixrt.runtime.spec.ngram import lookup
 from radixrt.runtime.spec.token_index import TokenIndex, draft_limit, vote_draft
 from radixrt.runtime.spec.word_copy import WordCopy
@@ -61,38 +61,47 @@ def test_suffix_drafts_from_own_prompt_then_from_finished_outputs():
     d = SuffixDrafter(DraftConfig(num_draft_tokens=8))
     tool = [40, 41, 42, 43, 44, 45]
     r = req("a", [1, 2] + tool + [3, 4, 40, 41, 42])
-    # matched (40, 41, 42): 3 tokens, so at most 3 drafted (spec_factor 1.0); adaptation starts at rate 0.5
-    assert d.propose(r) == [43, 44, 45]
+    # matched (40, 41, 42): 3 tokens, so at most 3 drafted (spec_factor 1.0)
+    assert d.draft(r) == [43, 44, 45]
     r.output_ids = [43, 44, 45, 50, 51, 52, 53]
     d.finish(r)
     assert "a" not in d.local and d.num_global_tokens == 8 + 7
     other = req("b", [9, 9, 9, 45, 50, 51, 52])
-    assert d.propose(other) == [53]  # from the global store: (45, 50, 51, 52) matched, 53 followed
+    assert d.draft(other) == [53]  # from the global store: (45, 50, 51, 52) matched, 53 followed
     d.flush()  # flush_cache: the store goes with the cache
-    assert d.num_global_tokens == 0 and d.propose(req("c", [9, 9, 9, 45, 50, 51, 52])) == []
+    assert d.num_global_tokens == 0 and d.draft(req("c", [9, 9, 9, 45, 50, 51, 52])) == []
 
 
 def test_suffix_global_store_is_bounded():
     d = SuffixDrafter(DraftConfig(global_tokens=20))
     for i in range(5):
         r = req(f"r{i}", [i], [100 + i] * 9)
-        d.propose(r)
+        d.draft(r)
         d.finish(r)
     assert d.num_global_tokens <= 20 and len(d._order) == 2
 
 
-def test_adaptation_shrinks_then_probes():
+def test_fixed_rule_shrinks_then_probes():
+    """``--no-speculative-adaptive``: a request verifies the drafter's proposal scaled by ``min(1, 2 x share
+    kept)`` (spec/acceptance.py, the record the cost model reads too); below ``LOW_ACCEPT`` after a few
+    verifications, only every ``PROBE_EVERY``-th step drafts (a probe)."""
     d = NgramDrafter(DraftConfig(num_draft_tokens=8, ngram_min=2))
     r = req("x", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2])
-    assert d.propose(r) == [3, 4, 5, 6, 7, 8, 9, 1]  # rate 0.5 at start: min(1, 2 x 0.5) keeps all 8
-    d.observe(r, 8, 2)
-    assert d._track["x"].rate == pytest.approx(0.7 * 0.5 + 0.3 * 0.25)
-    assert d.propose(r) == [3, 4, 5, 6, 7, 8]  # floor(8 x 2 x 0.425) = 6
+    a = Acceptance()
+    assert a.fixed_scale("x") == 1.0  # share 0.5 at start: min(1, 2 x 0.5) keeps the whole proposal
+    assert d.draft(r, share=a.fixed_scale("x")) == [3, 4, 5, 6, 7, 8, 9, 1]
+    a.observe("x", 8, 2, True)
+    assert a.fixed_scale("x") == pytest.approx(2 * (0.7 * 0.5 + 0.3 * 0.25))
+    assert d.draft(r, share=a.fixed_scale("x")) == [3, 4, 5, 6, 7, 8]  # floor(8 x 2 x 0.425) = 6
     for _ in range(5):
-        d.observe(r, 4, 0)
-    assert d._track["x"].rate < LOW_ACCEPT
-    got = [d.propose(r) for _ in range(PROBE_EVERY)]
-    assert [len(g) for g in got] == [0] * (PROBE_EVERY - 1) + [1]  # one probe of floor(8 x 2 x rate) = 1
+        a.observe("x", 4, 0, True)
+    share = 0.425 * 0.7**5
+    assert share < LOW_ACCEPT
+    got = [a.fixed_scale("x") for _ in range(PROBE_EVERY)]
+    assert got[:-1] == [None] * (PROBE_EVERY - 1) and got[-1] == pytest.approx(2 * share)  # one probe
+    assert d.draft(r, share=got[-1]) == [3]  # of floor(8 x 2 x share) = 1 token
+    a.finish("x")
+    assert a.fixed_scale("x") == 1.0
 
 
 def test_make_drafter_names():

@@ -113,7 +113,7 @@ class BaseBackend:
     @staticmethod
     def _body(exe: Any, sp: SglSamplingParams, stream: bool = False) -> dict:
         body: dict = {"text": exe.text_, "sampling_params": sp.to_srt(), "stream": stream}
-        if getattr(exe, "session_id", None):
+        if exe.session_id:
             body["session_id"] = exe.session_id
         if sp.return_logprob:
             body["return_logprob"] = True

@@ -101,6 +101,11 @@ class GrammarMatcher(ABC):
         """The text the grammar forces next (xgrammar's jump-forward string; "": none, or cannot tell)."""
         return ""
 
+    def batch_fill_matcher(self):
+        """The ``llguidance.LLMatcher`` that fills this row in a batched ``LLExecutor`` call (mask_fill.py),
+        or None: another backend, a closed reasoning gate, or EOS accepted (the row is filled alone)."""
+        return None
+
 
 class RowMatcher(GrammarMatcher):
     """A matcher whose library writes a mask row through a raw pointer (llguidance, outlines-core): the row
@@ -261,9 +266,9 @@ _XGR_APPLY: list = []  # [xgrammar.apply_token_bitmask_inplace or None], resolve
 
 
 def load_cpu_kernel():
-    """xgrammar's C++ CPU bitmask kernel, or None when xgrammar is not installed. Importing xgrammar takes
-    ~0.9 s, so the scheduler calls this at start-up (:func:`.grammar_step.warm_up`) instead of stalling the
-    first constrained decode step (and every request in its batch) on the import."""
+    """xgrammar's C++ CPU bitmask kernel, or None when xgrammar is not installed. Importing xgrammar is
+    slow (docs/measurements.md), so the scheduler calls this at start-up (:func:`.grammar_step.warm_up`)
+    instead of stalling the first constrained decode step (and every request in its batch) on the import."""
     if not _XGR_APPLY:
         try:
             import xgrammar
@@ -275,7 +280,7 @@ def load_cpu_kernel():
 
 
 def _cpu_kernel(logits: torch.Tensor, bitmask: torch.Tensor, n: int) -> bool:
-    """xgrammar's C++ CPU kernel (~6 us for 49k logits; the torch ops below take ms on a busy CPU)."""
+    """xgrammar's C++ CPU kernel (far faster than the torch ops below on a busy CPU: docs/measurements.md)."""
     fn = load_cpu_kernel()
     if fn is None:
         return False

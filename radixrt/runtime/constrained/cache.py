@@ -6,10 +6,10 @@ and admits the request once it is (SGLang's "grammar queue"). Entries are keyed 
 fast with the same ValueError.
 
 The backend itself may be built on a thread too (:meth:`GrammarCache.building`): the scheduler then reports
-ready without waiting for it (~2 s at a 128k vocabulary, llguidance's tokenizer import), and a compile
+ready without waiting for it (llguidance's tokenizer import, seconds at a large vocabulary), and a compile
 submitted before it is built waits for it on its compile thread. With ``start=False`` the build waits for
-:meth:`GrammarCache.start` or the first compile (the server starts it once idle after ready: on 2 cores a
-build beside the load or the first requests delays their tokens by its CPU time and its hold on the GIL).
+:meth:`GrammarCache.start` or the first compile (the server starts it once idle after ready: on few cores
+a build beside the load or the first requests delays their tokens by its CPU time and its hold on the GIL).
 """
 
 from __future__ import annotations

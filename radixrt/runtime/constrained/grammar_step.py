@@ -96,8 +96,8 @@ def warm_up(backend: Any, masks: bool = True) -> None:
     """Do once, at start-up, what the first constrained request would otherwise pay while it (and, in the
     scheduler, every request of its batch) waits: one compile of a small schema (``jsonschema``'s lazy
     imports, the backend's first-grammar set-up) and, with ``masks``, one mask fill and apply: xgrammar's CPU
-    bitmask kernel (an ~0.9 s import) and llguidance's fill thread pool. Measured: the first request of a
-    json-decode run waited ~0.4 s longer than the same request later."""
+    bitmask kernel (a slow import) and llguidance's fill thread pool (docs/measurements.md: what the first
+    request paid without it)."""
     matcher = backend.compile("json_schema", _WARM_SCHEMA).matcher()
     if not masks:
         return

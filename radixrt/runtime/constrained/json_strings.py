@@ -10,17 +10,18 @@ which also refuses every escape, so a pattern string can never contain ``"`` or 
 - ``chars{m,n}`` of such a bounded class becomes ``Regex(U{m,n})`` where ``U`` is one *decoded* character:
   an unescaped char other than ``"``, ``\\`` and U+0000..U+001F, a short escape, a non-surrogate
   ``\\uXXXX`` or a ``\\uD8xx\\uDCxx`` pair; so bounds count decoded characters, as JSON Schema does.
-  Regex rules become FSMs with precomputed masks (~10 us per token) but cost ~10 ms of compile per unit
-  of bound, so bounds above ``EXACT_MAX`` are spelled ``Regex(U{min(m,64),64}) [plain]{...}``: escapes
-  are allowed among the first ``WINDOW`` characters, plain characters after (a sound subset).
+  Regex rules become FSMs with precomputed masks (fast per token) but cost compile time per unit of
+  bound (docs/measurements.md), so bounds above ``EXACT_MAX`` are spelled
+  ``Regex(U{min(m,64),64}) [plain]{...}``: escapes are allowed among the first ``WINDOW`` characters,
+  plain characters after (a sound subset).
 - every ``Regex(p, json_string=true)`` is replaced by ``p`` converted to EBNF (xgrammar's own regex
   converter), each character class / literal widened so that a character the class matches may appear
   raw if JSON allows it raw, else as its escape (``\\"``, ``\\\\``, ``\\n``, ``\\u0001``...); ``\\/`` is
   accepted for ``/``; other ``\\uXXXX`` spellings of ordinary characters are not (a sound subset); ``.``
   does not match line terminators (ECMA-262). The result goes back as EBNF, not as a ``Regex(...)`` rule:
   xgrammar 0.2.9's regex FSM is unsound for an optional group that starts with a loop (``(1+y)?`` accepts
-  ``1``; a dev-corpus duration pattern produced ``"112612"``), and the EBNF masks measured as fast
-  (3-20 us per token either way). tests/test_constrained.py checks patterns against Python's ``re``.
+  ``1``; a dev-corpus duration pattern produced ``"112612"``), and the EBNF masks are as fast here
+  (docs/measurements.md). tests/test_constrained.py checks patterns against Python's ``re``.
 
 A pattern this module cannot convert (lookaround, backreferences) is refused (ValueError): xgrammar's own rule
 for it would not enforce the lookaround.
@@ -35,14 +36,14 @@ logger = logging.getLogger(__name__)
 _SHORT = {0x22: '"', 0x5C: "\\", 0x2F: "/", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
 _BOUNDED_CLASS = '[^\\"\\\\\\r\\n]'
 # One decoded character: a raw char, a short escape, a non-surrogate \uXXXX or a \uD8xx\uDCxx pair. As a
-# regex: xgrammar compiles Regex(...) rules to FSMs with precomputed masks (microseconds per token),
-# whereas a repeated EBNF alternation costs ~20 ms per mask.
+# regex: xgrammar compiles Regex(...) rules to FSMs with precomputed masks, far cheaper per mask than a
+# repeated EBNF alternation (docs/measurements.md).
 _UNIT_RE = (
     '([^"\\\\\\x00-\\x1f]|\\\\(["\\\\/bfnrt]|u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|'
     "[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2})))"
 )
 _PLAIN = '[^\\0-\\x1f\\"\\\\]'  # one unescaped JSON string character (EBNF)
-EXACT_MAX = 64  # bounds up to this are exact (~10 ms of compile per unit; xgrammar's FSM stops near 200)
+EXACT_MAX = 64  # bounds up to this are exact (compile time grows per unit; xgrammar's FSM stops near 200)
 WINDOW = 64  # longer bounds: escapes may appear among the first WINDOW characters, plain ones after
 _REGEX_CALL = re.compile(r'Regex\(("(?:[^"\\]|\\.)*")\s*,\s*json_string\s*=\s*true\s*\)')
 _SIMPLE_ESC = {"n": 0x0A, "r": 0x0D, "t": 0x09, "f": 0x0C, "v": 0x0B, "0": 0x00, "b": 0x08, "a": 0x07, "e": 0x1B}
@@ -290,8 +291,8 @@ def _regex_rule(regex: str) -> str:
 def _bounded(lo: int, hi: int, rules: dict[str, str]) -> str:
     """EBNF for ``lo..hi`` decoded characters (``hi < 0``: unbounded), adding shared Regex rules to ``rules``.
 
-    The Regex parts are shared rules (xgrammar compiles each rule once; ~1 s for 64 units) referenced
-    inline (a rule holding both parts makes xgrammar's masks ~1000x slower).
+    The Regex parts are shared rules (xgrammar compiles each rule once) referenced inline (a rule holding
+    both parts makes xgrammar's masks orders of magnitude slower: docs/measurements.md).
     """
 
     def rule(a: int, b: int | None) -> str:

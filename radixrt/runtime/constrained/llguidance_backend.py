@@ -155,6 +155,9 @@ class LLGuidanceMatcher(RowMatcher):
         if n and not self.ll.rollback(n):
             raise ValueError(f"llguidance: cannot roll back {n} tokens: {self.ll.get_error()}")
 
+    def batch_fill_matcher(self):
+        return None if self._terminated else self.ll
+
     def find_jump_forward_string(self) -> str:
         """The text the grammar forces next (may be empty), cut to whole UTF-8 characters."""
         if self._terminated:

@@ -26,17 +26,6 @@ if TYPE_CHECKING:  # imported where a mask is filled: the HTTP process compiles 
 _EXECUTOR = None
 
 
-def _ll_matcher(m: Any):
-    """The ``llguidance.LLMatcher`` that fills ``m``'s row, or None (another backend, a closed gate, EOS)."""
-    inner = getattr(m, "inner", None)
-    if inner is not None:  # a ReasoningGate: constrained only once open
-        if not getattr(m, "open", False):
-            return None
-        m = inner
-    ll = getattr(m, "ll", None)
-    return None if ll is None or getattr(m, "_terminated", True) else ll
-
-
 def load_executor():
     """The process's one ``llguidance.LLExecutor`` (up to 8 Rust threads), made on first use."""
     global _EXECUTOR
@@ -55,7 +44,7 @@ def fill_rows(todo: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
     """
     batched = []
     for m, row in todo:
-        ll = _ll_matcher(m)
+        ll = m.batch_fill_matcher()
         if ll is None:
             m.fill_next_token_bitmask(bitmask, row)
         else:

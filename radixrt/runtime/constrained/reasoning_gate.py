@@ -49,3 +49,6 @@ class ReasoningGate(GrammarMatcher):
 
     def dead_end(self) -> str | None:
         return self.inner.dead_end() if self.open else None
+
+    def batch_fill_matcher(self):
+        return self.inner.batch_fill_matcher() if self.open else None

@@ -132,8 +132,9 @@ class XGrammarBackend(GrammarBackend):
             properties/items (xgrammar's default; keeps generations to the declared shape).
         fix_string_escapes: post-process json_schema grammars (see :mod:`.json_strings`).
         max_threads: compiler threads (default: min(8, cpu count)).
-        dynamic_compilation: build token-mask caches lazily on first use (compile ~50x faster, first
-            masks slower). Default False: all mask work happens in ``compile``, off the scheduler thread.
+        dynamic_compilation: build token-mask caches lazily on first use (a much faster compile,
+            slower first masks: docs/measurements.md). Default False: all mask work happens in
+            ``compile``, off the scheduler thread.
     """
 
     name = "xgrammar"

@@ -1,6 +1,6 @@
 """ForwardBatch: everything one forward pass needs, assembled by ``ModelRunner.prepare``.
 
-The scheduler decides which ``(req, num_new_tokens)`` pairs run; the runner packs them into this plain
+The scheduler decides which rows (``ScheduledBatch``) run; the runner packs them into this plain
 dataclass (nano-vllm's ``prepare_model_input``, SGLang's ``ForwardBatch``); the output processor reads the
 logit rows back by request. Token rows are packed request after request, in batch order.
 """
@@ -16,6 +16,7 @@ from radixrt.kernels.attention.metadata import AttentionMetadata
 from radixrt.kernels.attention.prefix_groups import PrefixGroups
 
 if TYPE_CHECKING:
+    from radixrt.runtime.executor.scheduled_batch import Row
     from radixrt.runtime.scheduler.request import Req
 
 
@@ -38,8 +39,8 @@ class ForwardBatch:
             ``prefix_groups``, which the attention backend reads; None when nothing is shared or
             ``--disable-cascade-attention`` is set.
         all_rows: ``logit_rows`` is every token row in order (a decode step): ``forward`` skips the gather.
-        spec_at: ``(req, i)``: a decode row carrying ``k = len(req.draft_ids)`` draft tokens; logits rows
-            ``i .. i + k`` score its ``k + 1`` positions (runtime/scheduler/spec_step.py verifies them).
+        verify_at: ``(row, i)``: a row carrying ``k = len(row.drafts)`` draft tokens; logits rows
+            ``i .. i + k`` score its last ``k + 1`` positions (the speculator's ``accept`` verifies them).
     """
 
     input_ids: torch.Tensor
@@ -50,7 +51,7 @@ class ForwardBatch:
     input_logprob_at: list[tuple["Req", int, int]] = field(default_factory=list)
     prefix_groups: PrefixGroups | None = None
     all_rows: bool = False
-    spec_at: list[tuple["Req", int]] = field(default_factory=list)
+    verify_at: list[tuple["Row", int]] = field(default_factory=list)
 
     @classmethod
     def make(

@@ -209,15 +209,17 @@ class ModelRunner:
         }
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
-        """Pack one scheduled step: each ``(req, n)`` of ``batch`` computes tokens ``[num_computed, num_computed + n)``
-        of ``req.fill_ids``. Asks for the logits of a request's last token once its whole sequence is in
-        (to sample) and of every prompt position whose input logprob is wanted."""
+        """Pack one scheduled step: each row of ``batch`` computes tokens ``[num_computed, num_computed + n)``:
+        ``row.num_fill`` of ``req.fill_ids``, then its drafts. Asks for the logits of a request's last token
+        once its whole sequence is in (to sample), of every position of a row with drafts (to verify), and of
+        every prompt position whose input logprob is wanted."""
         ids, pos, tables, q_lens, kv_lens, rows = [], [], [], [], [], []
-        sample_at, lp_at, spec_at = [], [], []
-        for req, n in batch:
+        sample_at, lp_at, verify_at = [], [], []
+        for row in batch:
+            req, n, k = row.req, row.n, len(row.drafts)
             s, e = req.num_computed, req.num_computed + n
-            base, k = len(ids), len(req.draft_ids)  # k draft tokens follow the row's last sampled token
-            ids.extend(req.fill_ids[s:e] + req.draft_ids if k else req.fill_ids[s:e])
+            base = len(ids)
+            ids.extend(req.fill_ids[s : e - k] + row.drafts if k else req.fill_ids[s:e])
             pos.extend(range(s, e))
             tables.append(req.page_table)
             q_lens.append(n)
@@ -227,8 +229,8 @@ class ModelRunner:
                 for p in range(max(s, first), min(e, len(req.input_ids) - 1)):
                     lp_at.append((req, len(rows), p + 1))
                     rows.append(base + p - s)
-            if k:  # every position of a draft row is scored (scheduler/spec_step.py)
-                spec_at.append((req, len(rows)))
+            if k:  # the last token of fill_ids and every draft after it are scored
+                verify_at.append((row, len(rows)))
                 rows.extend(range(base + n - 1 - k, base + n))
             elif e == req.seq_len:
                 sample_at.append((req, len(rows)))
@@ -236,13 +238,13 @@ class ModelRunner:
         groups = None
         if not self.args.disable_cascade_attention and self.attn.uses_groups:
             # the tree match made at admission groups the rows (the CPU kernels only with --cpu-cascade-attention)
-            groups = group_decode_rows([req.last_node for req, _ in batch], tables, q_lens, self.page_size)
+            groups = group_decode_rows([row.req.last_node for row in batch], tables, q_lens, self.page_size)
         if groups is not None:
             self.cascade_steps += 1
             self.cascade_rows += len({r for members in groups.rows for r in members})
         meta = AttentionMetadata.build(tables, q_lens, kv_lens, self.page_size, prefix_groups=groups)
         return ForwardBatch.make(
-            ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at, prefix_groups=groups, spec_at=spec_at
+            ids, pos, meta, rows, sample_at=sample_at, input_logprob_at=lp_at, prefix_groups=groups, verify_at=verify_at
         )
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

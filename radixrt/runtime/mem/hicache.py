@@ -36,6 +36,8 @@ from radixrt.runtime.mem.page_codec import PageCodec
 from radixrt.runtime.mem.page_hash import page_hashes
 from radixrt.runtime.mem.prefetch import Prefetcher
 from radixrt.runtime.mem.radix_cache import HELD
+from radixrt.runtime.mem.restore_async import Restorer
+from radixrt.runtime.mem.store_async import Storer
 
 logger = logging.getLogger(__name__)
 WRITE_POLICIES = ("write_through", "write_back")
@@ -47,6 +49,10 @@ class HiCache:
         codec: a ``PageCodec`` over the pool.
         allocate: ``ReqPages.allocate`` (pool pages, evicting if short; None when impossible).
         host: tier 2; disk: tier 3 or None.
+        copy_threads: restores (``restorer``, mem/restore_async.py) and stores (``storer``,
+            mem/store_async.py) run on copy threads while requests step (the scheduler); False: both run
+            on the caller's thread (``restore``, ``on_evict``).
+        prefetch: tier-3 reads for queued requests (``prefetcher``); a replay has no queue to read ahead of.
 
     Raises ValueError on an unknown ``write_policy``.
     """
@@ -60,6 +66,8 @@ class HiCache:
         disk: DiskTier | None = None,
         write_policy: str = "write_through",
         prefetch_threshold: int = 256,
+        copy_threads: bool = False,
+        prefetch: bool = True,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
@@ -70,17 +78,18 @@ class HiCache:
         # during a restore's allocation: evicted pages wait here (already copied out of the pool) until the
         # restored rows have left their tier-2 slots, so a spill never evicts tier-2 entries to make room
         # that those slots are about to give back
-        self._deferred: list[tuple[list, list, torch.Tensor, int]] | None = None
-        self.defer_pages = False  # set by restore_async.Restorer.begin: _deferred gets page ids, not rows
+        self.deferred: list[tuple[list, list, torch.Tensor, int]] | None = None
+        self.defer_pages = False  # set by restore_async.Restorer.begin: deferred gets page ids, not rows
         self.host_hit_tokens = self.disk_hit_tokens = 0
         self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
         self.store_seconds = self.load_seconds = 0.0
-        self.prefetcher = Prefetcher(disk) if disk is not None else None
+        self.prefetcher = Prefetcher(disk) if disk is not None and prefetch else None
         self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
         self.prefetched_pages = 0
-        self.restorer = None  # restore_async.Restorer: restores on a copy thread (set by the scheduler)
-        self.storer = None  # store_async.Storer: stores on a copy thread (set by the scheduler)
         self.store_async = False  # set by ReqPages.allocate(wait=False): evicted pages are held, stored by the thread
+        # admissions restore on a copy thread while other requests step, and evicted pages reach tier 2 on another
+        self.restorer = Restorer(self) if copy_threads else None
+        self.storer = Storer(self) if copy_threads else None
         tree.on_evict = self.on_evict
         tree.evict_partial = True  # a leaf's tail goes down a tier, its head stays in the pool
         host.on_drop = tree.policy.dropped
@@ -106,19 +115,21 @@ class HiCache:
         hashes = page_hashes(key, self.ps)[-len(leaf.value) :]
         keys = [(salt, h) for h in hashes]
         scores = [self.tree.policy.key(leaf)] * len(keys)
-        if self.store_async and self.storer is not None and self._deferred is None:
+        if self.store_async and self.storer is not None and self.deferred is None:
             self.storer.begin(keys, scores, leaf.hit_count, pages=list(leaf.value))
             return HELD
         # a copy-thread restore's allocation: keep the page ids; pages the job takes are packed on its thread
         rows = list(leaf.value) if self.defer_pages else self.codec.pack(leaf.value)
-        if self._deferred is not None:
-            self._deferred.append((keys, scores, rows, leaf.hit_count))
+        if self.deferred is not None:
+            self.deferred.append((keys, scores, rows, leaf.hit_count))
         else:
-            self._store(keys, scores, rows, leaf.hit_count)
+            self.store_rows(keys, scores, rows, leaf.hit_count)
         self.store_seconds += time.perf_counter() - t0
         return True
 
-    def _store(self, keys: list, scores: list, rows: torch.Tensor, hits: int) -> None:
+    def store_rows(self, keys: list, scores: list, rows: torch.Tensor, hits: int) -> None:
+        """Put packed pages ``rows`` (``[len(keys), page_bytes]`` uint8) into tier 2 under ``keys`` with their
+        eviction ``scores`` and ``hits``; under ``write_back`` the pages tier 2 spills go to tier 3."""
         back = self.disk is not None and self.write_policy == "write_back"
         spilled = self.host.store(keys, scores, rows, hits, keep_evicted=back)
         self.stored_pages += len(keys)
@@ -128,9 +139,9 @@ class HiCache:
                 self.disk.write(s, h, row.numpy().tobytes())
 
     def _store_deferred(self) -> None:
-        deferred, self._deferred = self._deferred or [], None
+        deferred, self.deferred = self.deferred or [], None
         for item in deferred:
-            self._store(*item)
+            self.store_rows(*item)
 
     def inserted(self, key: list[int], salt: str | None, first: int, pages: list[int]) -> None:
         """Pages ``first..first+len(pages)`` of ``key`` just entered the tree as ``pages``."""
@@ -178,7 +189,7 @@ class HiCache:
         if n == 0:
             return 0
         self.tree.inc_lock_ref(m.last_node)  # the matched part must survive the allocation below
-        self._deferred = []
+        self.deferred = []
         try:
             pages = self.allocate(n)
             if pages is None:
@@ -258,7 +269,7 @@ class HiCache:
     def _fresh_score(self) -> tuple:
         """The eviction key a node touched now would have (prefetched pages rank as just used)."""
         probe = _Probe()
-        self.tree.policy.touch(probe, float(getattr(self.tree, "_clock", 0)), False)
+        self.tree.policy.touch(probe, float(self.tree.clock), False)
         return self.tree.policy.key(probe)
 
     # ---- maintenance ---------------------------------------------------------------------------

@@ -115,6 +115,11 @@ class RadixCache:
         return self._protected
 
     @property
+    def clock(self) -> float:
+        """The logical time of the last match_prefix / insert (the ticks ``last_access_time`` counts)."""
+        return self._clock
+
+    @property
     def total_pages_in_tree(self) -> int:
         return self._evictable + self._protected
 

@@ -18,19 +18,31 @@ if TYPE_CHECKING:  # annotations only: mem sits below the request layer (see [to
 
 
 class ReqPages:
-    """Attributes:
-    unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
-        evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
-    hicache: the tiers under the tree (``hicache.HiCache``), or None.
+    """The pool's pages for the requests: an allocator, the radix tree (``enable_cache``) and its tiers.
+
+    Args:
+        tiers: builds the tiers under the tree (``hicache.HiCache``) from the tree and :meth:`allocate`;
+            None (or no tree): none. Kept as ``hicache``.
+        unpin: called when eviction cannot free enough pages; it drops one session pin (making pages
+            evictable) and returns True, or returns False when nothing is pinned (runtime/scheduler/session.py).
     """
 
-    def __init__(self, page_size: int, num_pages: int, enable_cache: bool, eviction_policy: str = DEFAULT_POLICY):
+    def __init__(
+        self,
+        page_size: int,
+        num_pages: int,
+        enable_cache: bool,
+        eviction_policy: str = DEFAULT_POLICY,
+        tiers: Callable[[RadixCache, Callable[..., list[int] | None]], Any] | None = None,
+        unpin: Callable[[], bool] | None = None,
+    ):
         self.P = page_size
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
-        self.unpin: Callable[[], bool] | None = None
-        self.hicache: Any = None
+        self.unpin = unpin
+        self.hicache: Any = tiers(self.tree, self.allocate) if tiers is not None and self.tree is not None else None
         self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
+        self.flushes = 0  # flush() calls so far
 
     def allocate(self, n: int, wait: bool = True) -> list[int] | None:
         """``n`` free pages, evicting tree leaves (by the eviction policy) if short, then dropping session
@@ -93,7 +105,7 @@ class ReqPages:
         if r is None or req.max_cacheable_prefix() <= 0:
             return False
         job = req.restore_job
-        if job is None or (job.finished and getattr(job, "is_store", False)):  # a store landed: restore it now
+        if job is None or (job.finished and job.is_store):  # a store landed: restore it now
             req.restore_job = r.begin(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
             return req.restore_job is not None
         return not job.finished
@@ -132,6 +144,15 @@ class ReqPages:
             return False
         req.page_table.extend(pages)
         return True
+
+    def trim(self, req: Req, n: int) -> None:
+        """Give back the request's own pages past those that hold its first ``n`` tokens (the rollback of
+        rejected draft tokens: their slots lie past ``num_computed``, and ``n`` is ``num_computed + 1``, the
+        next token's). The tree's pages, the first ``prefix_len`` tokens', are never trimmed."""
+        keep = max(-(-n // self.P), req.prefix_len // self.P)
+        if len(req.page_table) > keep:
+            self.allocator.free(req.page_table[keep:])
+            del req.page_table[keep:]
 
     def cache(self, req: Req) -> None:
         """Insert the request's computed, page-aligned prefix into the tree and share the tree's pages:
@@ -189,7 +210,10 @@ class ReqPages:
                 self.hicache.prefetch(req.fill_ids[: req.max_cacheable_prefix()], req.cache_salt)
 
     def flush(self) -> int:
-        """Drop every unlocked cached page (and tier 2's); returns pool pages freed."""
+        """Drop every unlocked cached page (and tier 2's); returns pool pages freed. Counted in ``flushes``
+        even without a tree: what caches outputs beside the tree (the drafter's store of past outputs)
+        drops them when the count moves."""
+        self.flushes += 1
         if self.tree is None:
             return 0
         return self.hicache.flush() if self.hicache is not None else self.tree.flush()

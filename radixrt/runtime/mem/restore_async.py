@@ -75,6 +75,7 @@ class RestoreJob:
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     finished: bool = False  # poll() put it into the tree
+    is_store: bool = False  # a restore (Restorer.begin may answer with a store in flight: store_async.StoreJob)
 
 
 class Restorer:
@@ -131,11 +132,11 @@ class Restorer:
         hc.tree.inc_lock_ref(m.last_node)  # the matched part must outlive the allocation and the copy
         # pages the allocation evicts wait (copied out of the pool) until the job's tier-2 slots are free, so
         # their spill does not evict tier-2 entries to make room those slots are about to give back
-        hc._deferred, hc.defer_pages = [], True
+        hc.deferred, hc.defer_pages = [], True
         try:
             pages = hc.allocate(n)
         finally:
-            evicted, hc._deferred, hc.defer_pages = hc._deferred, None, False
+            evicted, hc.deferred, hc.defer_pages = hc.deferred, None, False
         # pages this job took are packed on the copy thread before they are overwritten (the copy on evict
         # leaves the step); any other evicted page is packed now, while nothing has reused it yet
         mine = set(pages or ())
@@ -146,7 +147,7 @@ class Restorer:
             for _, k, slot, score, hits in host:
                 hc.host.put_back(k, slot, score, hits)
             for item in deferred:
-                hc._store(*item)
+                hc.store_rows(*item)
             return None
         keys = [(salt, h) for h in hashes[start : start + n]]
         job = RestoreJob(
@@ -241,7 +242,7 @@ class Restorer:
             if hc.storer is not None:  # their rows are packed already: the store thread writes them
                 hc.storer.begin(keys, scores, hits, rows=rows)
             else:
-                hc._store(keys, scores, rows, hits)
+                hc.store_rows(keys, scores, rows, hits)
         if len(job.pages) > n:
             hc.tree.allocator.free(job.pages[n:])
         if n:

@@ -66,8 +66,4 @@ def make_tiers(
     """A ``HiCache`` under ``tree``: ``host_pages`` in tier 2 (>= 1), tier 3 of ``disk_pages`` (0: no
     bound; None: no tier 3). No prefetch: a replay has no queue to read ahead of."""
     disk = MemoryDisk(disk_pages) if disk_pages is not None else None
-    hc = HiCache(tree, NullCodec(), allocate, HostTier(host_pages, 1), disk, write_policy)
-    if hc.prefetcher is not None:
-        hc.prefetcher.close()
-        hc.prefetcher = None
-    return hc
+    return HiCache(tree, NullCodec(), allocate, HostTier(host_pages, 1), disk, write_policy, prefetch=False)

@@ -67,6 +67,9 @@ class RadixrtReplica:
             (its stderr tail is in the message).
     """
 
+    proc: subprocess.Popen | None = None  # until the server is started (__del__ may follow a failed __init__)
+    drain_timeout = 30.0
+
     def __init__(self, server_argv: list[str], drain_timeout: float = 30.0):
         from ray import serve
 
@@ -140,6 +143,5 @@ class RadixrtReplica:
 
     def __del__(self) -> None:
         """Retired by Ray Serve: drain the server (the same path as SIGTERM to ``radixrt serve``)."""
-        proc = getattr(self, "proc", None)
-        if proc is not None:
-            drain_server(proc, getattr(self, "drain_timeout", 30.0))
+        if self.proc is not None:
+            drain_server(self.proc, self.drain_timeout)

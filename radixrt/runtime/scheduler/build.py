@@ -54,11 +54,10 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
     ``tp``: this rank's TPGroup under ``--tp`` (the model is sharded; sampled ids come from rank 0).
     ``defer_grammar`` (the server's scheduler process): what the first token does not need waits for
     :func:`start_deferred` (the process calls it once idle after ready, or a use starts it): the grammar
-    backend's build
-    (~1.4 s of CPU at a 128k vocabulary) and, where a GGUF's converted files give its EOS id, the
-    transformers tokenizer (:func:`~radixrt.runtime.models.loader.deferred_tokenizer`; else it loads beside
-    the weights). On 2 cores both took their CPU time from the first token. The backend's transient
-    (~120 MB at a 128k vocabulary) then peaks over the weights. The Engine keeps the serial order
+    backend's build and, where a GGUF's converted files give its EOS id, the transformers tokenizer
+    (:func:`~radixrt.runtime.models.loader.deferred_tokenizer`; else it loads beside the weights): on few
+    cores both take their CPU time from the first token (docs/measurements.md). The backend's transient
+    then peaks over the weights. The Engine keeps the serial order
     (the grammar backend before the weights: the lowest peak).
 
     The parts are reachable as ``scheduler.tokenizer``, ``.runner`` and ``.grammar_cache``.
@@ -94,7 +93,7 @@ def build_scheduler(args: ServerArgs, tp=None, defer_grammar: bool = False) -> S
         tokenizer = load_tokenizer(args.model)
         t1 = time.perf_counter()
         # the grammar backend before the weights: its set-up's transient (llguidance serializes the tokenizer
-        # to JSON, ~120 MB at a 128k vocabulary) then peaks over no weights, not over all of them
+        # to JSON) then peaks over no weights, not over all of them
         grammar_cache = make_grammar_cache(args, tokenizer, vocab_size)
         t2 = time.perf_counter()
         runner = _runner(args, tp, grammar_cache)

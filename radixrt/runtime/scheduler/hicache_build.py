@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any, Callable
 
 from radixrt.runtime.executor.memory import available_bytes
 from radixrt.runtime.mem.disk_tier import DiskTier
 from radixrt.runtime.mem.hicache import HiCache
-from radixrt.runtime.mem.store_async import Storer
-from radixrt.runtime.mem.restore_async import Restorer
 from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
 
@@ -51,8 +50,10 @@ def model_fingerprint(runner) -> bytes:
     return h.digest()
 
 
-def make_hicache(args, runner, mem) -> HiCache | None:
-    """The tiers for a scheduler's ``ReqPages`` (``mem``), or None when the flags leave them off.
+def make_hicache(args, runner) -> Callable[[Any, Callable], HiCache] | None:
+    """What builds the tiers for a scheduler's ``ReqPages`` (its ``tiers`` argument: the tree and
+    ``ReqPages.allocate`` in, a ``HiCache`` with copy threads out), or None when the flags leave them off.
+    The host tier's memory and tier 3's directory are taken here.
 
     Raises:
         ValueError: tiers asked for without the radix cache, under ``--tp``, or a bad storage spec.
@@ -60,7 +61,7 @@ def make_hicache(args, runner, mem) -> HiCache | None:
     """
     if not hicache_enabled(args):
         return None
-    if mem.tree is None:
+    if args.disable_radix_cache:
         raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
     if args.tp > 1:
         raise ValueError("enable_hierarchical_cache is not supported with --tp > 1")
@@ -87,7 +88,5 @@ def make_hicache(args, runner, mem) -> HiCache | None:
             codec.page_bytes,
             int(args.hicache_storage_size * 2**30),
         )
-    hc = HiCache(mem.tree, codec, mem.allocate, host, disk, args.hicache_write_policy, args.hicache_prefetch_threshold)
-    hc.restorer = Restorer(hc)  # admissions restore on a copy thread while other requests step
-    hc.storer = Storer(hc)  # and evicted pages reach tier 2 on another
-    return hc
+    policy, threshold = args.hicache_write_policy, args.hicache_prefetch_threshold
+    return lambda tree, allocate: HiCache(tree, codec, allocate, host, disk, policy, threshold, copy_threads=True)

@@ -37,7 +37,7 @@ def run_scheduler_process(
     a file where the reason is written when a ``--tp`` rank's death stops this process (the supervisor
     reads it, since this process's exit code alone cannot name the rank)."""
     # OpenMP workers that spin between parallel regions fight the main and detokenizer processes (and
-    # anything else on the host) for cores: on a busy 2-core machine a decode step got ~10x slower.
+    # anything else on the host) for cores, slowing every decode step (docs/measurements.md).
     # Sleeping workers cost a wake-up per parallel op, so radixrt's C++ kernels, ~150 calls per decode step,
     # run on radixrt's own pool instead (kernels/parallel.h: a bounded spin). An explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -65,7 +65,7 @@ def run_scheduler_process(
         zmq_ctx.term()
         sys.exit(1)
     runner = sched.runner
-    if sched.mem.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
+    if sched.req_pages.hicache is not None:  # the stop's SIGTERM unwinds to the finally below: files get written
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     push.send(
         enc.encode(
@@ -99,8 +99,8 @@ def run_scheduler_process(
     finally:
         if sched.grammar_cache is not None:
             sched.grammar_cache.shutdown(wait=False)
-        if sched.mem.hicache is not None:  # queued tier-3 writes reach their files
-            sched.mem.hicache.close()
+        if sched.req_pages.hicache is not None:  # queued tier-3 writes reach their files
+            sched.req_pages.hicache.close()
         # nobody is left to read what is queued (the parent is gone or stopping us): ZMQ's default linger
         # would hold the context's term() forever on an unsent message, and the process with it
         push.close(linger=0)

@@ -27,7 +27,6 @@ class Req:
     session: Any = None  # the Session that pins this request's KV when it finishes
 
     output_ids: list[int] = field(default_factory=list)
-    draft_ids: list[int] = field(default_factory=list)  # this step's draft tokens (scheduler/spec_step.py)
     # Memory. page_table[i] holds tokens [i*P, (i+1)*P) of fill_ids. The first prefix_len tokens' pages
     # belong to the radix tree (locked through last_node); the rest are the request's own.
     page_table: list[int] = field(default_factory=list)
@@ -72,11 +71,11 @@ class Req:
             g,
         )
 
-    def advance(self, n: int, now: float) -> None:
+    def advance(self, n: int, now: float, chunk: bool) -> None:
         """``n`` more tokens of ``fill_ids`` have their KV written (at ``now``, Unix seconds); a prefill
-        chunk's end is marked for the request log."""
+        ``chunk``'s end (a row of more than one token of ``fill_ids``) is marked for the request log."""
         self.num_computed += n
-        if n > 1 or not self.prefill_marks:
+        if chunk or not self.prefill_marks:
             self.prefill_marks.append((now, min(self.num_computed, len(self.input_ids))))
 
     @property

@@ -1,9 +1,11 @@
 """The scheduler: it decides who runs each step; others do the work.
 
-    step():  schedule()                               -> ScheduledBatch     admissions, chunks, preemptions
+    step():  schedule()                               -> ScheduledBatch     admissions, chunks, preemptions,
+                                                                            then the step hook's propose
              runner.prepare(batch)                    -> ForwardBatch       executor/model_runner.py
              runner.forward(fb)                       -> logits             executor/model_runner.py
-             process_batch_result(batch, fb, logits)  -> finished requests  output_processor.py, mem/req_pages.py
+             process_batch_result(batch, fb, logits)  -> finished requests  sample (output_processor.py), the
+                                                                            hook's accept, advance, mem/req_pages.py
              collect_outputs()                        -> TokenOut deltas
 
 ``run_once`` is what every driver loop calls once per turn (the Engine's thread, the scheduler process,
@@ -35,7 +37,7 @@ from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.scheduler.schedule_policy import order_waiting, shares_uncached
 from radixrt.runtime.scheduler.session import SessionManager, TurnClock
-from radixrt.runtime.scheduler.spec_step import Speculator
+from radixrt.runtime.scheduler.spec_step import make_speculator
 from radixrt.runtime.scheduler.step_stats import StepStats
 
 logger = logging.getLogger(__name__)
@@ -45,10 +47,16 @@ class Scheduler:
     def __init__(self, args, runner, tokenizer, grammar_cache=None, tp=None):
         self.args, self.runner, self.tokenizer, self.tp = args, runner, tokenizer, tp  # tp: this rank's TPGroup
         self.P = runner.page_size
-        self.mem = ReqPages(self.P, runner.num_pages, not args.disable_radix_cache, args.eviction_policy)
+        self.req_pages = ReqPages(
+            self.P,
+            runner.num_pages,
+            not args.disable_radix_cache,
+            args.eviction_policy,
+            tiers=make_hicache(args, runner),  # tiers 2-3 under the tree, or None
+            unpin=self._unpin_oldest,
+        )
         self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
-        self.allocator, self.tree = self.mem.allocator, self.mem.tree
-        self.mem.hicache = make_hicache(args, runner, self.mem)  # tiers 2-3 under the tree, or None
+        self.allocator, self.tree = self.req_pages.allocator, self.req_pages.tree
         self.grammar_cache = grammar_cache
         self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
         self.outputs = OutputProcessor(
@@ -59,8 +67,8 @@ class Scheduler:
             grammar_overlap=args.grammar_overlap,
             share_tokens=tp.share_tokens if tp is not None and tp.size > 1 else None,
         )
-        self.spec = Speculator(args, self.outputs, runner.context_length, str(getattr(runner, "device", "cpu")))
-        self.spec.calibrate(runner, self.allocator)  # the cost model's step times (speculation on only)
+        self.stats = StepStats()
+        self.spec = make_speculator(args, self.outputs, runner, self.req_pages, self.stats)  # the step hook
         self.waiting: list[Req] = []
         self.grammar_queue: list[Req] = []
         self.running: list[Req] = []
@@ -70,13 +78,11 @@ class Scheduler:
         self.hit_tokens = 0
         self.query_tokens = 0
         self.num_preemptions = 0
-        self.stats = StepStats()
+        self._last_batch_size = self._last_tokens = 0
         # under --tp every rank's sessions run on rank 0's time, one value per turn (the loops set it)
         self.sessions = SessionManager(
             self.tree, args.max_pinned_tokens, TurnClock() if tp is not None else time.monotonic
         )
-        self._last_batch_size = self._last_tokens = 0
-        self.mem.unpin = self.sessions.unpin_oldest  # memory pressure drops the oldest pin first
 
     # ---- messages in -------------------------------------------------------------------------------
     def handle(self, msg):
@@ -121,24 +127,19 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
-            self.mem.release(req)
+            self.req_pages.release(req)
         for q in (self.waiting, self.grammar_queue):
             if req in q:
                 q.remove(req)
         self._finish(req, FinishAbort("aborted"))
 
     def flush_cache(self) -> bool:
-        """Drop every unlocked cached page and the drafter's store of past outputs. Returns False (nothing
-        done) while requests are running."""
-        busy = bool(self.running or self.waiting or self.mem.restoring_pages)
-        if not busy:
-            self.spec.flush()
-        if self.tree is None:
-            return True
-        if busy:
-            return False
-        self.mem.flush()
-        if self.request_log is not None:
+        """Drop every unlocked cached page, and what caches outputs beside the tree (``ReqPages.flush``).
+        Returns False (nothing done) while requests are running (True without a tree)."""
+        if self.running or self.waiting or self.req_pages.restoring_pages:
+            return self.tree is None
+        self.req_pages.flush()
+        if self.tree is not None and self.request_log is not None:
             self.request_log.write_flush(time.time())
         return True
 
@@ -149,14 +150,18 @@ class Scheduler:
             or self.waiting
             or self.grammar_queue
             or self.finished_outs
-            or self.mem.restoring_pages
-            or self.mem.storing_pages
+            or self.req_pages.restoring_pages
+            or self.req_pages.storing_pages
         )
 
     # ---- memory ------------------------------------------------------------------------------------
+    def _unpin_oldest(self) -> bool:
+        """ReqPages' ``unpin``: memory pressure drops the oldest session pin first."""
+        return self.sessions.unpin_oldest()
+
     def _preempt(self, req: Req) -> None:
         self.running.remove(req)
-        self.mem.release(req)
+        self.req_pages.release(req)
         if req.input_logprobs is not None and not req.input_logprobs_done:
             req.input_logprobs, req.input_top_logprobs = [], []  # recomputed from the start
         self.num_preemptions += 1
@@ -164,7 +169,7 @@ class Scheduler:
 
     def cache_stats(self) -> dict:
         return {
-            **self.mem.stats(self.running),
+            **self.req_pages.stats(self.running),
             "hit_tokens": self.hit_tokens,
             "query_tokens": self.query_tokens,
             "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
@@ -172,8 +177,7 @@ class Scheduler:
             "req_forward_passes": self.stats.req_forward_passes,
             "jump_forward_tokens": self.outputs.jump_forward_tokens,
             **self.sessions.stats(),
-            "speculative": self.spec.stats(),
-            **({"hicache": self.mem.hicache.stats(self.query_tokens)} if self.mem.hicache else {}),
+            **({"hicache": self.req_pages.hicache.stats(self.query_tokens)} if self.req_pages.hicache else {}),
         }
 
     # ---- scheduling --------------------------------------------------------------------------------
@@ -191,7 +195,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         """Pick this step's work (:class:`ScheduledBatch`): decodes first, then extend chunks, then
-        admissions, within ``--max-num-batched-tokens``."""
+        admissions, within ``--max-num-batched-tokens``; then the step hook's propose, within what is left."""
         self._promote_grammar_ready()
         budget = self.args.max_num_batched_tokens
         batch = ScheduledBatch()
@@ -199,35 +203,33 @@ class Scheduler:
             if req in self.running and self._grow_or_preempt(req, 1, batch):
                 batch.add(req, 1)
                 budget -= 1
-        pending = sum(min(r.extend_len, self.args.chunked_prefill_size) for r in self.running if r.extend_len > 1)
-        budget -= self.spec.propose(batch, self.mem, budget, pending)  # drafts on decode rows (spec_step.py)
         for req in [r for r in self.running if r.extend_len > 1]:
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
             if n > 0 and req in self.running and self._grow_or_preempt(req, n, batch, wait=False):
                 batch.add(req, n)
                 budget -= n
-        self.mem.poll_restores()  # restores that landed: their requests are admitted below
+        self.req_pages.poll_restores()  # restores that landed: their requests are admitted below
         if budget > 0 and self.waiting:
             budget = self._admit(batch, budget)
-        self.spec.propose_after_prompts(batch, self.mem, budget)  # drafts after prompts that end this step
-        self.mem.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
+        self.spec.propose(batch, self.req_pages, budget)
+        self.req_pages.prefetch(self.waiting)  # tier-3 reads for those still queued, while this step runs
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> int:
         """Admit waiting requests into ``batch`` (their first chunk) while ``budget`` tokens and
         ``--max-running-requests`` allow. Returns the budget left."""
-        admitted: list[Req] = [r for r, _ in batch if r.extend_len > 1]
+        admitted: list[Req] = [row.req for row in batch if row.req.extend_len > 1]
         for req in order_waiting(self.waiting, self.args.schedule_policy, self.tree, self.args.max_wait_steps):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 break
             if self.tree is not None and shares_uncached(self.tree, req, admitted, self.P):
                 continue
-            if self.tree is not None and self.mem.restoring(req):  # its pages load while others step
+            if self.tree is not None and self.req_pages.restoring(req):  # its pages load while others step
                 continue
-            matched = self.mem.admit(req)
+            matched = self.req_pages.admit(req)
             n = min(req.extend_len, self.args.chunked_prefill_size, budget)
-            if not self.mem.grow(req, n, wait=False):  # no room yet (or it is being stored): next step
-                self.mem.release(req)
+            if not self.req_pages.grow(req, n, wait=False):  # no room yet (or it is being stored): next step
+                self.req_pages.release(req)
                 break
             if req.t_admit is None:
                 req.t_admit, req.cacheable_len = time.time(), req.max_cacheable_prefix()
@@ -253,8 +255,8 @@ class Scheduler:
         Decodes are visited oldest first, so the newest request gives way: recompute preemption, as in
         vLLM and SGLang."""
         in_batch = set(batch.reqs)
-        while not self.mem.grow(req, n, wait):
-            if not wait and self.mem.storing_pages:
+        while not self.req_pages.grow(req, n, wait):
+            if not wait and self.req_pages.storing_pages:
                 return False
             victim = max((r for r in self.running if r not in in_batch), key=lambda r: r.arrival)
             self._preempt(victim)
@@ -272,8 +274,7 @@ class Scheduler:
         t0, f0 = time.perf_counter(), self.runner.forward_time
         outs = self.step()
         dt = time.perf_counter() - t0
-        self.stats.record(dt, self.runner.forward_time - f0, self._last_batch_size)
-        self.spec.observe_step(self._last_tokens, dt)
+        self.stats.record(dt, self.runner.forward_time - f0, self._last_batch_size, self._last_tokens)
         self.stats.log_every(self.args.log_interval, self)
         return outs
 
@@ -284,27 +285,27 @@ class Scheduler:
             fb = self.runner.prepare(batch)
             logits = self.runner.forward(fb)
             self.process_batch_result(batch, fb, logits)
-        elif self.mem.restoring_pages or self.mem.storing_pages:  # only copies in flight: sleep, not spin
-            self.mem.wait_copies(0.005)
-        self._last_batch_size, self._last_tokens = len(batch), sum(batch.num_new_tokens)
+        elif self.req_pages.restoring_pages or self.req_pages.storing_pages:  # only copies in flight: sleep, not spin
+            self.req_pages.wait_copies(0.005)
+        self._last_batch_size, self._last_tokens = len(batch), batch.num_tokens
         return self.collect_outputs()
 
     def process_batch_result(self, batch: ScheduledBatch, fb, logits) -> None:
-        """After the forward: advance each request by its tokens, sample and finish (output processor),
-        and put every unfinished prefill chunk's KV in the tree at once, for others to hit."""
+        """After the forward: sample (output processor) and let the step hook accept, advance each request
+        by the tokens its row keeps, give back the pages of tokens computed but not kept, finish, and put
+        every unfinished prefill chunk's KV in the tree at once, for others to hit."""
         now = time.time()
-        chunks = []  # prompt chunks (with or without drafts after them), not decode rows
-        for req, n in batch:
-            req.advance(n - len(req.draft_ids), now)  # a draft's KV counts once it is accepted (verify)
-            if n - len(req.draft_ids) > 1:
-                chunks.append(req)
-        finished = self.outputs.process(fb, logits) + self.spec.verify(logits, fb.spec_at)
-        self.spec.rollback_rejected(batch, self.mem)
+        finished = self.outputs.process(fb, logits)
+        keep = self.spec.accept(batch, fb, logits, finished)
+        for row, k in zip(batch, keep):
+            row.req.advance(k, now, chunk=row.num_fill > 1)
+            if k < row.n:
+                self.req_pages.trim(row.req, row.req.num_computed + 1)
         for req, reason in finished:
             self._finish_running(req, reason)
-        for req in chunks:
-            if req.finished_reason is None:
-                self.mem.cache(req)
+        for row in batch:
+            if row.num_fill > 1 and row.req.finished_reason is None:
+                self.req_pages.cache(row.req)
 
     def collect_outputs(self) -> list[TokenOut]:
         """This step's TokenOut deltas: finished requests' last ones, then each running request's new tokens."""
@@ -315,14 +316,13 @@ class Scheduler:
     def _finish_running(self, req: Req, reason: FinishReason) -> None:
         self.running.remove(req)
         if req.session is None:
-            self.mem.release(req)
+            self.req_pages.release(req)
         else:  # the request's lock on its deepest cached node passes to its session
-            self.sessions.take_over(req, self.mem)
+            self.sessions.take_over(req, self.req_pages)
         self._finish(req, reason)
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
-        self.spec.finish(req)
         if req.session is not None:
             self.sessions.done(req.session)
         self.by_rid.pop(req.rid, None)

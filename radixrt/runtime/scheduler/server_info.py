@@ -6,11 +6,12 @@ from typing import Any
 
 
 def queue_stats(sched) -> dict:
-    """The scheduler's live state: ``cache`` (page counts, hit tokens), ``num_running`` and ``num_waiting``
+    """The scheduler's live state: ``cache`` (page counts, hit tokens, ``speculative``: the speculator's
+    counters), ``num_running`` and ``num_waiting``
     (requests; waiting includes those whose grammar is still compiling), ``memory`` (bytes: weights, KV
     pool, this process's RSS and peak RSS). Call it in the scheduler's thread."""
     return {
-        "cache": sched.cache_stats(),
+        "cache": {**sched.cache_stats(), "speculative": sched.spec.stats()},
         "num_running": len(sched.running),
         "num_waiting": len(sched.waiting) + len(sched.grammar_queue),
         "memory": sched.runner.memory_stats(),

@@ -161,10 +161,10 @@ class SessionManager:
         self.expire()
         return self.open(r.capacity_of_str_len, r.session_id, r.timeout)
 
-    def take_over(self, req: Any, mem: Any) -> None:
-        """A finished session request's lock on its deepest cached node passes to its session (``mem``:
+    def take_over(self, req: Any, req_pages: Any) -> None:
+        """A finished session request's lock on its deepest cached node passes to its session (``req_pages``:
         the scheduler's ReqPages); the request's own pages go to the tree as usual."""
-        node, tokens = mem.release(req, keep_lock=True)
+        node, tokens = req_pages.release(req, keep_lock=True)
         self.record(req.session, req.rid, len(req.input_ids), req.fill_ids)
         self.pin(req.session, node, tokens)
 

@@ -10,7 +10,7 @@ from radixrt.runtime.executor.forward_batch import ForwardBatch
 from radixrt.runtime.spec.cost import StepTimes
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-BUDGET_S = 1.0  # start-up seconds the curve may take: a 135M model measures every size, an 8B the first few
+BUDGET_S = 1.0  # start-up seconds the curve may take: a small model measures every size, a large one the first few
 
 
 def measure_step_times(

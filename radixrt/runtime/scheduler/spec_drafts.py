@@ -30,23 +30,25 @@ class DraftMaker:
 
     Args:
         drafter: a runtime/spec Drafter.
-        outputs: the scheduler's OutputProcessor (``tokenizer``, ``eos_ids``, ``prefetch``).
+        outputs: the scheduler's OutputProcessor (``tokenizer``, ``eos_ids``, ``mask_prefetcher``).
         context_length: the longest prompt + output, in tokens.
-        adaptive: the cost model chooses the length (the drafter's own proposal), else the drafter's
-            adapted proposal (``Drafter.propose``).
+        acceptance: the requests' acceptance record (spec/acceptance.py). With ``adaptive`` the cost model
+            chooses the length later (the drafter's whole proposal here); else the proposal is cut to the
+            share the record's fixed rule gives (``Acceptance.fixed_scale``).
     """
 
-    def __init__(self, drafter, outputs, context_length: int, adaptive: bool):
+    def __init__(self, drafter, outputs, context_length: int, adaptive: bool, acceptance=None):
         self.drafter, self.outputs = drafter, outputs
         self.context_length, self.adaptive = context_length, adaptive
+        self.acceptance = acceptance
 
-    def room(self, req: Req, mem, budget: int, n: int = 1) -> int:
+    def room(self, req: Req, req_pages, budget: int, n: int = 1) -> int:
         """The most draft tokens ``req`` may carry this step after its ``n`` scheduled tokens (0: none: opted
         out, or constrained with its matcher on the mask-prefetch thread)."""
         if not req.params.speculative or (req.grammar is not None and self.outputs.mask_prefetcher is not None):
             return 0
         room = min(req.max_new_tokens - len(req.output_ids), self.context_length - req.seq_len) - 1
-        fit = (len(req.page_table) + mem.allocator.num_free) * mem.P - req.num_computed - n
+        fit = (len(req.page_table) + req_pages.allocator.num_free) * req_pages.P - req.num_computed - n
         return max(0, min(room, fit, budget, self.drafter.cfg.num_draft_tokens))
 
     def forced(self, req: Req, room: int) -> list[int]:
@@ -59,24 +61,26 @@ class DraftMaker:
             toks = self.outputs.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
         return self._legal(req, [], toks[:room])
 
-    def continued(self, req: Req, mem, budget: int, n: int, forced: list[int]) -> Draft:
+    def continued(self, req: Req, req_pages, budget: int, n: int, forced: list[int]) -> Draft:
         """The drafter's proposal where it is longer than ``forced`` and starts with them; else ``forced``
         followed by the drafter's proposal after them; ``forced`` count as certain where they lead."""
-        draft = self.proposal(req, mem, budget, n)
+        draft = self.proposal(req, req_pages, budget, n)
         if len(draft) > len(forced) and draft[: len(forced)] == forced:
             return Draft(draft, len(forced))
         if not forced:
             return Draft(draft)
-        return Draft(forced + self.proposal(req, mem, budget, n, forced), len(forced))
+        return Draft(forced + self.proposal(req, req_pages, budget, n, forced), len(forced))
 
-    def proposal(self, req: Req, mem, budget: int, n: int = 1, after: list[int] = ()) -> list[int]:
+    def proposal(self, req: Req, req_pages, budget: int, n: int = 1, after: list[int] = ()) -> list[int]:
         """The drafter's proposal for ``req``'s next tokens after ``after`` (which its grammar accepts),
         cut to the room left and to what the grammar accepts."""
-        k = self.room(req, mem, budget, n) - len(after)
+        k = self.room(req, req_pages, budget, n) - len(after)
         if k <= 0:
             return []
-        d = self.drafter.draft(req, after) if self.adaptive else self.drafter.propose(req, after)
-        return self._legal(req, list(after), d[:k])
+        scale = 1.0 if self.adaptive else self.acceptance.fixed_scale(req.rid)
+        if scale is None:  # a low-acceptance request's step without drafts
+            return []
+        return self._legal(req, list(after), self.drafter.draft(req, after, scale)[:k])
 
     def _legal(self, req: Req, after: list[int], draft: list[int]) -> list[int]:
         if not draft or req.grammar is None:

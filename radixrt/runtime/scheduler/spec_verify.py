@@ -10,26 +10,28 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.runtime.io_struct import FinishLength, FinishReason
 from radixrt.kernels import fused
+from radixrt.runtime.executor.scheduled_batch import Row
+from radixrt.runtime.io_struct import FinishLength, FinishReason
 from radixrt.runtime.scheduler.request import Req
 
 
-def verify_rows(outputs, logits, spec_at: list[tuple[Req, int]]) -> tuple[list, dict[int, int], dict[int, int]]:
-    """Sample the draft rows ``spec_at`` (``(req, first logits row)``; rows ``first .. first + k`` score
-    its ``1 + k`` positions) and append the tokens kept.
+def verify_rows(outputs, logits, verify_at: list[tuple[Row, int]]) -> tuple[list, dict[int, int], dict[int, int]]:
+    """Sample the draft rows ``verify_at`` (``(row, first logits row)``; rows ``first .. first + k`` score
+    its last ``1 + k`` positions, ``k = len(row.drafts)``) and append the tokens kept to each request.
 
     Returns ``(finished, sampled, accepted)``: ``(req, finished_reason)`` of the requests that finished,
     and per ``id(req)`` the positions sampled (tokens appended, or 1 when the request was already at its
     length limit) and the draft tokens kept.
     """
-    plain = [(r, row) for r, row in spec_at if plain_greedy(r)]
+    plain = [(r, at) for r, at in verify_at if plain_greedy(r.req)]
     sampled: dict[int, int] = {}
     accepted: dict[int, int] = {}
     finished = verify_greedy(outputs, logits, plain, sampled, accepted) if plain else []
-    if len(plain) < len(spec_at):
+    if len(plain) < len(verify_at):
         fast = {id(r) for r, _ in plain}
-        finished += verify_levels(outputs, logits, [(r, w) for r, w in spec_at if id(r) not in fast], sampled, accepted)
+        rest = [(r, at) for r, at in verify_at if id(r) not in fast]
+        finished += verify_levels(outputs, logits, rest, sampled, accepted)
     return finished, sampled, accepted
 
 
@@ -49,15 +51,15 @@ def plain_greedy(req: Req) -> bool:
     )
 
 
-def verify_greedy(outputs, logits, rows: list[tuple[Req, int]], sampled: dict, accepted: dict) -> list:
+def verify_greedy(outputs, logits, rows: list[tuple[Row, int]], sampled: dict, accepted: dict) -> list:
     """Rows of :func:`plain_greedy` requests: every position's argmax in one call, then each row's
     tokens appended up to the first mismatch, with the finish checks of a plain step after each (the
     sampler would take the same argmax: nothing changes these rows' logits)."""
-    at = [row + j for r, row in rows for j in range(len(r.draft_ids) + 1)]
+    at = [first + j for r, first in rows for j in range(len(r.drafts) + 1)]
     am = fused.argmax(logits[torch.tensor(at)]).tolist()
     finished, off = [], 0
-    for req, _ in rows:
-        draft, n, a = req.draft_ids, 0, 0
+    for row, _ in rows:
+        req, draft, n, a = row.req, row.drafts, 0, 0
         if len(req.output_ids) >= req.max_new_tokens:
             finished.append((req, FinishLength(req.max_new_tokens)))
             n = 1
@@ -79,27 +81,24 @@ def verify_greedy(outputs, logits, rows: list[tuple[Req, int]], sampled: dict, a
     return finished
 
 
-def verify_levels(outputs, logits, spec_at: list[tuple[Req, int]], sampled: dict, accepted: dict) -> list:
+def verify_levels(outputs, logits, verify_at: list[tuple[Row, int]], sampled: dict, accepted: dict) -> list:
     """Any request: one sampler call per draft position over the rows still accepting."""
     finished: list[tuple[Req, FinishReason]] = []
-    level, j = list(spec_at), 0
-    for r, _ in spec_at:
-        sampled[id(r)] = accepted[id(r)] = 0
+    level, j = list(verify_at), 0
+    for r, _ in verify_at:
+        sampled[id(r.req)] = accepted[id(r.req)] = 0
     while level:
-        before = {id(r): len(r.output_ids) for r, _ in level}
-        fin = outputs.sample(logits, [(r, row + j) for r, row in level])
+        before = {id(r.req): len(r.req.output_ids) for r, _ in level}
+        fin = outputs.sample(logits, [(r.req, first + j) for r, first in level])
         finished += fin
         done = {id(r) for r, _ in fin}
         nxt = []
-        for req, row in level:
+        for row, first in level:
+            req, draft = row.req, row.drafts
             sampled[id(req)] += 1
-            hit = (
-                j < len(req.draft_ids)
-                and len(req.output_ids) == before[id(req)] + 1
-                and req.output_ids[-1] == req.draft_ids[j]
-            )
+            hit = j < len(draft) and len(req.output_ids) == before[id(req)] + 1 and req.output_ids[-1] == draft[j]
             accepted[id(req)] += hit
             if hit and id(req) not in done:
-                nxt.append((req, row))
+                nxt.append((row, first))
         level, j = nxt, j + 1
     return finished

@@ -123,7 +123,7 @@ def serve(args: ServerArgs) -> int:
         children = _start_children_early(args, src)
         from radixrt.runtime.models.loader import load_config, tokenizer_only_transformers
 
-        tokenizer_only_transformers()  # this process runs no model: ~235 MiB and seconds of torch kept out
+        tokenizer_only_transformers()  # this process runs no model: torch's memory and import time kept out
         load_config(args.model)
     except ValueError as e:
         if children is not None:
@@ -176,7 +176,7 @@ def serve(args: ServerArgs) -> int:
     )
     server = _server_class()(config, tm, args.drain_timeout)
     holder["server"] = server
-    early.server = server
+    early.stops(server)
     if early.signalled:  # stopped while starting: the children go, and it is still a clean stop
         tm.stop_processes()
         return 0
@@ -192,9 +192,10 @@ def serve(args: ServerArgs) -> int:
 
 def _start_children_early(args: ServerArgs, src):
     """Start the scheduler and detokenizer now, before this process imports transformers and the HTTP
-    stack (~2 s of a cold start), when the GGUF's converted metadata is already cached and verified
-    (:mod:`~radixrt.runtime.models.meta_cache`): otherwise this process converts it first, as before, so
-    that the three processes never convert it at once. None when not started. ValueError: not a GGUF."""
+    stack (a large part of a cold start, docs/measurements.md), when the GGUF's converted metadata is
+    already cached and verified (:mod:`~radixrt.runtime.models.meta_cache`): otherwise this process
+    converts it first, as before, so that the three processes never convert it at once. None when not
+    started. ValueError: not a GGUF."""
     if src.gguf_file is None:
         return None
     from radixrt.runtime.models.meta_cache import cache_dir, verified
@@ -239,6 +240,10 @@ class _EarlySignal:
         self.signalled = False
         self.server = None  # the uvicorn Server, once made
         self.install()
+
+    def stops(self, server) -> None:
+        """From now on a signal stops the uvicorn ``server`` (until uvicorn installs its own handlers)."""
+        self.server = server
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():

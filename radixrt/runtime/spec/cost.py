@@ -1,10 +1,10 @@
 """How many draft tokens a step should verify: a cost model from the measured step time (issue 27, item 4).
 
-On a CPU a step's time grows with the tokens it computes almost from the first extra one (a 135M model on
-2 cores: 1.7x the time for 2 tokens, 5x for 9), so a draft pays only when enough of it is accepted, and the
+On a CPU a step's time grows with the tokens it computes almost from the first extra one (docs/DESIGN.md,
+speculative decoding, has the measured curves), so a draft pays only when enough of it is accepted, and the
 answer changes with the batch size and the load. Per step the scheduler knows, for each decode row that
 could carry drafts, the probability ``p`` that a draft token is accepted given that the ones before it were
-(the request's recent acceptance, :class:`Acceptance`), and the measured step time ``t(T)`` at ``T`` tokens
+(the request's recent acceptance, spec/acceptance.py), and the measured step time ``t(T)`` at ``T`` tokens
 (:class:`StepTimes`). Draft token ``j`` of a row is kept with probability ``p^j`` (every earlier one kept),
 so ``D`` extra tokens spread over the rows emit ``N0 + G(D)`` tokens in ``t(T0 + D)`` seconds, ``G(D)`` the
 sum of the ``D`` largest ``p_i^j`` (a row whose draft begins with grammar-forced tokens multiplies their
@@ -22,9 +22,6 @@ from typing import Callable, Sequence
 
 EXACT_UP_TO = 64  # step sizes up to this many tokens are timed exactly; above, in buckets of 1/8 octave
 TIME_EMA = 0.2  # weight of a new step's measured / base time in the scale of t(T)
-PRIOR = (4.0, 1.0)  # global acceptance starts at Beta(4, 1) = 0.8: optimistic, so drafting is tried at all
-PRIOR_WEIGHT = 2.0  # pseudo-observations of the global rate in a request's own estimate
-DECAY = 0.9  # a request's evidence shrinks by this per step it is observed or passed over
 MARGIN = 0.05  # drafts must promise this much more output rate than none (step times are noisy)
 
 
@@ -92,42 +89,6 @@ class StepTimes:
             return t[b] + (t[b] - t[a]) / (b - a) * (T - b)
         a, b = keys[i - 1], keys[i]
         return t[a] + (t[b] - t[a]) * (T - a) / (b - a)
-
-
-class Acceptance:
-    """Per request, ``p``: the chance a draft token is accepted given the ones before it were, estimated
-    from its recent verifications (kept tokens are successes, a rejection ends a draft as one failure;
-    evidence decays by :data:`DECAY` a step) pulled towards the global rate of the drafter by
-    :data:`PRIOR_WEIGHT` pseudo-observations. The global rate starts at :data:`PRIOR` and decays slowly."""
-
-    def __init__(self):
-        self.hits, self.misses = PRIOR
-        self._req: dict[str, list[float]] = {}
-
-    @property
-    def global_rate(self) -> float:
-        return self.hits / (self.hits + self.misses)
-
-    def p(self, rid: str) -> float:
-        h, m = self._req.get(rid, (0.0, 0.0))
-        return (h + PRIOR_WEIGHT * self.global_rate) / (h + m + PRIOR_WEIGHT)
-
-    def observe(self, rid: str, proposed: int, accepted: int, rejected: bool) -> None:
-        """``accepted`` of ``proposed`` draft tokens were kept; ``rejected``: one was refused (not a stop)."""
-        s = self._req.setdefault(rid, [0.0, 0.0])
-        s[0], s[1] = s[0] * DECAY + accepted, s[1] * DECAY + rejected
-        g = 1 - (1 - DECAY) / 10  # the global rate forgets ten times slower
-        self.hits, self.misses = self.hits * g + accepted, self.misses * g + rejected
-
-    def pass_over(self, rid: str) -> None:
-        """A step without drafts for ``rid``: its own evidence fades, so it is tried again once the
-        global rate says drafts pay."""
-        s = self._req.get(rid)
-        if s is not None:
-            s[0], s[1] = s[0] * DECAY, s[1] * DECAY
-
-    def finish(self, rid: str) -> None:
-        self._req.pop(rid, None)
 
 
 def choose_drafts(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from radixrt.runtime.io_struct import BatchStrOut, BatchTokenOut, StrOut, TokenOut
@@ -42,7 +43,8 @@ class Detokenizer:
     """Turns :class:`BatchTokenOut` into :class:`BatchStrOut`; one state per live request."""
 
     def __init__(self, tokenizer):
-        self.tok = tokenizer._tokenizer if hasattr(tokenizer, "_tokenizer") else tokenizer
+        # the Rust tokenizer itself (the detokenizer process loads only it), or a transformers fast tokenizer's
+        self.tok = tokenizer if isinstance(tokenizer, Tokenizer) else tokenizer.backend_tokenizer
         self.states: dict[str, _State] = {}
         # the tokenizer's special added tokens (the ones skip_special_tokens drops)
         self.special = {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}

@@ -40,7 +40,7 @@ class Limits:
 
 def max_token_chars(tokenizer) -> int:
     """Characters in the vocabulary's longest token: a text longer than ``context_length`` times this cannot
-    fit, so it is refused before tokenizing (a 10 MB prompt took 8 s of the server's event loop)."""
+    fit, so it is refused before tokenizing (such a prompt would hold the server's event loop for seconds)."""
     return max((len(t) for t in tokenizer.get_vocab()), default=0)
 
 

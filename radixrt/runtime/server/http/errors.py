@@ -112,7 +112,7 @@ def validation_error(errs: list) -> ApiError:
 
 def from_validation(e: ValueError) -> ApiError:
     """A 400 for a ValueError of the runtime's validation; ``param`` from a :class:`ValidationError`."""
-    return ApiError(str(e), param=getattr(e, "param", None))
+    return ApiError(str(e), param=e.param if isinstance(e, ValidationError) else None)
 
 
 ANTHROPIC_PATHS = ("/v1/messages",)  # routes that answer errors in Anthropic's shape

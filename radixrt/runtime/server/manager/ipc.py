@@ -109,7 +109,7 @@ def _big_int_field(obj, name: str | None = None) -> str | None:
     if isinstance(obj, int) and not isinstance(obj, bool):
         return name if not -(2**63) <= obj < 2**64 else None
     if isinstance(obj, msgspec.Struct):
-        items = ((f, getattr(obj, f)) for f in obj.__struct_fields__)
+        items = zip(obj.__struct_fields__, msgspec.structs.astuple(obj))
     elif isinstance(obj, dict):
         items = ((str(k), v) for k, v in obj.items())
     elif isinstance(obj, (list, tuple)):

@@ -59,8 +59,8 @@ class Supervisor:
         time, children that ``radixrt serve`` started before its HTTP set-up (``tm.children``) are adopted."""
         tm = self.tm
         early = tm.children if self.generation == 0 else None
-        tm.children = children = early if early is not None else ChildProcesses(tm.args)
-        tm.ipc = Ipc(children.addr["scheduler"], children.addr["main"])
+        children = early if early is not None else ChildProcesses(tm.args)
+        tm.connect(children, Ipc(children.addr["scheduler"], children.addr["main"]))
         if not children.procs:
             children.spawn()
         children.watch(lambda name: self._on_exit(children, name))
@@ -73,7 +73,7 @@ class Supervisor:
             self._give_up(f"{self.tm.dead}; the restarted scheduler failed to load the model: {r.error}")
         else:
             logger.warning("the children are back after %.1f s; serving again", time.monotonic() - self.t_died)
-            self.tm.dead = None
+            self.tm.revive()
 
     def _on_exit(self, children: ChildProcesses, name: str, deferred: bool = False, code: int | None = None) -> None:
         """A child's sentinel fired (in the event loop); ``deferred``: called again after SIGNAL_GRACE_S with the
@@ -129,8 +129,7 @@ class Supervisor:
         self.restarts[cause] = self.restarts.get(cause, 0) + 1
         if tm.metrics is not None:
             tm.metrics.observe_restart(cause)
-        tm.dead = None  # fail() keeps the first reason: this one is newer
-        tm.fail(f"{what}; restarting it, retry when GET /health returns 200")
+        tm.fail(f"{what}; restarting it, retry when GET /health returns 200", newer=True)
         logger.error(
             "%s; restarting the children (%d of at most %d in %.0f min)",
             what,
@@ -161,7 +160,7 @@ class Supervisor:
 
     def _give_up(self, msg: str) -> None:
         self.down = True
-        self.tm.dead = msg
+        self.tm.fail(msg, newer=True)
         logger.error("%s", msg)
         if self.tm.children is not None:
             self.tm.children.unwatch()

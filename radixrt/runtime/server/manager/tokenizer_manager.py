@@ -109,9 +109,9 @@ class TokenizerManager:
             return
         from radixrt.runtime.scheduler.build import make_grammar_cache
 
-        # the grammar backend (~1.4 s of CPU at a 128k vocabulary) on its own thread once no request is in
+        # the grammar backend (seconds of CPU at a large vocabulary) on its own thread once no request is in
         # flight, or at the first compile: built beside the scheduler's load or the first requests it
-        # delayed their tokens on 2 cores (CPU and this process's GIL); a compile waits for it, and a failed
+        # delayed their tokens on few cores (CPU and this process's GIL); a compile waits for it, and a failed
         # build fails each constrained request with its cause (a 400)
         if self.grammar_cache is None or self._grammar_vocab != r.vocab_size:  # once, unless a restart differs
             if self.grammar_cache is not None:
@@ -143,9 +143,18 @@ class TokenizerManager:
         if self.on_fatal is not None:
             self.on_fatal()
 
-    def fail(self, msg: str) -> None:
-        """Mark the runtime dead and wake every waiter with a 503."""
-        if self.dead is None:
+    def connect(self, children: ChildProcesses, ipc: Ipc) -> None:
+        """Serve through ``children`` over ``ipc`` (the supervisor's start and each restart)."""
+        self.children, self.ipc = children, ipc
+
+    def revive(self) -> None:
+        """The restarted children are ready: serve again."""
+        self.dead = None
+
+    def fail(self, msg: str, newer: bool = False) -> None:
+        """Mark the runtime dead and wake every waiter with a 503. The first reason is kept, unless the
+        reason is ``newer`` (a later death, the supervisor giving up)."""
+        if self.dead is None or newer:
             self.dead = msg
         err = ApiError(msg, status=503, type="service_unavailable")
         for batch in {id(b): b for b in self.states.values()}.values():

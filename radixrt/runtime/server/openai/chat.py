@@ -58,8 +58,8 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
 
 def _check_size(messages, limits) -> None:
     """Refuse, before the template renders it, a conversation that cannot fit the context: more messages
-    than tokens, or more characters than the context's tokens can hold (a 8 MB message took the event loop
-    for 6 s to render and tokenize). Raises ApiError 400 naming ``messages``."""
+    than tokens, or more characters than the context's tokens can hold (rendering and tokenizing such a
+    message would hold the event loop for seconds). Raises ApiError 400 naming ``messages``."""
     chars = 0
     for m in messages:
         parts = m.content if isinstance(m.content, list) else [m.content]
@@ -208,9 +208,7 @@ async def run_chat(
         req.separate_reasoning,
     )
     sp.update(turn.sampling)
-    ids, spliced = encode_turn(
-        tm.tokenizer, c.turns(), turn, req.cache_salt, getattr(c.args, "reasoning_history", "strip") == "keep"
-    )
+    ids, spliced = encode_turn(tm.tokenizer, c.turns(), turn, req.cache_salt, c.args.reasoning_history == "keep")
     n = req.n
     if not submit_it:
         return ChatRun(c, turn, None, n, req.cache_salt, spliced, ids)

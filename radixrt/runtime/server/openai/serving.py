@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Optional
 from fastapi import Request
 from starlette.responses import Response
 
+from radixrt.runtime.errors import ValidationError
 from radixrt.runtime.tokenizer.generate_input import GenerateInput
 from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.openai.protocol import ApiError, batch_usage
@@ -76,7 +77,7 @@ async def submit(
         )
         return await c.tm.submit(reqs)
     except ValueError as e:
-        native, msg = getattr(e, "param", None), str(e)
+        native, msg = e.param if isinstance(e, ValidationError) else None, str(e)
         param = openai_param(native, prompt_param, max_param, grammar_param)
         if native and param != native and msg.startswith(native):  # "text must ...", "choices[0]: ..."
             msg = param + msg[len(native) :]
