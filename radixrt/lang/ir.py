@@ -88,12 +88,7 @@ class SglSamplingParams:
 
     def merged(self, override: "SglSamplingParams") -> "SglSamplingParams":
         """A copy of ``self`` with every non-None field of ``override`` taken over."""
-        out = dataclasses.replace(self)
-        for f in dataclasses.fields(self):
-            v = getattr(override, f.name)
-            if v is not None:
-                setattr(out, f.name, v)
-        return out
+        return dataclasses.replace(self, **{k: v for k, v in vars(override).items() if v is not None})
 
     def to_srt(self) -> dict:
         """The ``sampling_params`` dict of ``POST /generate`` (only the fields that are set)."""
@@ -115,7 +110,8 @@ class SglSamplingParams:
             "json_schema",
             "speculative",
         )
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        fields = vars(self)
+        return {k: fields[k] for k in keys if fields[k] is not None}
 
 
 DEFAULT_RUN_PARAMS = SglSamplingParams(max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1)

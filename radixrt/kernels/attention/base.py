@@ -14,8 +14,9 @@ class KVCacheView(Protocol):
     """What a backend needs from the KV pool: per-layer paged buffers.
 
     ``k_buffer(layer)`` / ``v_buffer(layer)``: ``[num_pages, page_size, num_kv_heads, head_dim]`` of
-    float32, float16, bfloat16 or int8; an int8 pool also has ``k_scale(layer)`` / ``v_scale(layer)``,
-    fp32 ``[num_pages, page_size, num_kv_heads]`` (one scale per token and head; see :func:`quantize_int8`).
+    float32, float16, bfloat16 or int8; ``k_scale(layer)`` / ``v_scale(layer)``: an int8 pool's scales,
+    fp32 ``[num_pages, page_size, num_kv_heads]`` (one per token and head; see :func:`quantize_int8`), None
+    for a float pool.
     A Protocol, so that the pool (``radixrt.runtime.mem.kv_pool.KVPool``) satisfies it without importing
     the kernels: mem and kernels are independent layers.
     """
@@ -23,6 +24,10 @@ class KVCacheView(Protocol):
     def k_buffer(self, layer: int) -> torch.Tensor: ...
 
     def v_buffer(self, layer: int) -> torch.Tensor: ...
+
+    def k_scale(self, layer: int) -> torch.Tensor | None: ...
+
+    def v_scale(self, layer: int) -> torch.Tensor | None: ...
 
 
 class AttentionBackend(ABC):
@@ -99,8 +104,6 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def scales(kv: KVCacheView, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """An int8 pool's (k_scale, v_scale) of ``layer``; (None, None) for a float pool."""
-    if not hasattr(kv, "k_scale"):
-        return None, None
     return kv.k_scale(layer), kv.v_scale(layer)
 
 

@@ -57,9 +57,14 @@ class PrefixGroups:
                 ``suffix_starts`` entry that is not the end of the row's deepest group.
         """
         n = len(self.rows)
-        for name in ("starts", "ends", "pages", "levels"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"PrefixGroups.{name} has {len(getattr(self, name))} entries for {n} groups")
+        for name, values in (
+            ("starts", self.starts),
+            ("ends", self.ends),
+            ("pages", self.pages),
+            ("levels", self.levels),
+        ):
+            if len(values) != n:
+                raise ValueError(f"PrefixGroups.{name} has {len(values)} entries for {n} groups")
         if len(self.suffix_starts) != len(kv_lens):
             raise ValueError(
                 f"PrefixGroups.suffix_starts has {len(self.suffix_starts)} entries for {len(kv_lens)} rows"

@@ -117,9 +117,10 @@ class BaseBackend:
             body["session_id"] = exe.session_id
         if sp.return_logprob:
             body["return_logprob"] = True
+            fields = vars(sp)
             for k in ("logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"):
-                if getattr(sp, k) is not None:
-                    body[k] = getattr(sp, k)
+                if fields[k] is not None:
+                    body[k] = fields[k]
         return body
 
     def generate(self, exe: Any, sp: SglSamplingParams) -> tuple[str, dict]:

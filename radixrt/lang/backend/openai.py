@@ -113,13 +113,13 @@ class OpenAI(BaseBackend):
 
     @staticmethod
     def _meta(r: Any, t0: float, finish: Any) -> dict:
-        u = getattr(r, "usage", None)
-        details = getattr(u, "prompt_tokens_details", None) if u else None
+        u = r.usage  # the openai SDK's response and chunk types declare these (None when not sent)
+        details = u.prompt_tokens_details if u else None
         return {
-            "id": getattr(r, "id", None),
-            "prompt_tokens": getattr(u, "prompt_tokens", None),
-            "completion_tokens": getattr(u, "completion_tokens", None),
-            "cached_tokens": getattr(details, "cached_tokens", 0) if details else 0,
+            "id": r.id,
+            "prompt_tokens": u.prompt_tokens if u else None,
+            "completion_tokens": u.completion_tokens if u else None,
+            "cached_tokens": details.cached_tokens if details else 0,
             "finish_reason": {"type": finish} if finish else None,
             "e2e_latency": time.perf_counter() - t0,
         }

@@ -278,7 +278,7 @@ def _to_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetada
     return dataclasses.replace(
         meta,
         **{
-            k: getattr(meta, k).to(device, non_blocking=True)
+            k: vars(meta)[k].to(device, non_blocking=True)
             for k in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "out_cache_loc")
         },
     )

@@ -12,9 +12,10 @@ from torch import nn
 
 from radixrt.kernels import layer as layer_kernels
 from radixrt.runtime.layers import ggml_ops as ggml
+from radixrt.runtime.layers.projection import Projection
 
 
-class GGMLLinear(nn.Module):
+class GGMLLinear(Projection):
     """``y = x @ W.T (+ bias)`` over ``W`` in GGUF blocks.
 
     A type with an x16 layout (Q4_K, Q5_K, Q6_K, Q8_0) and a multiple of 16 rows is repacked into it once,
@@ -66,11 +67,11 @@ class GGMLLinear(nn.Module):
         return self.blocks.numel() + (0 if self.bias is None else self.bias.numel() * 4)
 
 
-class ConcatLinear(nn.Module):
+class ConcatLinear(Projection):
     """One fused projection whose parts are stored in different types (a Q4_K_M file's ``attn_v`` in Q6_K
     beside Q4_K ``attn_q``/``attn_k``): each part's product, concatenated along the output."""
 
-    def __init__(self, parts: list[nn.Module]):
+    def __init__(self, parts: list[Projection]):
         super().__init__()
         self.parts = nn.ModuleList(parts)
 
@@ -80,12 +81,12 @@ class ConcatLinear(nn.Module):
     def kernel_parts(self, rows: int) -> list[tuple[int, torch.Tensor]] | None:
         """Each part's ``(kind, weight)`` for ``radixrt_layer.decode_layer`` (which concatenates them as
         :meth:`forward` does); ``None`` if a part has none."""
-        kw = [getattr(p, "kernel_weight", lambda _: None)(rows) for p in self.parts]
+        kw = [p.kernel_weight(rows) for p in self.parts]
         return None if any(k is None for k in kw) else kw
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(p, "nbytes", 0) for p in self.parts)
+        return sum(p.nbytes for p in self.parts)
 
 
 class GGMLEmbedding(nn.Module):

@@ -34,6 +34,7 @@ from torch import nn
 from radixrt.kernels import layer as layer_kernels
 from radixrt.kernels.gemv import DenseWeight
 from radixrt.runtime.layers.ggml_linear import GGMLLinear
+from radixrt.runtime.layers.projection import Projection
 from radixrt.runtime.layers.gguf_blocks import quantize_q4_1
 from radixrt.runtime.layers.q4k_quant import QK_K, quantize_q4_k
 
@@ -42,7 +43,7 @@ FORMATS = ("none", "fp16", "bf16", "int8", "q4", "q4_k")
 DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class DenseLinear(nn.Module):
+class DenseLinear(Projection):
     """``y = x @ w.T (+ bias)`` over one copy of ``w [out, in]`` in ``dtype`` (fp32, fp16 or bf16).
     Input ``[M, in]`` fp32, output ``[M, out]`` fp32, any ``M`` through the one panel kernel."""
 
@@ -129,7 +130,7 @@ def quantize_model(model: nn.Module, fmt: str) -> nn.Module:
         parent, _, attr = name.rpartition(".")
         new = make_linear(fmt, name, lin.weight, lin.bias, None)
         setattr(model.get_submodule(parent) if parent else model, attr, new)
-    if getattr(model, "lm_head", 0) is None:  # tied embeddings: the head's own module over their values
+    if model.lm_head is None:  # tied embeddings: the head's own module over their values
         model.lm_head = make_linear(fmt, "lm_head", model.embed_tokens.weight, None, None)
     logger.info("weights: %s (%d projections)", fmt, len(targets))
     return model

@@ -109,8 +109,9 @@ def _vocab(w: GGUFWeights, name: str, slices: TPSlices | None) -> RawTensor:
 
 def _head(w: GGUFWeights, margs: ModelArgs, fmt: str, embedding: nn.Module, slices: TPSlices | None) -> nn.Module:
     """The LM head; a tied head in blocks reads the embedding's own bytes (one copy)."""
-    ours = fmt == "auto" or (fmt in ("int8", "q4", "q4_k") and getattr(embedding, "type_name", None) == "Q8_0")
-    if margs.tie_word_embeddings and isinstance(embedding, GGMLEmbedding) and ours:
+    blocks = isinstance(embedding, GGMLEmbedding)
+    ours = fmt == "auto" or (fmt in ("int8", "q4", "q4_k") and blocks and embedding.type_name == "Q8_0")
+    if margs.tie_word_embeddings and blocks and ours:
         return GGMLLinear(embedding.type_name, embedding.blocks, embedding.hidden, None)
     t = _vocab(w, "token_embd.weight" if margs.tie_word_embeddings else "output.weight", slices)
     return make_projection([t], None, fmt, "lm_head")

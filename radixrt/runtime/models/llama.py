@@ -26,6 +26,7 @@ from torch import nn
 from radixrt.kernels import fused, gemv
 from radixrt.kernels.attention.base import AttentionBackend, KVCacheView, scales
 from radixrt.kernels.layer import CONT, layer_ops
+from radixrt.runtime.layers.projection import Projection
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.rope import Rotary
 
@@ -174,10 +175,7 @@ class DecoderLayer(nn.Module):
 def _kernel_parts(lin: nn.Module, rows: int) -> list[tuple[int, torch.Tensor]] | None:
     """``lin``'s ``(kind, weight)`` parts for ``decode_layer`` at ``rows`` rows (one unless stored in parts of
     different types), or ``None`` where the op cannot run it."""
-    if hasattr(lin, "kernel_parts"):
-        return lin.kernel_parts(rows)
-    kw = getattr(lin, "kernel_weight", lambda _: None)(rows)
-    return None if kw is None else [kw]
+    return lin.kernel_parts(rows) if isinstance(lin, Projection) else None  # torch's own modules: none
 
 
 class LlamaForCausalLM(nn.Module):
@@ -189,6 +187,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.lm_head = None if a.tie_word_embeddings else nn.Linear(a.hidden_size, a.vocab_size, bias=False)
         self.rotary = Rotary(a.inv_freq, a.max_position_embeddings, a.rope_scaling)
+        self._pools: tuple = (None, None)  # (pool, its layers' flat views for decode_layer), made once per pool
+        self._head: gemv.DenseWeight | None = None  # an fp32 head's panels, made at its first use
 
     @torch.inference_mode()
     def forward(
@@ -218,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
         if args is None:
             return None
         a = self.layers[0].self_attn
-        if getattr(self, "_pools", (None,))[0] is not kv:  # flat [slots, Hkv, D] views, made once per pool
+        if self._pools[0] is not kv:  # flat [slots, Hkv, D] views, made once per pool
             none = torch.zeros(0)
             self._pools = (
                 kv,
@@ -243,7 +243,7 @@ class LlamaForCausalLM(nn.Module):
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if w.device.type != "cpu" or w.dtype != torch.float32:
             return F.linear(hidden, w).float()
-        if getattr(self, "_head", None) is None:  # the C++ GEMV at a few rows, oneDNN above (kernels/gemv)
+        if self._head is None:  # the C++ GEMV at a few rows, oneDNN above (kernels/gemv)
             self._head = gemv.DenseWeight(w)
         return self._head(hidden)
 

@@ -111,7 +111,7 @@ def normalize(params: dict | SamplingParams | None) -> SamplingParams:
         _num("stop_token_ids", t, lo=0, integer=True)
     for t in sp.reasoning_end_ids:
         _num("reasoning_end_ids", t, lo=0, integer=True)
-    grammars = [g for g in _GRAMMAR_FIELDS if getattr(sp, g) is not None]
+    grammars = [g for g, v in _grammars(sp) if v is not None]
     if len(grammars) > 1:
         raise ValidationError(
             f"only one of {_GRAMMAR_FIELDS} (or choices) may be set, got {grammars}", "sampling_params"
@@ -159,8 +159,17 @@ def logit_bias(bias: Any) -> dict[int, float]:
 
 def grammar_of(sp: SamplingParams) -> tuple[str, str] | None:
     """``(kind, spec)`` of the request's grammar, or None."""
-    for g in _GRAMMAR_FIELDS:
-        v = getattr(sp, g)
+    for g, v in _grammars(sp):
         if v is not None:
             return g, v
     return None
+
+
+def _grammars(sp: SamplingParams) -> tuple[tuple[str, str | None], ...]:
+    """Each of :data:`_GRAMMAR_FIELDS` with its value in ``sp``."""
+    return (
+        ("json_schema", sp.json_schema),
+        ("regex", sp.regex),
+        ("ebnf", sp.ebnf),
+        ("structural_tag", sp.structural_tag),
+    )

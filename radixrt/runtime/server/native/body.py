@@ -96,8 +96,11 @@ def parse_generate_body(body: Any) -> GenerateBody:
     if unknown:
         raise ValidationError(f"unknown field(s) {sorted(unknown)}; known: {list(GENERATE_KEYS)}", unknown[0])
     b = GenerateBody(**{k: body[k] for k in GENERATE_KEYS if k in body})
-    for name in ("stream", "return_logprob", "return_text_in_logprobs"):
-        v = getattr(b, name)
+    for name, v in (
+        ("stream", b.stream),
+        ("return_logprob", b.return_logprob),
+        ("return_text_in_logprobs", b.return_text_in_logprobs),
+    ):
         if not isinstance(v, bool):
             raise ValidationError(f"{name} must be a boolean, got {v!r}", name)
     rid = b.rid

@@ -46,7 +46,7 @@ def check_tools(req: ChatCompletionRequest) -> Optional[ToolPlan]:
             "guided_grammar",
             "structured_outputs",
         ):
-            v = getattr(req, field)
+            v = vars(req)[field]
             if v is not None and not (field == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
                 raise ApiError(
                     f"{field} cannot be combined with tools (tool_choice {plan.mode!r} constrains the "

@@ -88,8 +88,9 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
         raise ApiError(f"n must be >= 1, got {req.n}", param="n")
     if req.n > 128:
         raise ApiError(f"n must be <= 128, got {req.n}", param="n")
+    fields = vars(req)  # the request model's field values, by name
     for k, lo, hi in _OPENAI_RANGES:  # OpenAI's documented ranges (the native API keeps SGLang's wider ones)
-        v = getattr(req, k)
+        v = fields[k]
         if v is not None and not lo <= v <= hi:
             raise ApiError(f"{k} must be between {lo} and {hi}, got {v}", param=k)
     sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
@@ -104,7 +105,7 @@ def sampling_params(req: _Common, max_new_tokens: Optional[int], max_param: str)
         "seed",
         "logit_bias",
     ):
-        v = getattr(req, k)
+        v = fields[k]
         if v is not None:
             sp[k] = v
     if req.stop is not None:
