@@ -1,5 +1,5 @@
-// x16 tiles on AMX (Intel Sapphire Rapids and later: AMX-TILE + AMX-INT8), for passes of up to 16 activation rows: a
-// pass: the integer dot products of a sub-block (Q6_K: a group of 16) for every activation row and all 16 weight
+// x16 tiles on AMX (Intel Sapphire Rapids and later: AMX-TILE + AMX-INT8), for passes of up to 16 activation rows.
+// Per pass, the integer dot products of a sub-block (Q6_K: a group of 16) for every activation row and all 16 weight
 // rows of a group in one TDPBSUD, C[m][n] += sum_k A[m][k] B[k][n] with A the rows' int8 activations read in
 // place (stride K) and B the sub-block's unpacked weight planes, which are exactly AMX's B layout (K / 4 rows of
 // 16 columns x 4 bytes: x16_layout.h). The sums are exact int32, the same D_j as x16_512.h's vpdpbusd chains; the
