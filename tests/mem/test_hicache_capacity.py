@@ -51,7 +51,9 @@ def run(pool_pages: int, policy: str, host_pages: int = 0) -> tuple[int, ReqPage
     """Hit tokens of the trace; each computed page's K holds its tokens, checked on every hit."""
     kv = KVPool(pool_pages, P, 1, 1, 1, torch.float32)
     codec = PageCodec(kv)
-    tiers = lambda tree, allocate: HiCache(tree, codec, allocate, HostTier(host_pages, codec.page_bytes))  # noqa: E731
+    tiers = lambda tree, allocate: HiCache(
+        tree, codec, allocate, HostTier(host_pages, codec.page_bytes, on_drop=tree.policy.dropped)
+    )  # noqa: E731
     req_pages = ReqPages(P, pool_pages, True, policy, tiers=tiers if host_pages else None)
     hits = 0
     for i, ids in enumerate(trace()):

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
 from radixrt.runtime.mem.disk_tier import DiskTier
-from radixrt.runtime.mem.hicache_stats import tier_stats
+from radixrt.runtime.mem.hicache_stats import check_tiers, tier_stats
 from radixrt.runtime.mem.host_tier import HostTier
 from radixrt.runtime.mem.page_codec import PageCodec
 from radixrt.runtime.mem.page_hash import page_hashes
@@ -45,10 +46,10 @@ WRITE_POLICIES = ("write_through", "write_back")
 
 class HiCache:
     """Args:
-        tree: the ``RadixCache``; its ``on_evict`` hook is set here.
+        tree: the ``RadixCache`` being built (``RadixCache(lower_tier=...)`` calls ``on_evict``).
         codec: a ``PageCodec`` over the pool.
         allocate: ``ReqPages.allocate`` (pool pages, evicting if short; None when impossible).
-        host: tier 2; disk: tier 3 or None.
+        host: tier 2, built with ``on_drop=tree.policy.dropped``; disk: tier 3 or None.
         copy_threads: restores (``restorer``, mem/restore_async.py) and stores (``storer``,
             mem/store_async.py) run on copy threads while requests step (the scheduler); False: both run
             on the caller's thread (``restore``, ``on_evict``).
@@ -75,24 +76,20 @@ class HiCache:
         self.write_policy = write_policy
         self.ps = tree.page_size
         self._suspended = False  # during flush: evicted pages are dropped, not stored
-        # during a restore's allocation: evicted pages wait here (already copied out of the pool) until the
-        # restored rows have left their tier-2 slots, so a spill never evicts tier-2 entries to make room
-        # that those slots are about to give back
+        # during a restore's allocation: evicted pages wait here until the restored rows have left their
+        # tier-2 slots (a spill must not evict tier-2 entries for room those slots are about to give back)
         self.deferred: list[tuple[list, list, torch.Tensor, int]] | None = None
-        self.defer_pages = False  # set by restore_async.Restorer.begin: deferred gets page ids, not rows
+        self.defer_pages = False  # in ``deferring()``: deferred gets page ids, not rows
         self.host_hit_tokens = self.disk_hit_tokens = 0
         self.stored_pages = self.loaded_pages = self.host_evicted_pages = 0
         self.store_seconds = self.load_seconds = 0.0
         self.prefetcher = Prefetcher(disk) if disk is not None and prefetch else None
         self.prefetch_min_pages = max(1, prefetch_threshold // self.ps)
         self.prefetched_pages = 0
-        self.store_async = False  # set by ReqPages.allocate(wait=False): evicted pages are held, stored by the thread
+        self.store_async = False  # in ``holding(True)``: evicted pages are held, stored by the thread
         # admissions restore on a copy thread while other requests step, and evicted pages reach tier 2 on another
         self.restorer = Restorer(self) if copy_threads else None
         self.storer = Storer(self) if copy_threads else None
-        tree.on_evict = self.on_evict
-        tree.evict_partial = True  # a leaf's tail goes down a tier, its head stays in the pool
-        host.on_drop = tree.policy.dropped
 
     # ---- tree walking --------------------------------------------------------------------------
     def _path(self, node) -> tuple[list[int], str | None]:
@@ -137,6 +134,24 @@ class HiCache:
         if back:
             for (s, h), row in spilled:
                 self.disk.write(s, h, row.numpy().tobytes())
+
+    @contextmanager
+    def holding(self, hold: bool) -> Iterator[None]:
+        """Evictions inside go to the store thread when ``hold`` (``ReqPages.allocate(wait=False)``)."""
+        self.store_async = hold
+        try:
+            yield
+        finally:
+            self.store_async = False
+
+    @contextmanager
+    def deferring(self) -> Iterator[list]:
+        """Evictions inside wait, as page ids, in the list yielded (``restore_async.Restorer.begin``)."""
+        self.deferred, self.defer_pages = [], True
+        try:
+            yield self.deferred
+        finally:
+            self.deferred, self.defer_pages = None, False
 
     def _store_deferred(self) -> None:
         deferred, self.deferred = self.deferred or [], None
@@ -248,10 +263,8 @@ class HiCache:
         put = 0
         for key, salt, start, hashes, rows in self.prefetcher.take_done():
             in_tree = len(self.tree.match_prefix(key, salt).pages)
-            busy = {
-                **(self.restorer.in_flight if self.restorer else {}),
-                **(self.storer.in_flight if self.storer else {}),
-            }
+            busy = {**(self.restorer.in_flight if self.restorer else {})}
+            busy.update(self.storer.in_flight if self.storer else {})
             keep = [
                 (h, r)
                 for i, (h, r) in enumerate(zip(hashes, rows))
@@ -286,8 +299,8 @@ class HiCache:
         return freed
 
     def persist(self) -> int:
-        """Under ``write_back``, queue the files of every page still in tiers 1 and 2 (write_through wrote
-        them on insert), so a restart finds them. Returns pages queued. O(cached pages) copies."""
+        """Under ``write_back``, queue the files of every page still in tiers 1 and 2 (a restart finds
+        them). Returns pages queued. O(cached pages) copies."""
         if self.disk is None or self.write_policy != "write_back":
             return 0
         queued = 0
@@ -304,9 +317,8 @@ class HiCache:
         return queued
 
     def close(self) -> None:
-        """Stop restoring and prefetching, write what ``write_back`` still holds in memory (``persist``), and wait for
-        the
-        queued files (a graceful shutdown; SIGTERM drains through here)."""
+        """Stop restoring and prefetching, write what ``write_back`` still holds in memory (``persist``),
+        and wait for the queued files (a graceful shutdown; SIGTERM drains through here)."""
         if self.restorer is not None:
             self.restorer.close()
         if self.storer is not None:
@@ -322,18 +334,8 @@ class HiCache:
                 self.disk.close()
 
     def check_invariants(self) -> None:
-        """Tier 2's slots are each free, held once or being copied; no page of the tree or of a restore in
-        flight is also held in tier 2.
-        O(tree tokens); tests only. Raises AssertionError."""
-        self.host.check()
-        for node in list(self.tree.nodes()):
-            key, salt = self._path(node)
-            for h in page_hashes(key, self.ps)[-len(node.value) :]:
-                assert (salt, h) not in self.host, f"page of {node!r} is in the pool and in tier 2"
-        for k in self.restorer.in_flight if self.restorer is not None else ():  # being copied: in neither
-            assert k not in self.host, f"page {k} is being restored and still held in tier 2"
-        for k in self.storer.in_flight if self.storer is not None else ():  # matchable only once landed
-            assert k not in self.host, f"page {k} is being stored and already held in tier 2"
+        """``hicache_stats.check_tiers``: tier 2 is consistent and disjoint from the pool. Tests only."""
+        check_tiers(self, [(*self._path(n), len(n.value)) for n in list(self.tree.nodes())])
 
     def stats(self, query_tokens: int) -> dict:
         """Per tier: hit tokens and rate (over ``query_tokens``), pages and bytes held, load/store time."""

@@ -2,10 +2,26 @@
 copies in flight, read from the public counters of ``HiCache`` and of its tiers and copy threads.
 
 Its own file because the report is one idea apart from how the tiers move pages; it reads the cache and
-imports nothing of it (``hicache`` imports this), so it is a leaf.
+imports nothing of it (``hicache`` imports this), so it is a leaf. ``check_tiers`` (tests) reads it the same way.
 """
 
 from __future__ import annotations
+
+from radixrt.runtime.mem.page_hash import page_hashes
+
+
+def check_tiers(hc, nodes: list[tuple[list[int], str | None, int]]) -> None:
+    """Tier 2's slots are each free, held once or being copied; no page of the tree's ``nodes`` (each
+    ``(key from the root, salt, pages)``) or of a copy in flight is also held in tier 2. O(tree tokens);
+    tests only. Raises AssertionError."""
+    hc.host.check()
+    for key, salt, n in nodes:
+        for h in page_hashes(key, hc.ps)[-n:] if n else ():
+            assert (salt, h) not in hc.host, f"a page of {key[-8:]}... is in the pool and in tier 2"
+    for k in hc.restorer.in_flight if hc.restorer is not None else ():  # being copied: in neither
+        assert k not in hc.host, f"page {k} is being restored and still held in tier 2"
+    for k in hc.storer.in_flight if hc.storer is not None else ():  # matchable only once landed
+        assert k not in hc.host, f"page {k} is being stored and already held in tier 2"
 
 
 def tier_stats(hc, query_tokens: int) -> dict:

@@ -37,9 +37,11 @@ class _Entry:
 
 
 class HostTier:
-    """``num_slots`` pages of ``page_bytes`` each. Raises ValueError when either is below 1."""
+    """``num_slots`` pages of ``page_bytes`` each. ``on_drop`` is told the score of each entry this tier
+    evicts (the tree's policy ages by it: ``eviction.dropped``). Raises ValueError when either size is
+    below 1."""
 
-    def __init__(self, num_slots: int, page_bytes: int) -> None:
+    def __init__(self, num_slots: int, page_bytes: int, on_drop: Callable[[tuple], None] | None = None) -> None:
         if num_slots < 1 or page_bytes < 1:
             raise ValueError(f"hicache_size gives {num_slots} host pages of {page_bytes} bytes; need >= 1")
         self.num_slots, self.page_bytes = num_slots, page_bytes
@@ -50,8 +52,7 @@ class HostTier:
         self._seq = itertools.count()
         self._taken: set[int] = set()  # slots taken and being copied out (``take`` .. ``release``/``put_back``)
         self._writing: set[int] = set()  # slots reserved and being written (``reserve`` .. ``commit``)
-        # told the score of each entry this tier evicts (the tree's policy ages by it: eviction.dropped)
-        self.on_drop: Callable[[tuple], None] | None = None
+        self.on_drop = on_drop
 
     @property
     def num_used(self) -> int:

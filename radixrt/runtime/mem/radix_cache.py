@@ -28,13 +28,13 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from radixrt.runtime.mem.allocator import PageAllocator
 from radixrt.runtime.mem.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
 from radixrt.runtime.mem.tree_check import check_tree
 
-HELD = "held"  # on_evict's answer when it keeps the evicted pages out of the free list until their copy lands
+HELD = "held"  # LowerTier.on_evict's answer when it keeps the evicted pages out of the free list until their copy lands
 
 
 class TreeNode:
@@ -79,29 +79,43 @@ class MatchResult:
     last_node: TreeNode
 
 
-class RadixCache:
-    """``policy``: an eviction policy name (``eviction.POLICIES``) or instance; raises ValueError on an
-    unknown name or a page_size below 1."""
+class LowerTier(Protocol):
+    """What the tree asks of the tiers under it (mem/hicache.py's ``HiCache``)."""
 
-    def __init__(self, page_size: int, allocator: PageAllocator, policy: str | EvictionPolicy = DEFAULT_POLICY) -> None:
+    def on_evict(self, leaf: TreeNode) -> bool | str:
+        """Called with each leaf as ``evict()`` removes it, before its pages are freed. True: the pages
+        were copied to a lower tier, so the policy is not told (the prefix is still cached; the tier tells
+        it when the pages leave for good). False: simply freed. HELD: kept, and the tier now owns the
+        pages (it frees them once their copy has landed: mem/store_async.py)."""
+        ...
+
+
+class RadixCache:
+    """``policy``: an eviction policy name (``eviction.POLICIES``) or instance. ``lower_tier``: builds the
+    tiers under this tree from it (``tree -> LowerTier``), last in construction, kept as ``lower_tier``;
+    None: evicted pages are simply freed. Raises ValueError on an unknown name or a page_size below 1."""
+
+    def __init__(
+        self,
+        page_size: int,
+        allocator: PageAllocator,
+        policy: str | EvictionPolicy = DEFAULT_POLICY,
+        lower_tier: Callable[[RadixCache], LowerTier] | None = None,
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size ({page_size}) must be >= 1")
         self.page_size = page_size
         self.allocator = allocator
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self._roots: dict[str | None, TreeNode] = {None: TreeNode([], [], None)}
-        # called with each leaf as evict() removes it, before its pages are freed (mem/hicache.py copies
-        # them to the host tier); it returns True when the pages were kept in a lower tier, and then the
-        # policy is not told (the prefix is still cached; the tier tells it when the pages leave for good).
-        # None: evicted pages are simply freed. HELD: kept, and the hook now owns the pages (it frees them once
-        # their copy has landed: mem/store_async.py)
-        self.on_evict: Callable[[TreeNode], bool | str] | None = None
-        # evict only the pages asked for: the last leaf popped is split and its tail goes (set with a lower
-        # tier, where whole-leaf eviction would leave up to a leaf of pool pages free instead of cached)
-        self.evict_partial = False
         self._evictable = 0  # pages in nodes with lock_ref == 0
         self._protected = 0  # pages in nodes with lock_ref > 0
         self._clock = 0.0  # logical time: +1 per match_prefix / insert call
+        # last: the tier reads the tree (page_size, policy, roots) as it is built
+        self.lower_tier: LowerTier | None = lower_tier(self) if lower_tier is not None else None
+        # with a lower tier, evict only the pages asked for: the last leaf popped is split and its tail goes
+        # (whole-leaf eviction would leave up to a leaf of pool pages free instead of cached)
+        self.evict_partial = self.lower_tier is not None
 
     # ----------------------------------------------------------------------------- sizes
     @property
@@ -281,7 +295,7 @@ class RadixCache:
                 self._split(leaf, len(leaf.value) - need)  # ``leaf`` keeps the tail: it goes, its head stays
             parent = leaf.parent
             assert parent is not None
-            kept = self.on_evict(leaf) if self.on_evict is not None else False
+            kept = self.lower_tier.on_evict(leaf) if self.lower_tier is not None else False
             del parent.children[tuple(leaf.key[: self.page_size])]
             if kept is not HELD:
                 self.allocator.free(leaf.value)

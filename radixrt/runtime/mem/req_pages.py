@@ -7,6 +7,7 @@ tokens' pages belong to the tree and are locked through ``req.last_node``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable
 
 from radixrt.runtime.mem.allocator import PageAllocator
@@ -38,9 +39,10 @@ class ReqPages:
     ):
         self.P = page_size
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixCache(page_size, self.allocator, eviction_policy) if enable_cache else None
+        lower = (lambda tree: tiers(tree, self.allocate)) if tiers is not None else None
+        self.tree = RadixCache(page_size, self.allocator, eviction_policy, lower) if enable_cache else None
         self.unpin = unpin
-        self.hicache: Any = tiers(self.tree, self.allocate) if tiers is not None and self.tree is not None else None
+        self.hicache: Any = self.tree.lower_tier if self.tree is not None else None
         self._prefetch_asked: set[str] = set()  # rids whose prefetch was considered
         self.flushes = 0  # flush() calls so far
 
@@ -60,13 +62,8 @@ class ReqPages:
                 storer.poll()
             coming = storer.pages if storer is not None and not wait else 0
             if self.allocator.num_free + coming < n and self.tree is not None:
-                if self.hicache is not None:
-                    self.hicache.store_async = not wait
-                try:
+                with self.hicache.holding(not wait) if self.hicache is not None else nullcontext():
                     self.tree.evict(n - self.allocator.num_free - coming)
-                finally:
-                    if self.hicache is not None:
-                        self.hicache.store_async = False
             if self.allocator.num_free >= n:
                 break
             if storer is not None and storer.pages:

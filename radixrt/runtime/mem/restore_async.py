@@ -132,11 +132,8 @@ class Restorer:
         hc.tree.inc_lock_ref(m.last_node)  # the matched part must outlive the allocation and the copy
         # pages the allocation evicts wait (copied out of the pool) until the job's tier-2 slots are free, so
         # their spill does not evict tier-2 entries to make room those slots are about to give back
-        hc.deferred, hc.defer_pages = [], True
-        try:
+        with hc.deferring() as evicted:
             pages = hc.allocate(n)
-        finally:
-            evicted, hc.deferred, hc.defer_pages = hc.deferred, None, False
         # pages this job took are packed on the copy thread before they are overwritten (the copy on evict
         # leaves the step); any other evicted page is packed now, while nothing has reused it yet
         mine = set(pages or ())

@@ -101,12 +101,16 @@ class Replayer:
             raise ValueError(f"page_size {self.P} is not a multiple of the log's hash page size {req.unit}")
         if self.tree is None:
             self.tree_ps = ps
-            self.tree = RadixCache(ps, self.alloc, self.policy)
+            lower = None
             if self.host_pages > 0:
                 from radixrt.runtime.profile.tiers import make_tiers
 
                 # a tree page is one pool page in both key forms (a token key's page, or one hash per page)
-                self.tiers = make_tiers(self.tree, self._allocate, self.host_pages, self.disk_pages)
+                def lower(tree: RadixCache):
+                    return make_tiers(tree, self._allocate, self.host_pages, self.disk_pages)
+
+            self.tree = RadixCache(ps, self.alloc, self.policy, lower)
+            self.tiers = self.tree.lower_tier
         elif ps != self.tree_ps:
             raise ValueError("a log mixes token ids and page hashes")
         return self.tree

@@ -66,4 +66,12 @@ def make_tiers(
     """A ``HiCache`` under ``tree``: ``host_pages`` in tier 2 (>= 1), tier 3 of ``disk_pages`` (0: no
     bound; None: no tier 3). No prefetch: a replay has no queue to read ahead of."""
     disk = MemoryDisk(disk_pages) if disk_pages is not None else None
-    return HiCache(tree, NullCodec(), allocate, HostTier(host_pages, 1), disk, write_policy, prefetch=False)
+    return HiCache(
+        tree,
+        NullCodec(),
+        allocate,
+        HostTier(host_pages, 1, on_drop=tree.policy.dropped),
+        disk,
+        write_policy,
+        prefetch=False,
+    )

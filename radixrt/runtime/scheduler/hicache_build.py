@@ -76,7 +76,6 @@ def make_hicache(args, runner) -> Callable[[Any, Callable], HiCache] | None:
         raise ValueError(
             f"{flag}: a host tier of {need / 2**30:.2f} GB is more than the {avail / 2**30:.2f} GB of memory available"
         )
-    host = HostTier(slots, codec.page_bytes)
     disk = None
     if args.hicache_storage:
         pool = runner.kv
@@ -89,4 +88,9 @@ def make_hicache(args, runner) -> Callable[[Any, Callable], HiCache] | None:
             int(args.hicache_storage_size * 2**30),
         )
     policy, threshold = args.hicache_write_policy, args.hicache_prefetch_threshold
-    return lambda tree, allocate: HiCache(tree, codec, allocate, host, disk, policy, threshold, copy_threads=True)
+
+    def tiers(tree, allocate):
+        host = HostTier(slots, codec.page_bytes, on_drop=tree.policy.dropped)
+        return HiCache(tree, codec, allocate, host, disk, policy, threshold, copy_threads=True)
+
+    return tiers
