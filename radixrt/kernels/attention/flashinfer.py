@@ -137,6 +137,11 @@ class FlashInferBackend(AttentionBackend):
             self.prefill_wrapper.plan(**args["plan"], **self._common_kwargs())
             self._active = self.prefill_wrapper
 
+    def bind(self, wrapper, loc: torch.Tensor | None, valid: torch.Tensor | None) -> None:
+        """Run ``forward`` through a CUDA graph's planned ``wrapper``, writing K/V at ``loc`` (``[B]``
+        int64 slots) with ``valid`` (``[B]`` bool) marking real rows; all None: unbound (graph captured)."""
+        self._active, self._loc, self._valid = wrapper, loc, valid
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, kv: KVCacheView, scale: float
     ) -> torch.Tensor:
@@ -228,11 +233,10 @@ class FlashInferGraphSupport:
         self._plan(
             B, plan, torch.full((B,), DUMMY_PAGE * self._page_size, dtype=torch.int64), torch.ones(B, dtype=torch.bool)
         )
-        b._active, b._loc, b._valid = self.wrappers[B], self.loc[:B], self.valid[:B]
+        b.bind(self.wrappers[B], self.loc[:B], self.valid[:B])
 
     def end_capture(self) -> None:
-        b = self.backend
-        b._active = b._loc = b._valid = None
+        self.backend.bind(None, None, None)
 
     def plan_replay(self, meta: AttentionMetadata, B: int) -> None:
         """Plan the real decode batch, padded to ``B``, into the fixed buffers of graph ``B``."""

@@ -187,9 +187,10 @@ def _loop(sched, pull, push, enc, parent_pid: int, tp=None, workers=()) -> None:
         if tp is not None:  # lockstep: every rank applies these messages, then runs the same step
             check_workers(workers)
             name_sessions(msgs)
-            ready, clock.now = grammar_ready(sched), time.monotonic()
-            share_step(tp, TpStep(msgs, ready, clock.now))
-            sched.grammar_gate = set(ready)
+            ready, now = grammar_ready(sched), time.monotonic()
+            clock.set(now)
+            share_step(tp, TpStep(msgs, ready, now))
+            sched.gate_grammar(ready)
         for msg in msgs:
             reply = sched.handle(msg)
             if isinstance(reply, TokenOut):

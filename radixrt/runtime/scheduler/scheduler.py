@@ -58,7 +58,7 @@ class Scheduler:
         self.request_log = RequestLog(args.request_log, self.P, args.request_log_hash) if args.request_log else None
         self.allocator, self.tree = self.req_pages.allocator, self.req_pages.tree
         self.grammar_cache = grammar_cache
-        self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; set under --tp
+        self.grammar_gate: set[str] | None = None  # see _promote_grammar_ready; under --tp: gate_grammar
         self.outputs = OutputProcessor(
             tokenizer,
             eos_ids(tokenizer, runner.config),
@@ -181,6 +181,10 @@ class Scheduler:
         }
 
     # ---- scheduling --------------------------------------------------------------------------------
+    def gate_grammar(self, rids: list[str]) -> None:
+        """Under --tp: promote exactly these grammar requests next step, rank 0's choice on every rank."""
+        self.grammar_gate = set(rids)
+
     def _promote_grammar_ready(self) -> None:
         gate = self.grammar_gate  # under --tp: the rids rank 0 promotes this step (waited for here)
         for req in [r for r in self.grammar_queue if (r.rid in gate if gate is not None else r.grammar_future.done())]:

@@ -43,11 +43,15 @@ class Session:
 
 
 class TurnClock:
-    """The session manager's clock under --tp: one value per loop turn, rank 0's (``now``, set by the loop
+    """The session manager's clock under --tp: one value per loop turn, rank 0's (``set`` by the loop
     before each turn), so TTLs expire alike on every rank."""
 
     def __init__(self) -> None:
         self.now = time.monotonic()
+
+    def set(self, now: float) -> None:
+        """This turn's time (seconds, ``time.monotonic()`` on rank 0)."""
+        self.now = now
 
     def __call__(self) -> float:
         return self.now

@@ -81,7 +81,7 @@ def apply_step(sched, step: TpStep) -> None:
     same collectives in the same order: see ``control.py``); rank 0 alone sends the replies."""
     for msg in step.msgs:
         sched.handle(msg)
-    sched.grammar_gate = set(step.grammar_ready)
+    sched.gate_grammar(step.grammar_ready)
 
 
 def grammar_ready(sched) -> list[str]:
@@ -165,7 +165,7 @@ def run_worker(args_json: bytes, rank: int, size: int, init_method: Optional[str
             step = share_step(tp, None)
             if step.stop:
                 return
-            clock.now = step.now
+            clock.set(step.now)
             apply_step(sched, step)
             sched.run_once()
     except Exception as e:  # a dead peer: say so and leave (the server reports rank 0's exit)

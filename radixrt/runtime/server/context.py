@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from fastapi import Request
 
@@ -28,8 +28,8 @@ class ServerContext:
     args: ServerArgs
     tm: TokenizerManager
     metrics: Optional[Metrics] = None  # with --enable-metrics
-    chat_format: Optional[ChatFormat] = None  # built on the first chat request
-    responses: Optional[ResponseStore] = None  # the stored responses of /v1/responses, built on first use
+    _chat_format: Optional[ChatFormat] = field(default=None, repr=False)
+    _responses: Optional[ResponseStore] = field(default=None, repr=False)
     _turns: Optional[TurnStore] = field(default=None, repr=False)
     _token_texts: Optional[TokenTexts] = field(default=None, repr=False)
 
@@ -44,6 +44,18 @@ class ServerContext:
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tm.tokenizer)
         return self._token_texts
+
+    def chat_format(self, build: Callable[[], ChatFormat]) -> ChatFormat:
+        """The chat template and tool-call/reasoning parsers (``build()`` on the first chat request)."""
+        if self._chat_format is None:
+            self._chat_format = build()
+        return self._chat_format
+
+    def responses(self, build: Callable[[], ResponseStore]) -> ResponseStore:
+        """The stored responses of /v1/responses (``build()`` on first use)."""
+        if self._responses is None:
+            self._responses = build()
+        return self._responses
 
 
 def model_info(args) -> dict:

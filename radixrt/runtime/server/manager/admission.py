@@ -38,6 +38,10 @@ class Admission:
         if self.max_queued is None:
             self.max_queued = pages
 
+    def drain(self, reason: str) -> None:
+        """Refuse every new call from now on with a 503 saying ``reason`` (a graceful shutdown)."""
+        self.draining = reason
+
     @property
     def limit(self) -> Optional[int]:
         return None if self.max_queued is None else self.max_running + self.max_queued
@@ -73,7 +77,7 @@ async def drain(tm, timeout: float, stop: Callable[[], None]) -> None:
     """Stop admitting, wait up to ``timeout`` seconds for ``tm``'s in-flight requests to finish, abort the
     rest (their clients get a 503 error saying so), then call ``stop()`` (ends the HTTP server)."""
     adm = tm.admission
-    adm.draining = "the server is shutting down"
+    adm.drain("the server is shutting down")
     n = len(tm.states)
     if n:
         logger.warning("SIGTERM: draining %d requests in flight (up to %g s)", n, timeout)

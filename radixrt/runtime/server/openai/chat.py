@@ -130,13 +130,14 @@ def chat_messages(messages) -> list[dict]:
 
 def chat_format(c) -> ChatFormat:
     """The server's :class:`ChatFormat` (template, tool-call and reasoning parsers), built on first use."""
-    if c.chat_format is None:
-        from radixrt.runtime.models.loader import load_config
+    from radixrt.runtime.models.loader import load_config
 
-        c.chat_format = ChatFormat.for_model(
-            c.tm.tokenizer, load_config(c.args.model).model_type, c.args.tool_call_parser, c.args.reasoning_parser
+    a = c.args
+    return c.chat_format(
+        lambda: ChatFormat.for_model(
+            c.tm.tokenizer, load_config(a.model).model_type, a.tool_call_parser, a.reasoning_parser
         )
-    return c.chat_format
+    )
 
 
 def _check_top_logprobs(req: ChatCompletionRequest) -> None:

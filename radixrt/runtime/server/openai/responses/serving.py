@@ -41,9 +41,7 @@ SESSION_CAPACITY = 1 << 30  # characters: a stored conversation is bounded by th
 
 
 def response_store(c: ServerContext) -> ResponseStore:
-    if c.responses is None:
-        c.responses = ResponseStore(c.args.response_store_size, c.args.response_session_ttl)
-    return c.responses
+    return c.responses(lambda: ResponseStore(c.args.response_store_size, c.args.response_session_ttl))
 
 
 def _renamed(e: ApiError) -> ApiError:
