@@ -151,28 +151,31 @@ def gen(
         raise ValueError(f"{what}: regex must be a string, got {regex!r}")
     if speculative is not None and not isinstance(speculative, bool):
         raise ValueError(f"{what}: speculative must be a bool, got {speculative!r}")
-    sp = SglSamplingParams(
-        max_new_tokens=max_tokens,
-        min_new_tokens=min_tokens,
-        stop=stop,
-        stop_token_ids=stop_token_ids,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        repetition_penalty=repetition_penalty,
-        ignore_eos=ignore_eos,
-        seed=seed,
-        return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs,
-        regex=regex,
-        json_schema=schema,
-        speculative=speculative,
-    )
+    try:
+        sp = SglSamplingParams(
+            max_new_tokens=max_tokens,
+            min_new_tokens=min_tokens,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            repetition_penalty=repetition_penalty,
+            ignore_eos=ignore_eos,
+            seed=seed,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+            regex=regex,
+            json_schema=schema,
+            speculative=speculative,
+        )
+    except ValueError as e:  # in gen's own words: max_tokens, min_tokens
+        raise ValueError(f"{what}: {str(e).replace('_new_tokens', '_tokens')}") from None
     return SglGen(name, sp, dtype)
 
 
@@ -199,11 +202,12 @@ def select(
     ``temperature`` is accepted for SGLang compatibility; the choice is always the method's argmax.
 
     Raises:
-        ValueError: no/empty choices or an unknown method.
+        ValueError: no/empty/repeated choices, an unknown method or a temperature below 0.
     """
     what = f"select({name!r})"
     _check_name(name, what)
     try:
+        SglSamplingParams(temperature=temperature)  # checked as gen's
         return SglSelect(name, check_choices(choices), temperature, resolve_method(choices_method))
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None

@@ -142,9 +142,11 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def check_choices(choices: Any) -> list[str]:
-    """Raises ValueError unless ``choices`` is a non-empty list of non-empty strings."""
+    """Raises ValueError unless ``choices`` is a non-empty list of distinct non-empty strings."""
     if not isinstance(choices, (list, tuple)) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise ValueError(f"choices must be a non-empty list of non-empty strings, got {choices!r}")
+    if len(set(choices)) != len(choices):
+        raise ValueError(f"choices must differ, got {choices!r}")
     return list(choices)
 
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from radixrt.lang.sampling_check import check_sampling
 from radixrt.lang.tracer import Placeholder, argument_name
 
 # dtype -> regex (SGLang's definitions, minus the trailing whitespace that lets a small model ramble).
@@ -63,7 +64,8 @@ def schema_to_str(schema: Any) -> str:
 
 @dataclass
 class SglSamplingParams:
-    """Sampling parameters; ``None`` means "inherit" (from ``run(...)`` defaults, then the server's)."""
+    """Sampling parameters; ``None`` means "inherit" (from ``run(...)`` defaults, then the server's).
+    Raises ValueError naming a field out of the server's range (``sampling_check.check_sampling``)."""
 
     max_new_tokens: Optional[int] = None
     min_new_tokens: Optional[int] = None
@@ -85,6 +87,9 @@ class SglSamplingParams:
     regex: Optional[str] = None
     json_schema: Optional[str] = None
     speculative: Optional[bool] = None  # False: this call without speculative decoding
+
+    def __post_init__(self) -> None:
+        check_sampling(vars(self))  # a ValueError naming the field, where the call is written
 
     def merged(self, override: "SglSamplingParams") -> "SglSamplingParams":
         """A copy of ``self`` with every non-None field of ``override`` taken over."""

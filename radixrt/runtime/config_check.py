@@ -55,6 +55,9 @@ def validate(args) -> None:
         v = values[name]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    v = args.num_threads  # None: every core
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        raise ValueError(f"num_threads must be a positive integer (or unset: every core), got {v!r}")
     if args.speculative_num_draft_tokens > MAX_DRAFT_TOKENS:
         raise ValueError(
             f"speculative_num_draft_tokens must be <= {MAX_DRAFT_TOKENS} (the step-time curve's "

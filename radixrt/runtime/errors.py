@@ -27,6 +27,14 @@ def refusal(error: ValueError) -> FinishAbort:
     return FinishAbort(str(error), 400, error.param if isinstance(error, ValidationError) else None)
 
 
+def grammar_refusal(grammar: Optional[tuple[str, str]], why: str) -> FinishAbort:
+    """A grammar the backend could not build or start (a limit of its lexer or parser, met only once it
+    runs): a 400 naming the request's grammar field, ``grammar[0]`` (``sampling.params.grammar_of``:
+    ``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``)."""
+    field = grammar[0] if grammar is not None else "grammar"
+    return refusal(ValidationError(f"{field}: the grammar cannot be used: {why}", field))
+
+
 def refused(reason) -> Optional[ValidationError]:
     """The ValidationError a finish reason made by :func:`refusal` stands for, else None."""
     if isinstance(reason, FinishAbort) and reason.status_code == 400:

@@ -301,12 +301,16 @@ def test_errors(backend):
         s += "Value: "
         if kind == "regex":
             s += rt.gen("num", regex="((", max_tokens=2)
+        elif kind == "huge":  # compiles; the backend's lexer gives up once it runs
+            s += rt.gen("num", regex="a{99999999}", max_tokens=2)
         else:
             s += rt.gen("obj", json_schema={"type": "string", "pattern": "(("}, max_tokens=2)
         s += "never"
 
     e = bad.run(kind="regex", backend=backend).error()
     assert isinstance(e, rt.RequestError) and str(e).startswith("gen('num'): regex") and "((" in str(e)
+    e = bad.run(kind="huge", backend=backend).error()
+    assert isinstance(e, rt.RequestError) and str(e).startswith("gen('num'): regex: the grammar cannot be used"), e
     st = bad.run(kind="schema", backend=backend)
     assert str(st.error()).startswith("gen('obj'): json_schema") and "never" not in st.text()
     with pytest.raises(RuntimeError, match="program failed"):
@@ -328,6 +332,48 @@ def test_api_errors_and_down_backend():
             rt.RuntimeEndpoint(url, connect_timeout=1.0)
         assert time.time() - t0 < 5
     assert rt.Engine.__module__ == "radixrt.runtime.engine" and rt.function is rt.lang.api.function
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_tokens": -1}, "max_tokens must be in [0, inf], got -1"),
+        ({"max_tokens": "5"}, "max_tokens must be an int, got '5'"),
+        ({"max_tokens": 1.5}, "max_tokens must be an int, got 1.5"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens (5) must be <= max_tokens (2)"),
+        ({"temperature": -1}, "temperature must be in [0, inf], got -1"),
+        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+        ({"top_p": 2}, "top_p must be in (0, 1], got 2"),
+        ({"top_k": 0}, "top_k must be -1 (off) or >= 1, got 0"),
+        ({"stop": 5}, "stop must be a non-empty string or a list of them, got 5"),
+        ({"stop": [""]}, "stop must be a non-empty string or a list of them, got ['']"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must be a list of token ids (ints >= 0), got [-1]"),
+        ({"ignore_eos": 1}, "ignore_eos must be a bool, got 1"),
+    ],
+)
+def test_sampling_arguments_are_checked_where_written(kwargs, message):
+    """The server's ranges, as a ValueError naming the argument when ``gen`` is written (not a RequestError
+    on ``state.error()`` once the program reaches it)."""
+    with pytest.raises(ValueError) as e:
+        rt.gen("x", **kwargs)
+    assert str(e.value) == f"gen('x'): {message}"
+
+
+def test_select_and_run_arguments_are_checked():
+    with pytest.raises(ValueError) as e:
+        rt.select("y", ["a", "a"])
+    assert str(e.value) == "select('y'): choices must differ, got ['a', 'a']"
+    with pytest.raises(ValueError) as e:
+        rt.select("y", ["a", "b"], temperature=-1)
+    assert str(e.value) == "select('y'): temperature must be in [0, inf], got -1"
+
+    @rt.function
+    def quiz(s):
+        s += "Q: " + rt.gen("a", max_tokens=2)
+
+    with pytest.raises(ValueError) as e:
+        quiz.run(max_new_tokens=-5, backend=object())
+    assert str(e.value) == "max_new_tokens must be in [0, inf], got -5"
 
 
 def test_gen_speculative_opt_out():

@@ -54,6 +54,7 @@ def test_port_in_use_is_one_line_and_exit_2(flag):
             "('auto' or 'none')",
         ),
         (["--speculative-num-draft-tokens", "0"], "--speculative-num-draft-tokens must be a positive integer, got 0"),
+        (["--num-threads", "0"], "--num-threads must be a positive integer (or unset: every core), got 0"),
         (
             ["--speculative-num-draft-tokens", "65"],
             "--speculative-num-draft-tokens must be <= 64 (the step-time curve's last measured size), got 65",

@@ -191,6 +191,7 @@ BAD = [
     ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata.k"),
     ({"input": "x", "metadata": {"k": 5}}, "metadata.k"),
     ({"input": "x", "include": ["reasoning.encrypted_content", "bogus"]}, "include[1]"),
+    ({"input": "x", "reasoning": {"effort": "ultra"}}, "reasoning.effort"),
     ({}, "input"),
 ]
 

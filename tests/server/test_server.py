@@ -438,6 +438,10 @@ def test_dsl_socket(server, http):
 # ---- validation ----------------------------------------------------------------------------------------------
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 SCHEMA_BAD_PATTERN = {"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}
+# accepted by the checks before queueing; the grammar backend meets its limits only once it runs (a 400 all
+# the same, from the scheduler, naming the field the grammar came from)
+HUGE_REGEX = "a{99999999}"
+SCHEMA_HUGE_PATTERN = {"type": "string", "pattern": "^a{99999999}$"}
 DEEP_SCHEMA = json.loads('{"type":"object","properties":{"a":' * 100 + '{"type":"integer"}' + "}}" * 100)
 BAD = [
     # second break-test round: each was a 200 or a 500
@@ -531,6 +535,22 @@ BAD = [
     ("chat", {**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
     ("chat", {**CHAT, "response_format": "json"}, "response_format"),
     ("chat", {**CHAT, "regex": "("}, "regex"),
+    ("chat", {**CHAT, "regex": HUGE_REGEX}, "regex"),
+    ("chat", {**CHAT, "reasoning_effort": "ultra"}, "reasoning_effort"),
+    (
+        "chat",
+        {
+            **CHAT,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA_HUGE_PATTERN}},
+        },
+        "response_format.json_schema.schema",
+    ),
+    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f\n"}}]}, "tools[0].function.name"),
+    (
+        "chat",
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools[0].function.parameters",
+    ),
     (
         "chat",
         {
@@ -550,6 +570,8 @@ BAD = [
     ("gen", {"text": FRANCE, "sampling_params": {"max_new_token": 1}}, "sampling_params"),
     ("gen", {"text": FRANCE, "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
     ("gen", {"text": FRANCE, "sampling_params": {"regex": "("}}, "regex"),
+    ("gen", {"text": FRANCE, "sampling_params": {"regex": HUGE_REGEX, "max_new_tokens": 4}}, "regex"),
+    ("gen", {"text": FRANCE, "sampling_params": {"ebnf": 'root ::= "a" root', "max_new_tokens": 4}}, "ebnf"),
     ("gen", {"text": FRANCE, "top_logprobs_num": 99, "return_logprob": True}, "top_logprobs_num"),
     ("gen", {"text": FRANCE, "bogus": 1}, "bogus"),
     ("gen", {"text": [FRANCE, FRANCE], "stream": True}, "stream"),

@@ -17,9 +17,11 @@ import torch
 from radixrt.runtime.constrained.grammar_step import advance_matchers, build_grammar_mask
 from radixrt.runtime.constrained.mask_fill import MaskPrefetcher
 from radixrt.runtime.executor.forward_batch import ForwardBatch
+from radixrt.runtime.errors import grammar_refusal
 from radixrt.runtime.io_struct import FinishAbort, FinishLength, FinishReason, FinishStop, TokenOut
 from radixrt.runtime.scheduler.jump_forward import try_jump_forward
 from radixrt.runtime.scheduler.request import Req
+from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.sampling.sampler import SampleRow, sample
 
 
@@ -150,6 +152,8 @@ class OutputProcessor:
         longest stop string (the detokenizer trims the text at the match)."""
         p = req.params
         if req.grammar is not None and (why := req.grammar.dead_end()) is not None:
+            if len(req.output_ids) <= 1:  # stuck before any token: the grammar, not the output, is at fault
+                return grammar_refusal(grammar_of(req.params), why)
             return FinishAbort(f"grammar: the output cannot be completed: {why}")
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
             return FinishStop(tok)

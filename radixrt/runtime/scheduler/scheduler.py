@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 
-from radixrt.runtime.errors import ValidationError, refusal
+from radixrt.runtime.errors import ValidationError, grammar_refusal, refusal
 from radixrt.runtime.io_struct import FinishAbort, FinishReason, GenerateReq, TokenOut, room
 from radixrt.runtime.constrained.grammar_step import make_matcher
 from radixrt.runtime.executor.scheduled_batch import ScheduledBatch
@@ -191,8 +191,8 @@ class Scheduler:
             self.grammar_queue.remove(req)
             try:
                 req.grammar = make_matcher(req.grammar_future.result(), req.params.reasoning_end_ids)
-            except Exception as e:  # validated before queueing; a backend failure still ends cleanly
-                self._finish(req, FinishAbort(f"grammar: {e}"))
+            except Exception as e:  # validated before queueing; a backend limit still gets a 400
+                self._finish(req, grammar_refusal(grammar_of(req.params), str(e)))
                 continue
             req.grammar_future = None
             self.waiting.append(req)

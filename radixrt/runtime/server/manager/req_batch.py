@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable, Optional
 
 from radixrt.runtime.errors import refused
 from radixrt.runtime.io_struct import GenerateReq, StrOut
@@ -14,10 +15,12 @@ from radixrt.runtime.tokenizer.validation import ReqOutput
 class ReqBatch:
     """The requests of one client call; they share one asyncio queue that the receive loop fills with the
     detokenizer's :class:`StrOut` s (or an exception when the runtime dies). ``outs[i]`` accumulates
-    request i's output. ``owner`` is the TokenizerManager (its ``tokenizer`` and ``abort``)."""
+    request i's output. ``owner`` is the TokenizerManager (its ``tokenizer`` and ``abort``). ``rename``
+    maps the native field a refusal names (``regex``, ``json_schema`` ...) to the caller's API field."""
 
-    def __init__(self, owner, reqs: list[GenerateReq], lp_text: bool):
+    def __init__(self, owner, reqs: list[GenerateReq], lp_text: bool, rename: Optional[Callable[[str], str]] = None):
         self.owner = owner
+        self.rename = rename
         self.reqs = reqs
         self.index = {r.rid: i for i, r in enumerate(reqs)}
         self.outs = [ReqOutput(r.rid, owner.tokenizer, lp_text) for r in reqs]
@@ -46,7 +49,8 @@ class ReqBatch:
             self.unfinished -= 1
             error = refused(item.token.finished_reason)
             if error is not None:
-                raise ApiError(str(error), param=error.param)
+                param = error.param if self.rename is None or error.param is None else self.rename(error.param)
+                raise ApiError(str(error), param=param)
         return i, item
 
     async def wait(self) -> list[ReqOutput]:

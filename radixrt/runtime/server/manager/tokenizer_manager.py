@@ -230,8 +230,11 @@ class TokenizerManager:
         await check.wait_async()
         return reqs, single
 
-    async def submit(self, reqs: list[GenerateReq], lp_text: bool = False) -> ReqBatch:
-        """Queue validated requests. Raises ValidationError (rid in use) or ApiError 503."""
+    async def submit(
+        self, reqs: list[GenerateReq], lp_text: bool = False, rename: Optional[Callable[[str], str]] = None
+    ) -> ReqBatch:
+        """Queue validated requests; ``rename``: the caller's name of a field the scheduler refuses
+        (``ReqBatch``). Raises ValidationError (rid in use) or ApiError 503."""
         self.check_ready()
         self.admission.check(len(self.states), len(reqs))
         rids = [r.rid for r in reqs]
@@ -242,7 +245,7 @@ class TokenizerManager:
         # Encoded before any rid is counted in flight: a 400 here (an int beyond 64 bits) must not leave an
         # entry in ``states`` that nothing will ever finish (the SIGTERM drain would wait its full timeout).
         frames = [self.ipc.encode(r) for r in reqs]
-        batch = ReqBatch(self, reqs, lp_text)
+        batch = ReqBatch(self, reqs, lp_text, rename)
         for r in reqs:
             self.states[r.rid] = batch
         sent = 0

@@ -67,8 +67,12 @@ GENERATE_NAMES = {
 REFUSED_FIELDS.update(GENERATE_NAMES)
 
 
+REASONING_EFFORTS = (None, "none", "minimal", "low", "medium", "high")
+
+
 def check_refused(body: dict) -> None:
-    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
+    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set, or a
+    ``reasoning_effort`` OpenAI does not take."""
     for k, why in REFUSED_FIELDS.items():
         v = body.get(k)
         if k in GENERATE_NAMES:  # even {} or 0: on /generate they mean something
@@ -77,6 +81,11 @@ def check_refused(body: dict) -> None:
             unset = v in (None, False, [], {}) or (k == "modalities" and v == ["text"])
         if not unset:
             raise ApiError(f"{k} is not supported: {why}", param=k)
+    effort = body.get("reasoning_effort")  # ignored (IGNORED_FIELDS), but OpenAI's values only
+    if effort not in REASONING_EFFORTS:
+        raise ApiError(
+            f"reasoning_effort must be one of {list(REASONING_EFFORTS[1:])}, got {effort!r}", param="reasoning_effort"
+        )
 
 
 async def parse_body(request: Request, model_cls):

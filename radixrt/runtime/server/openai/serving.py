@@ -75,7 +75,7 @@ async def submit(
                 session_id=session_id,
             )
         )
-        return await c.tm.submit(reqs)
+        return await c.tm.submit(reqs, rename=lambda p: openai_param(p, prompt_param, max_param, grammar_param))
     except ValueError as e:
         native, msg = e.param if isinstance(e, ValidationError) else None, str(e)
         param = openai_param(native, prompt_param, max_param, grammar_param)

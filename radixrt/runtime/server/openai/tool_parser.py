@@ -62,7 +62,7 @@ from radixrt.runtime.parsers.tool_stream import ToolCallStream, parse_with
 from radixrt.runtime.server.openai.protocol import ApiError
 from radixrt.runtime.parsers.tool_styles import TOOL_CALL_BEGIN, TOOL_CALL_END  # noqa: F401 - re-exported
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # fullmatch: "$" would let a final newline through
 _MAX_WS_IN_TAG = 1  # JSON whitespace characters allowed between tokens inside an auto-mode call
 
 TOOLS_HEADER = (
@@ -167,7 +167,7 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise ApiError(f"{where}.function.name is required (a non-empty string)", param=f"{where}.function.name")
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ApiError(
                 f"{where}.function.name {name!r} must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'",
                 param=f"{where}.function.name",
@@ -194,6 +194,12 @@ def plan_tools(tools: Optional[list], tool_choice: Any, parallel_tool_calls: Opt
                     f"{where}.function.parameters is not a valid JSON schema: {msg}",
                     param=f"{where}.function.parameters",
                 ) from None
+            if params.get("type", "object") != "object":  # arguments are a JSON object (OpenAI refuses others)
+                raise ApiError(
+                    f"{where}.function.parameters must describe an object (type 'object'), got type "
+                    f"{params.get('type')!r}",
+                    param=f"{where}.function.parameters",
+                )
         parsed.append(Tool(name, desc, params, {"type": "function", "function": fn}))
 
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):

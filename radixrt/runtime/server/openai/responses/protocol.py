@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.server.http.fields import foreign_constraints, refuse_set_fields, text_of_parts
+from radixrt.runtime.server.openai.protocol import REASONING_EFFORTS
 
 # accepted, no effect here (docs/compatibility.md says why) ...
 IGNORED_FIELDS = {
@@ -73,9 +74,24 @@ class ResponsesRequest(BaseModel):
     speculative: bool = True  # radixrt: False opts this request out of --speculative-algorithm
 
 
+# OpenAI's values; set, they have no effect here (IGNORED_FIELDS), but a value OpenAI refuses is refused
+REASONING_VALUES = {
+    "effort": REASONING_EFFORTS,
+    "summary": (None, "auto", "concise", "detailed"),
+}
+
+
 def check_refused(body: dict) -> None:
-    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set."""
+    """Raises ApiError 400 naming the first :data:`REFUSED_FIELDS` key that is set, or a ``reasoning``
+    value OpenAI does not take (:data:`REASONING_VALUES`)."""
     refuse_set_fields(body, REFUSED_FIELDS)
+    reasoning = body.get("reasoning")
+    for key, allowed in REASONING_VALUES.items():
+        if isinstance(reasoning, dict) and reasoning.get(key) not in allowed:
+            raise ApiError(
+                f"reasoning.{key} must be one of {[v for v in allowed if v]}, got {reasoning.get(key)!r}",
+                param=f"reasoning.{key}",
+            )
 
 
 def _text(content: Any, where: str) -> str:
