@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from radixrt.runtime.io_struct import FinishAbort
+from radixrt.runtime.io_struct import FinishError
 
 
 class ValidationError(ValueError):
@@ -21,13 +21,13 @@ class ValidationError(ValueError):
         self.param = param
 
 
-def refusal(error: ValueError) -> FinishAbort:
+def refusal(error: ValueError) -> FinishError:
     """The finish reason of a request the scheduler refuses for bad input (SGLang's FINISH_ABORT with a 400
     status code), carrying the field; :func:`refused` turns it back into the error."""
-    return FinishAbort(str(error), 400, error.param if isinstance(error, ValidationError) else None)
+    return FinishError(str(error), 400, error.param if isinstance(error, ValidationError) else None)
 
 
-def grammar_refusal(grammar: Optional[tuple[str, str]], why: str) -> FinishAbort:
+def grammar_refusal(grammar: Optional[tuple[str, str]], why: str) -> FinishError:
     """A grammar the backend could not build or start (a limit of its lexer or parser, met only once it
     runs): a 400 naming the request's grammar field, ``grammar[0]`` (``sampling.params.grammar_of``:
     ``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``)."""
@@ -37,6 +37,6 @@ def grammar_refusal(grammar: Optional[tuple[str, str]], why: str) -> FinishAbort
 
 def refused(reason) -> Optional[ValidationError]:
     """The ValidationError a finish reason made by :func:`refusal` stands for, else None."""
-    if isinstance(reason, FinishAbort) and reason.status_code == 400:
+    if isinstance(reason, FinishError):
         return ValidationError(reason.message, reason.param)
     return None

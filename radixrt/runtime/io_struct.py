@@ -133,27 +133,34 @@ class FinishLength(msgspec.Struct, tag="length", tag_field="type"):
 
 
 class FinishAbort(msgspec.Struct, tag="abort", tag_field="type"):
-    """Aborted: by the client, a drain, a grammar that cannot be completed, or (``status_code`` 400, with
-    the field at fault in ``param``) refused for bad input (``errors.refusal``)."""
+    """Aborted: by the client, a drain, a grammar that cannot be completed, or a failure handling the request."""
 
     message: str
-    status_code: Optional[int] = None
+
+    def as_dict(self) -> dict:
+        return {"type": "abort", "message": self.message}
+
+
+class FinishError(msgspec.Struct, tag="error", tag_field="type"):
+    """Refused for bad input the scheduler found (a session field, a grammar its backend gives up on:
+    ``errors.refusal``): the caller gets ``status_code`` (400) naming ``param``, the field at fault. The
+    SGLang-shaped dict (``as_dict``) is SGLang's FINISH_ABORT with its status code, as SGLang sends it."""
+
+    message: str
+    status_code: int = 400
     param: Optional[str] = None
 
     def as_dict(self) -> dict:
-        d = {"type": "abort", "message": self.message}
-        if self.status_code is not None:
-            d.update(status_code=self.status_code, param=self.param)
-        return d
+        return {"type": "abort", "message": self.message, "status_code": self.status_code, "param": self.param}
 
 
 # Why a request finished: SGLang's finish_reason dicts ({"type": ..., ...}), typed; ``as_dict()`` gives
 # the dict the HTTP and DSL outputs carry (meta_info.finish_reason), ``kind(r)`` the type.
-FinishReason = Union[FinishStop, FinishLength, FinishAbort]
+FinishReason = Union[FinishStop, FinishLength, FinishAbort, FinishError]
 
 
 def kind(reason: Optional[FinishReason]) -> Optional[str]:
-    """``"stop"``, ``"length"`` or ``"abort"`` (the tag), or None while unfinished."""
+    """``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` (the tag), or None while unfinished."""
     return None if reason is None else reason.__struct_config__.tag
 
 

@@ -363,8 +363,9 @@ def test_bad_specs_rejected_before_queueing(engine):
 
 def test_grammars_that_accept_nothing(engine):
     """An empty regex or a rule that only recurses is refused at compile time naming the field; a grammar that
-    dead-ends only later (llguidance's lexer limit on ``a{1000000}``) ends the request as an abort naming the
-    grammar, never as a proper ``stop`` after an EOS the dead end allowed."""
+    dead-ends only once it runs, before its first token (llguidance's lexer limit on ``a{1000000}``), is
+    refused by the scheduler naming the field too (a 400 on the server), never a proper ``stop`` after an EOS
+    the dead end allowed, nor an empty answer."""
     for sp, field in (
         ({"regex": "[^\\s\\S]"}, "regex"),
         ({"ebnf": "root ::= root"}, "ebnf"),
@@ -372,9 +373,9 @@ def test_grammars_that_accept_nothing(engine):
     ):
         with pytest.raises(ValueError, match=f"{field}: the grammar accepts no string"):
             engine.generate("x", {**sp, "max_new_tokens": 4})
-    out = engine.generate("Hi", {"regex": "a{1000000}", "max_new_tokens": 8, "temperature": 0})
-    reason = out["meta_info"]["finish_reason"]
-    assert reason["type"] == "abort" and "grammar: the output cannot be completed" in reason["message"], out
+    with pytest.raises(ValueError, match="regex: the grammar cannot be used: ") as e:
+        engine.generate("Hi", {"regex": "a{1000000}", "max_new_tokens": 8, "temperature": 0})
+    assert e.value.param == "regex"
 
 
 # ---- termination ---------------------------------------------------------------------------------------------
