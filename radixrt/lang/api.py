@@ -124,7 +124,7 @@ def gen(
 
     Raises:
         ValueError: two grammars, a bad dtype, a json_schema of the wrong kind, a speculative that is not a
-            bool (naming the variable).
+            bool, a sampling argument outside the server's range (``sampling_check``), naming the variable.
             A regex or schema the server cannot compile fails when the gen runs, on ``state.error()``,
             with the variable's name.
     """
