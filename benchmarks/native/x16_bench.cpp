@@ -155,25 +155,6 @@ void rows(const XCtx& c, int64_t M, int64_t g0, int64_t g1, bool wide) {
   }
 }
 
-// the runtime's AMX loop nest (x16_mm.cpp rows_amx())
-template <class T>
-RADIXRT_X16_AMX void rows_amx(const XCtx& c, int64_t M, int64_t g0, int64_t g1) {
-  alignas(64) AmxScratch w;
-  const int64_t passes = (M + 15) / 16;
-  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (256 << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
-  for (int64_t g = g0; g < g1; g += chunk) {
-    const int64_t ge = std::min(g1, g + chunk);
-    for (int64_t i = 0, m0 = 0; i < passes; ++i) {
-      const int mb = (int)((M - m0) / (passes - i));
-      const TileCfg cfg(mb, Amx<T>::KA);
-      _tile_loadconfig(&cfg);
-      for (int64_t gg = g; gg < ge; ++gg) tile_amx<T>(c, gg, m0, mb, w);
-      m0 += mb;
-    }
-  }
-  _tile_release();
-}
-
 // f(rep, begin_group, end_group) on 2 threads, `reps` times, with a barrier between calls; seconds per call
 template <class F>
 double timed(int64_t G, int reps, F f) {

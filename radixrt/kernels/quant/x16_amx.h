@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <cpuid.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -280,6 +281,27 @@ RADIXRT_X16_AMX void tile_amx(const XCtx& c, int64_t g, int64_t m0, int M, AmxSc
       _mm512_store_ps(w.acc[m], acc[0]);
     }
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(c.out + (m0 + m) * c.N + 16 * g, _mm512_load_ps(w.acc[m]));
+}
+
+// The loop nest over this thread's groups [g0, g1): passes of up to 16 rows, each with the tile configuration
+// for its row count; groups in chunks of ~256 KB of weight when there are several passes, so the later passes
+// find it in L2. Used by x16_mm.cpp and by benchmarks/native/x16_bench.cpp.
+template <class T>
+RADIXRT_X16_AMX void rows_amx(const XCtx& c, int64_t M, int64_t g0, int64_t g1) {
+  alignas(64) AmxScratch w;
+  const int64_t passes = (M + 15) / 16;
+  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (256 << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
+  for (int64_t g = g0; g < g1; g += chunk) {
+    const int64_t ge = std::min(g1, g + chunk);
+    for (int64_t i = 0, m0 = 0; i < passes; ++i) {
+      const int mb = (int)((M - m0) / (passes - i));
+      const TileCfg cfg(mb, Amx<T>::KA);
+      _tile_loadconfig(&cfg);
+      for (int64_t gg = g; gg < ge; ++gg) tile_amx<T>(c, gg, m0, mb, w);
+      m0 += mb;
+    }
+  }
+  _tile_release();
 }
 
 }  // namespace x16

@@ -88,25 +88,6 @@ void rows(const XCtx& c, int64_t M, int64_t g0, int64_t g1, bool wide) {
   }
 }
 
-// AMX: passes of up to 16 rows, each with this thread's tile configuration for its row count.
-template <class T>
-RADIXRT_X16_AMX void rows_amx(const XCtx& c, int64_t M, int64_t g0, int64_t g1) {
-  alignas(64) AmxScratch w;
-  const int64_t passes = (M + 15) / 16;
-  const int64_t chunk = passes > 1 ? std::max<int64_t>(1, (256 << 10) / (c.K / T::QK * T::BYTES)) : g1 - g0;
-  for (int64_t g = g0; g < g1; g += chunk) {
-    const int64_t ge = std::min(g1, g + chunk);
-    for (int64_t i = 0, m0 = 0; i < passes; ++i) {
-      const int mb = (int)((M - m0) / (passes - i));
-      const TileCfg cfg(mb, Amx<T>::KA);
-      _tile_loadconfig(&cfg);
-      for (int64_t gg = g; gg < ge; ++gg) tile_amx<T>(c, gg, m0, mb, w);
-      m0 += mb;
-    }
-  }
-  _tile_release();
-}
-
 // AMX from this many rows (RADIXRT_X16_AMX_MIN_ROWS, read once; 0 turns AMX off): below, VNNI's passes. 9:
 // up to 8 rows VNNI is one pass and faster (its per-row work is cheaper than AMX's per-batch unpack, tile
 // stores and fold); from 9 it takes two passes, and AMX one (x16_bench.py, 2026-12-07: Q4_K 8192 x 2048 at
