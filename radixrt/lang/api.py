@@ -27,6 +27,7 @@ from radixrt.lang.choices import (
     unconditional_likelihood_normalized,
 )
 from radixrt.lang.state import ProgramState, ProgramStateGroup
+from radixrt.lang.sampling_check import check_sampling
 from radixrt.lang.ir import (
     SglExpr,
     SglGen,
@@ -207,7 +208,7 @@ def select(
     what = f"select({name!r})"
     _check_name(name, what)
     try:
-        SglSamplingParams(temperature=temperature)  # checked as gen's
+        check_sampling({"temperature": temperature})
         return SglSelect(name, check_choices(choices), temperature, resolve_method(choices_method))
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
