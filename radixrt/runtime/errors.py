@@ -32,6 +32,7 @@ def grammar_refusal(grammar: Optional[tuple[str, str]], why: str) -> FinishError
     runs): a 400 naming the request's grammar field, ``grammar[0]`` (``sampling.params.grammar_of``:
     ``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``)."""
     field = grammar[0] if grammar is not None else "grammar"
+    why = why.split("<state>")[0].strip().splitlines()[0][:200] if why.strip() else why  # not llguidance's dump
     return refusal(ValidationError(f"{field}: the grammar cannot be used: {why}", field))
 
 

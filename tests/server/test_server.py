@@ -595,6 +595,9 @@ def test_bad_requests_are_400(http):
         if body.get("prompt") == [1] * 300:
             assert "300" in err["message"] and str(CONTEXT) in err["message"]
         normal_request_ok(http)
+        if "a{99999999}" in json.dumps(body):  # one line in the caller's field names, not the backend's state dump
+            assert err["message"].startswith(f"{param}: the grammar cannot be used: "), err
+            assert "<state>" not in err["message"] and "\n" not in err["message"], err
     r = http.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert_400(r, None)
     r = http.post("/generate", content=b"{not json")

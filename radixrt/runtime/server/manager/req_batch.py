@@ -50,7 +50,10 @@ class ReqBatch:
             error = refused(item.token.finished_reason)
             if error is not None:
                 param = error.param if self.rename is None or error.param is None else self.rename(error.param)
-                raise ApiError(str(error), param=param)
+                msg = str(error)
+                if param != error.param and msg.startswith(f"{error.param}:"):  # in the caller's field names
+                    msg = param + msg[len(error.param) :]
+                raise ApiError(msg, param=param)
         return i, item
 
     async def wait(self) -> list[ReqOutput]:
