@@ -655,6 +655,58 @@ def test_bad_requests_are_400(http):
     normal_request_ok(http)
 
 
+HUGE_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA_HUGE_PATTERN}}
+# refused by the scheduler before the first token: streamed, still a 400 (the status line waits for the first
+# output), not a 200 carrying an error event
+STREAMED_REFUSALS = [
+    (
+        "/generate",
+        {"text": FRANCE, "stream": True, "sampling_params": {"regex": HUGE_REGEX, "max_new_tokens": 4}},
+        "regex",
+    ),
+    ("/v1/completions", {"prompt": FRANCE, "max_tokens": 4, "stream": True, "regex": HUGE_REGEX}, "regex"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "stream": True, "response_format": HUGE_FORMAT},
+        "response_format.json_schema.schema",
+    ),
+    (
+        "/v1/responses",
+        {
+            "input": "hi",
+            "stream": True,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": SCHEMA_HUGE_PATTERN}},
+        },
+        "text.format.schema",
+    ),
+]
+
+
+def test_streamed_refusals_are_400_before_any_event(http):
+    for route, body, param in STREAMED_REFUSALS:
+        with http.stream("POST", route, json=body) as r:
+            r.read()
+            assert r.headers["content-type"].startswith("application/json"), (route, r.headers, r.text)
+            err = assert_400(r, param)
+        assert err["message"].startswith(f"{param}: the grammar cannot be used: "), err
+        normal_request_ok(http)
+    body = {**STREAMED_REFUSALS[-1][1], "stream": False}  # not streamed: the stored session is closed again
+    assert_400(http.post("/v1/responses", json=body), "text.format.schema")
+    tool = {
+        "name": "f",
+        "input_schema": {"type": "object", "properties": {"x": SCHEMA_HUGE_PATTERN}, "required": ["x"]},
+    }
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    for stream in (False, True):
+        r = http.post("/v1/messages", json={**body, "tool_choice": {"type": "tool", "name": "f"}, "stream": stream})
+        assert r.status_code == 400 and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == "invalid_request_error", r.text
+    with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, **GREEDY}) as r:  # unchanged
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and json.loads(events[0][6:])["choices"][0]["delta"]["role"] == "assistant"
+
+
 def test_tool_choice_none_ignores_tools(http):
     r = http.post(
         "/v1/chat/completions",

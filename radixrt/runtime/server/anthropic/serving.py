@@ -33,7 +33,7 @@ from radixrt.runtime.server.context import ctx
 from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.fields import renamed
 from radixrt.runtime.server.http.errors import ApiError, validation_error
-from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
+from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, first_or_abort, wait_or_abort
 from radixrt.runtime.server.openai.chat import ChatRun, run_chat
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest
 
@@ -150,6 +150,11 @@ async def create_message(request: Request):
             return Response(status_code=499)
         msg, reason = run.parse(0)  # the ids are remembered for turn continuity
         return JSONResp(message(content_blocks(msg), outs[0], reason))
+
+    try:
+        await first_or_abort(request, run.batch)  # a refusal before the first token is a 400
+    except ClientGone:
+        return Response(status_code=499)
 
     async def events():
         blocks, parser, started = BlockStream(), run.turn.parser(), False

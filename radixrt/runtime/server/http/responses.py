@@ -58,15 +58,39 @@ async def _disconnected(request: Request) -> None:
 async def wait_or_abort(request: Request, batch) -> list:
     """Wait for every request of ``batch`` (a ReqBatch); if the client disconnects first, abort them
     (pages freed) and raise :class:`ClientGone`."""
-    waiter = asyncio.ensure_future(batch.wait())
+    return await _or_abort(request, batch, batch.wait())
+
+
+async def first_or_abort(request: Request, batch) -> None:
+    """Before a stream's status line, for a call the scheduler may still refuse (``ReqBatch.refusable``: a
+    grammar or a session field): wait for its first output (``ReqBatch.peek``), so that a refusal before the
+    first token is answered 400 (or 503, the runtime died) rather than 200 and an error event, as OpenAI
+    answers a bad schema. Such a stream's headers then leave with its first token (a queued request's wait
+    for a slot included); any other stream's leave at once.
+
+    Raises:
+        ApiError: the refusal (400) or the dead runtime (503); the call's other requests are aborted.
+        ClientGone: the client left first (the requests are aborted, their pages freed).
+    """
+    if batch.refusable:
+        await _or_abort(request, batch, batch.peek(), keep=True)
+
+
+async def _or_abort(request: Request, batch, call, keep: bool = False):
+    """Await ``call``, or raise ClientGone when the client leaves first. The unfinished requests are aborted
+    at the end unless ``keep`` and ``call`` returned (a stream goes on with them)."""
+    waiter = asyncio.ensure_future(call)
     watcher = asyncio.ensure_future(_disconnected(request))
+    returned = False
     try:
         done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if waiter in done:
-            return waiter.result()
+            result, returned = waiter.result(), True
+            return result
         raise ClientGone()
     finally:
         for t in (waiter, watcher):
             if not t.done():
                 t.cancel()
-        batch.abort_unfinished()
+        if not (keep and returned):
+            batch.abort_unfinished()

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from radixrt.runtime.errors import refused
 from radixrt.runtime.io_struct import GenerateReq, StrOut
+from radixrt.runtime.sampling.params import grammar_of
 from radixrt.runtime.server.http.errors import ApiError
 from radixrt.runtime.tokenizer.validation import ReqOutput
 
@@ -28,6 +29,16 @@ class ReqBatch:
         self.unfinished = len(reqs)
         self.t_submit = time.perf_counter()
         self.t_last = {r.rid: None for r in reqs}  # perf_counter seconds of each request's last token
+        self._head = None  # an output peek() took from the queue and next() has not yet returned
+
+    @property
+    def refusable(self) -> bool:
+        """True if the scheduler may still refuse a request of the call before its first token (400): one
+        with a grammar (the backend may give up on it once compiling) or a session field."""
+        return any(
+            grammar_of(r.sampling_params) is not None or r.session_params is not None or r.session_id is not None
+            for r in self.reqs
+        )
 
     @property
     def finished(self) -> bool:
@@ -40,7 +51,7 @@ class ReqBatch:
             ApiError: 503, the scheduler or detokenizer process died; 400, the scheduler refused a request
                 (a bad session field: its finish reason carries ``status_code`` 400 and ``param``).
         """
-        item = await self.queue.get()
+        item, self._head = (self._head, None) if self._head is not None else (await self.queue.get(), None)
         if isinstance(item, BaseException):
             raise item
         i = self.index[item.rid]
@@ -55,6 +66,19 @@ class ReqBatch:
                     msg = param + msg[len(error.param) :]
                 raise ApiError(msg, param=param)
         return i, item
+
+    async def peek(self) -> None:
+        """Wait for the call's first output without taking it (the next :meth:`next` returns it), so that a
+        stream can still answer with a status: a request the scheduler refuses before its first token (a
+        grammar it gives up on) or a runtime that died raises here, as :meth:`next` would.
+
+        Raises:
+            ApiError: as :meth:`next`.
+        """
+        if self._head is None:
+            self._head = await self.queue.get()
+        if isinstance(self._head, BaseException) or refused(self._head.token.finished_reason) is not None:
+            await self.next()
 
     async def wait(self) -> list[ReqOutput]:
         while not self.finished:

@@ -23,7 +23,15 @@ from radixrt.runtime.server.context import ctx, model_info
 from radixrt.runtime.server.http.errors import ApiError, error_body
 from radixrt.runtime.server.http.body import body_json
 from radixrt.runtime.server.native.body import native_generate
-from radixrt.runtime.server.http.responses import SSE_DONE, ClientGone, JSONResp, SSEResponse, sse, wait_or_abort
+from radixrt.runtime.server.http.responses import (
+    SSE_DONE,
+    ClientGone,
+    JSONResp,
+    SSEResponse,
+    first_or_abort,
+    sse,
+    wait_or_abort,
+)
 
 router = APIRouter()
 metrics_router = APIRouter()
@@ -107,6 +115,10 @@ async def generate(request: Request):
     body = await body_json(request)
     call = await native_generate(ctx(request).tm, body)
     if call.stream:
+        try:
+            await first_or_abort(request, call.batch)  # a refusal before the first token is a 400
+        except ClientGone:
+            return Response(status_code=499)
 
         async def events():
             try:

@@ -287,7 +287,7 @@ async def chat_completions(request: Request):
             return out
 
         head = [delta_choice(i, {"role": "assistant", "content": ""}) for i in range(n)]
-        return stream(env, batch, n, head, step)
+        return await stream(request, env, batch, n, head, step)
 
     def choice(i, o) -> dict:
         message, reason = run.parse(i)

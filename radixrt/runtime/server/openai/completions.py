@@ -111,7 +111,7 @@ async def completions(request: Request):
             return out
 
         head = [text_choice(i, echo[i // n]) for i in range(len(batch.outs))] if echo is not None else []
-        return stream(env, batch, n, head, step)
+        return await stream(request, env, batch, n, head, step)
 
     def choice(k, o) -> dict:
         prefix = echo[k // n] if echo is not None else ""

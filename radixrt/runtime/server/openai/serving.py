@@ -16,7 +16,15 @@ from radixrt.runtime.server.context import ServerContext
 from radixrt.runtime.server.openai.protocol import ApiError, batch_usage
 from radixrt.runtime.server.openai.sampling import openai_param
 from radixrt.runtime.server.manager.req_batch import ReqBatch
-from radixrt.runtime.server.http.responses import SSE_DONE, ClientGone, JSONResp, SSEResponse, sse, wait_or_abort
+from radixrt.runtime.server.http.responses import (
+    SSE_DONE,
+    ClientGone,
+    JSONResp,
+    SSEResponse,
+    first_or_abort,
+    sse,
+    wait_or_abort,
+)
 
 
 def check_model(c: ServerContext, model: Optional[str]) -> None:
@@ -111,13 +119,23 @@ class Envelope:
         return d
 
 
-def stream(
-    env: Envelope, batch: ReqBatch, n: int, head: list[dict], step: Callable[[int, object], Iterable[dict]]
-) -> SSEResponse:
+async def stream(
+    request: Request,
+    env: Envelope,
+    batch: ReqBatch,
+    n: int,
+    head: list[dict],
+    step: Callable[[int, object], Iterable[dict]],
+) -> Response:
     """The SSE answer: one chunk per choice of ``head``, then per output of request i one chunk per choice
     that ``step(i, StrOut)`` returns, then the usage chunk (``stream_options.include_usage``) and
-    ``[DONE]``. An error mid-stream (the runtime died) is sent as an error event before ``[DONE]``; a
-    client that goes away aborts the unfinished requests."""
+    ``[DONE]``. The status line waits for the first output, so a request refused before its first token
+    is a 400 (:func:`first_or_abort`); an error later (the runtime died) is sent as an error event before
+    ``[DONE]``; a client that goes away aborts the unfinished requests (499 if before the first output)."""
+    try:
+        await first_or_abort(request, batch)
+    except ClientGone:
+        return Response(status_code=499)
 
     async def events():
         try:

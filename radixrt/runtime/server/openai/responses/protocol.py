@@ -291,6 +291,8 @@ CHAT_TO_RESPONSES = {
 def responses_param(param: Optional[str]) -> Optional[str]:
     if param is None:
         return None
+    if param.startswith("response_format.json_schema."):  # text.format holds the schema's fields itself
+        return "text.format." + param[len("response_format.json_schema.") :]
     for chat, ours in CHAT_TO_RESPONSES.items():
         if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
             return ours + param[len(chat) :] if chat != "response_format" else ours

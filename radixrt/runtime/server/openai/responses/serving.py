@@ -21,7 +21,7 @@ from radixrt.runtime.server.context import ServerContext, ctx
 from radixrt.runtime.server.http.body import parse_model
 from radixrt.runtime.server.http.fields import renamed
 from radixrt.runtime.server.http.errors import ApiError, validation_error
-from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, wait_or_abort
+from radixrt.runtime.server.http.responses import ClientGone, JSONResp, SSEResponse, first_or_abort, wait_or_abort
 from radixrt.runtime.server.openai.chat import run_chat
 from radixrt.runtime.server.openai.protocol import ChatCompletionRequest, chat_logprobs, new_id, now
 from radixrt.runtime.server.openai.responses.events import EventStream, sse_event
@@ -183,14 +183,28 @@ async def create_response(request: Request):
             await _close_sessions(c, st.put(rid, stored))
         return resp
 
-    if not req.stream:
+    async def answered(first_only: bool):
+        """The outputs (or, for a stream, the first output): a refusal (400) or a client gone (499) before
+        then closes the session this call opened, which nothing will store."""
         try:
-            outs = await wait_or_abort(request, run.batch)
-        except ClientGone:
-            return Response(status_code=499)
+            return await (first_or_abort if first_only else wait_or_abort)(request, run.batch)
+        except (ApiError, ClientGone) as e:
+            if opened:
+                await _close_sessions(c, [sid])
+            if isinstance(e, ClientGone):
+                return Response(status_code=499)
+            raise _renamed(e) from None
+
+    if not req.stream:
+        outs = await answered(first_only=False)
+        if isinstance(outs, Response):
+            return outs
         message, reason = run.parse(0)  # the ids are remembered for turn continuity
         lp = lp_entries(outs[0].output_token_logprobs, outs[0].output_top_logprobs)
         return JSONResp(await finish(output_items(message, ids, lp), outs[0], reason))
+
+    if isinstance(gone := await answered(first_only=True), Response):  # a refusal before the first token: 400
+        return gone
 
     async def events():
         es = EventStream(ids)
