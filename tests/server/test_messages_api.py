@@ -190,3 +190,24 @@ def test_bad_input_is_400_in_anthropic_shape(srv, cl):
         extra_body=GREEDY,
     )
     assert r.content[0].text == HI  # still serving
+
+
+PREFILL = [
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is"},
+]
+
+
+def test_a_final_assistant_message_is_continued(srv, cl, tokenizer):
+    """Anthropic's prefill: the answer continues the last assistant message's text (no new turn)."""
+    r = cl.messages.create(model=MODEL, max_tokens=6, messages=PREFILL, extra_body=GREEDY)
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == " Paris."
+    text = tokenizer.apply_chat_template(PREFILL, continue_final_message=True, tokenize=False)
+    n = cl.messages.count_tokens(model=MODEL, messages=PREFILL).input_tokens
+    assert n == len(tokenizer.encode(text, add_special_tokens=False)) and text.endswith("France is")
+    with httpx.Client(base_url=srv.url, timeout=60, headers={"x-api-key": KEY}) as h:
+        body = {"model": MODEL, "max_tokens": 4, "messages": [PREFILL[0], {"role": "assistant", "content": "It is "}]}
+        r = h.post("/v1/messages", json=body)
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "messages[1].content: final assistant content cannot end with trailing whitespace"
+    ), r.text

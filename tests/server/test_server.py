@@ -1162,3 +1162,36 @@ def test_scheduler_death_is_503(doomed_server):
         assert r.event == "error" and r.data["type"] == "service_unavailable"
     finally:
         s.close(linger=0)
+
+
+# ---- vLLM's chat template options ------------------------------------------------------------------------
+CONTINUED = [
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is"},
+]
+
+
+def test_continue_final_message_and_add_generation_prompt(oai, http, tokenizer):
+    opts = {"continue_final_message": True, "add_generation_prompt": False}
+    r = oai.chat.completions.create(model=MODEL, messages=CONTINUED, max_tokens=6, temperature=0, extra_body=opts)
+    text = tokenizer.apply_chat_template(CONTINUED, continue_final_message=True, tokenize=False)
+    assert text.endswith("The capital of France is")  # inside the last turn: no end of turn, no new header
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    g = gen(http, input_ids=ids, sampling_params={"max_new_tokens": 6, "temperature": 0})
+    assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == g["text"]
+    assert g["text"] == " Paris."
+    r = oai.chat.completions.create(  # the conversation as it stands: no assistant header
+        model=MODEL, messages=CONTINUED[:1], max_tokens=6, temperature=0, extra_body={"add_generation_prompt": False}
+    )
+    ids = tokenizer.encode(tokenizer.apply_chat_template(CONTINUED[:1], tokenize=False), add_special_tokens=False)
+    with_header = chat_ids(tokenizer, CONTINUED[:1])
+    assert r.usage.prompt_tokens == len(ids) < len(with_header) and with_header[: len(ids)] == ids
+    g = gen(http, input_ids=ids, sampling_params={"max_new_tokens": 6, "temperature": 0})
+    assert r.choices[0].message.content == g["text"]
+    assert g["text"] == "assistant\nThe capital"  # the model opens the turn itself (its special token skipped)
+    err = assert_400(
+        http.post("/v1/chat/completions", json={**CHAT, "continue_final_message": True}), "continue_final_message"
+    )
+    assert err["message"].startswith("continue_final_message and add_generation_prompt cannot both be true")
+    body = {**CHAT, "add_generation_prompt": False, "continue_final_message": "yes"}
+    assert_400(http.post("/v1/chat/completions", json=body), "continue_final_message")

@@ -15,7 +15,15 @@ import re
 from typing import Any, Optional
 
 _READS_TOOLS = re.compile(r"\btools\b")
-RESERVED_KWARGS = ("messages", "tools", "add_generation_prompt", "tokenize", "conversation", "documents")
+RESERVED_KWARGS = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "conversation",
+    "documents",
+)
 
 
 def chat_template(tokenizer) -> str:
@@ -56,14 +64,18 @@ def render(
     tools: Optional[list[dict]] = None,
     kwargs: Optional[dict] = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> str:
     """The generation prompt of ``msgs`` (template-ready dicts) through the model's template, with
     ``tools`` (OpenAI tool objects) and ``kwargs`` as template variables (``add_generation_prompt=False``:
-    the conversation as it stands, which turn continuity compares with the generation prompt).
+    the conversation as it stands, which turn continuity compares with the generation prompt;
+    ``continue_final_message``: the text ends inside the last message, without its end of turn, so that
+    the model continues it; transformers' ``apply_chat_template`` options, as vLLM's chat fields).
 
     Raises:
         ValueError: a ``kwargs`` key that the renderer itself sets (``messages``, ``tools``, ...); any
-            error of the template propagates.
+            error of the template propagates (transformers' ValueError when the last message's text is not
+            found in the rendered chat, with ``continue_final_message``).
     """
     kwargs = dict(kwargs or {})
     bad = [k for k in kwargs if k in RESERVED_KWARGS or not isinstance(k, str)]
@@ -73,6 +85,7 @@ def render(
         template_messages(msgs),
         tools=tools or None,
         add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
         tokenize=False,
         **kwargs,
     )

@@ -51,6 +51,14 @@ async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesReques
     if not submit_it:
         req.max_tokens = req.max_tokens or 1
     cbody = chat_body(req)
+    last = msgs[-1]
+    if last["role"] == "assistant" and isinstance(last.get("content"), str) and not last.get("tool_calls"):  # prefill
+        if last["content"] != last["content"].rstrip():
+            raise ApiError(
+                "final assistant content cannot end with trailing whitespace",
+                param=f"messages[{len(req.messages) - 1}].content",
+            )
+        cbody.update(add_generation_prompt=False, continue_final_message=True)
     try:
         chat_req = ChatCompletionRequest.model_validate(cbody)
         return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)

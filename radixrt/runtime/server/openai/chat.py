@@ -196,6 +196,12 @@ async def run_chat(
     _check_size(req.messages if msgs is None else [SimpleNamespace(content=m.get("content")) for m in msgs], tm.limits)
     plan = check_tools(req)
     _check_top_logprobs(req)
+    if req.continue_final_message and req.add_generation_prompt:  # vLLM's rule: a new turn or the last one
+        raise ApiError(
+            "continue_final_message and add_generation_prompt cannot both be true (set add_generation_prompt"
+            " to false to continue the last message)",
+            param="continue_final_message",
+        )
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp, grammar_src = sampling_params(req, max_new, max_param)
@@ -207,6 +213,8 @@ async def run_chat(
         sp,
         req.chat_template_kwargs,
         req.separate_reasoning,
+        req.add_generation_prompt,
+        req.continue_final_message,
     )
     sp.update(turn.sampling)
     ids, spliced = encode_turn(tm.tokenizer, c.turns(), turn, req.cache_salt, c.args.reasoning_history == "keep")

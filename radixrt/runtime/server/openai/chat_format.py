@@ -91,6 +91,8 @@ def prepare_turn(
     sp: dict,
     template_kwargs: Optional[dict],
     separate_reasoning: bool = True,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> ChatTurn:
     """Render ``msgs`` and decide grammar and parsing for one chat request whose sampling params are ``sp``.
 
@@ -108,7 +110,7 @@ def prepare_turn(
     elif not cf.template_tools:
         msgs = render_tool_history(msgs)
     try:
-        prompt = render(tokenizer, msgs, tools, template_kwargs)
+        prompt = render(tokenizer, msgs, tools, template_kwargs, add_generation_prompt, continue_final_message)
     except ValueError as e:
         if "chat_template_kwargs" in str(e):
             raise ApiError(str(e), param="chat_template_kwargs") from None

@@ -181,6 +181,9 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: Optional[bool] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None  # template variables, e.g. {"enable_thinking": false}
     separate_reasoning: bool = True  # with --reasoning-parser: thinking goes to reasoning_content
+    # vLLM's template options: the prompt ends with the assistant header (default), or inside the last message
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class CompletionRequest(_Common):
