@@ -6,6 +6,7 @@ with the kernels' own flags (``radixrt/kernels/cpp.py`` FLAGS, without OpenMP) a
 
     flock /tmp/bench.lock python benchmarks/x16_bench.py                        # every type, 8192 x 2048
     flock /tmp/bench.lock python benchmarks/x16_bench.py --types Q4_K --n 2048 --k 8192   # a down projection
+    flock /tmp/bench.lock python benchmarks/x16_bench.py --types Q4_0,Q4_1,Q5_0,Q5_1     # the legacy types
 
 Exits 1 if any path's bits differ. The in-runtime comparison with the file's own blocks is ``gemv_probe.py
 --layout x16|gguf`` and ``RADIXRT_GGML_X16=0|1 step_curve.py``.
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(HERE, "native", "x16_bench.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-std=c++17", "-pthread"]
-TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
+TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 
 def main() -> None:

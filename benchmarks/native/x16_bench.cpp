@@ -1,7 +1,7 @@
 // The x16 tiles (radixrt/kernels/quant/x16_*.h) outside torch: for each type and activation row count M, the
 // time of one product on 2 threads with the weight from memory (copies cycled), GMAC/s and GB/s of weight, and
 // three checks of the bits: AVX-512 VNNI tiles = AVX2 tiles = a scalar reading of x16_layout.h's arithmetic
-// straight from the GGUF blocks (so the repack is checked too). Built and run by benchmarks/x16_bench.py.
+// straight from the GGUF blocks (x16_spec.h; so the repack is checked too). Built and run by benchmarks/x16_bench.py.
 #include <immintrin.h>
 #include <atomic>
 #include <chrono>
@@ -13,109 +13,17 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include "q8_act.h"
 #include "x16_512.h"
 #include "x16_amx.h"
 #include "x16_avx2.h"
+#include "x16_legacy.h"
+#include "x16_spec.h"
 
 using namespace radixrt::ggml;
 using namespace radixrt::ggml::x16;
+using x16_bench::Act;
 
 namespace {
-
-struct Act {
-  std::vector<int8_t> q;
-  std::vector<float> d, s;
-  std::vector<int16_t> bsums;
-  std::vector<int32_t> ypair, yoff;
-};
-
-Act quantize(const std::vector<float>& x, int64_t M, int64_t K, int qk) {
-  const int64_t nb = K / qk;
-  Act a;
-  a.q.resize(M * K);
-  a.d.resize(M * nb);
-  if (qk == 256) {
-    a.bsums.resize(M * K / 16);
-    a.ypair.resize(M * nb * 4);
-  } else {
-    a.s.resize(M * nb);
-    a.yoff.resize(M * nb);
-  }
-  for (int64_t m = 0; m < M; ++m) {
-    int8_t* qm = a.q.data() + m * K;
-    if (qk == 256) {
-      int16_t* bs = a.bsums.data() + m * K / 16;
-      radixrt::q8::quantize_row_256(x.data() + m * K, K, qm, a.d.data() + m * nb, bs);
-      for (int64_t b = 0; b < nb; ++b)
-        for (int i = 0; i < 4; ++i) {
-          const int16_t* p = bs + 16 * b + 4 * i;
-          const uint32_t lo = (uint16_t)(int16_t)(p[0] + p[1]), hi = (uint16_t)(int16_t)(p[2] + p[3]);
-          a.ypair[(m * nb + b) * 4 + i] = (int32_t)(lo | (hi << 16));
-        }
-    } else {
-      radixrt::q8::quantize_row_32(x.data() + m * K, K, qm, a.d.data() + m * nb, a.s.data() + m * nb);
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t sum = 0;
-        for (int i = 0; i < 32; ++i) sum += qm[32 * b + i];
-        a.yoff[m * nb + b] = -128 * sum;
-      }
-    }
-  }
-  return a;
-}
-
-// The arithmetic of x16_layout.h read from one GGUF row (independent of the repack).
-float spec_row(const std::string& type, const uint8_t* row, const Act& a, int64_t m, int64_t K) {
-  float acc = 0.0f;
-  const int8_t* yq = a.q.data() + m * K;
-  if (type == "Q8_0") {
-    for (int64_t b = 0; b < K / 32; ++b) {
-      const uint8_t* p = row + 34 * b;
-      int32_t D = 0;
-      for (int i = 0; i < 32; ++i) D += (int8_t)p[2 + i] * yq[32 * b + i];
-      acc = std::fmaf((float)D, fp16(p) * a.d[m * (K / 32) + b], acc);
-    }
-    return acc;
-  }
-  for (int64_t s = 0; s < K / 256; ++s) {
-    const int8_t* y = yq + 256 * s;
-    const int16_t* bs = a.bsums.data() + m * K / 16 + 16 * s;
-    const float dy = a.d[m * (K / 256) + s];
-    if (type == "Q6_K") {
-      const uint8_t* p = row + 210 * s;
-      int32_t I = 0;
-      for (int e = 0; e < 256; ++e) {
-        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
-        const uint8_t qlb = p[64 * h + 32 * (k & 1) + l], qhb = p[128 + 32 * h + l];
-        const int q = ((k < 2 ? qlb : qlb >> 4) & 0xF) | (((qhb >> (2 * k)) & 3) << 4);
-        I += (int8_t)p[192 + e / 16] * q * y[e];
-      }
-      for (int g = 0; g < 16; ++g) I -= 32 * (int8_t)p[192 + g] * bs[g];
-      acc = std::fmaf((float)I, fp16(p + 208) * dy, acc);
-      continue;
-    }
-    const int bytes = type == "Q4_K" ? 144 : 176;
-    const uint8_t* p = row + bytes * s;
-    const uint8_t* qs = p + (type == "Q4_K" ? 16 : 48);
-    int32_t I = 0, C = 0;
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, mn;
-      scale_min_k4(j, p + 4, sc, mn);
-      int32_t D = 0;
-      for (int i = 0; i < 32; ++i) {
-        int q = (j & 1 ? qs[32 * (j >> 1) + i] >> 4 : qs[32 * (j >> 1) + i]) & 0xF;
-        if (type == "Q5_K") q |= ((p[16 + i] >> j) & 1) << 4;
-        D += q * y[32 * j + i];
-      }
-      I += sc * D;
-      C += mn * (bs[2 * j] + bs[2 * j + 1]);
-    }
-    acc = std::fmaf((float)I, fp16(p) * dy, acc);
-    acc = std::fmaf(-(float)C, fp16(p + 2) * dy, acc);
-  }
-  return acc;
-}
 
 template <class T, int MB>
 void pass(const XCtx& c, int64_t m0, int64_t g0, int64_t g1, bool wide) {
@@ -187,9 +95,10 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
         uint8_t* b = ws[c].data() + r * row + s * T::GGUF;
         const uint16_t d = _cvtss_sh(1e-3f + 9e-3f * (rng() % 1000) / 1000.0f, 0);
         const uint16_t dm = _cvtss_sh(1e-4f + 9e-4f * (rng() % 1000) / 1000.0f, 0);
-        const int at = std::string(name) == "Q6_K" ? 208 : 0;
+        const std::string t = name;
+        const int at = t == "Q6_K" ? 208 : 0;
         std::memcpy(b + at, &d, 2);
-        if (T::QK == 256 && at == 0) std::memcpy(b + 2, &dm, 2);
+        if (t == "Q4_K" || t == "Q5_K" || t == "Q4_1" || t == "Q5_1") std::memcpy(b + 2, &dm, 2);
       }
     xs[c].resize(G * nb * T::BYTES);
     repack<T>(ws[c].data(), K, 0, G, xs[c].data());
@@ -199,9 +108,10 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
   for (int64_t M : {1, 2, 3, 4, 8, 16, 32}) {
     std::vector<float> x(M * K);
     for (auto& v : x) v = nd(rng);
-    const Act a = quantize(x, M, K, T::QK);
+    const Act a = x16_bench::quantize(x, M, K, T::QK);
     std::vector<float> o512(M * N, -1.0f), o256(M * N, -2.0f), oamx(M * N, -3.0f);
-    XCtx c{nullptr, K, N, a.q.data(), a.d.data(), a.bsums.data(), a.ypair.data(), a.yoff.data(), nullptr};
+    XCtx c{nullptr, K, N, a.q.data(), a.d.data(), a.bsums.data(), a.ypair.data(), a.yoff.data(),
+           a.ysum.data(), nullptr};
     auto run = [&](bool wide, std::vector<float>& o) {
       return [&, wide](int r, int64_t b, int64_t e) {
         XCtx cc = c;
@@ -245,7 +155,7 @@ int bench(const char* name, int64_t N, int64_t K, int copies, int reps, bool has
     for (int64_t i = 0; amx && i < M * N; ++i) diff += std::memcmp(&oamx[i], &o256[i], 4) != 0;
     for (int i = 0; i < 64; ++i) {
       const int64_t m = i % M, n = (i * 2654435761u) % N;
-      const float want = spec_row(name, ws[0].data() + n * row, a, m, K);
+      const float want = x16_bench::spec_row(name, ws[0].data() + n * row, a, m, K);
       spec_bad += std::memcmp(&want, &o256[m * N + n], 4) != 0;
     }
     bad += diff + spec_bad;
@@ -275,6 +185,10 @@ int main(int argc, char** argv) {
   if (which == "all" || which == "Q5_K") bad += bench<Q5_K>("Q5_K", N, K, copies, reps, has512);
   if (which == "all" || which == "Q6_K") bad += bench<Q6_K>("Q6_K", N, K, copies, reps, has512);
   if (which == "all" || which == "Q8_0") bad += bench<Q8_0>("Q8_0", N, K, copies, reps, has512);
+  if (which == "all" || which == "Q4_0") bad += bench<Q4_0>("Q4_0", N, K, copies, reps, has512);
+  if (which == "all" || which == "Q4_1") bad += bench<Q4_1>("Q4_1", N, K, copies, reps, has512);
+  if (which == "all" || which == "Q5_0") bad += bench<Q5_0>("Q5_0", N, K, copies, reps, has512);
+  if (which == "all" || which == "Q5_1") bad += bench<Q5_1>("Q5_1", N, K, copies, reps, has512);
   std::printf("%s\n", bad ? "BITS DIFFER" : "bits: vnni512 = amx = avx2 = spec");
   return bad ? 1 : 0;
 }

@@ -110,12 +110,13 @@ def test_fused_layer_is_bit_identical(fmt, monkeypatch):
 
 def test_fused_layer_rows_above_the_gemv():
     """Every row count runs the same projection kernel inside the op: the panel kernel for fp32, the
-    block kernel of the type (GGML_BASE + its number) for int8 (Q8_0, in its x16 layout where that runs:
-    + X16) and q4 (Q4_1)."""
+    block kernel of the type (GGML_BASE + its number) for int8 (Q8_0) and q4 (Q4_1), each in its x16 layout
+    where that runs (+ X16)."""
     from radixrt.runtime.layers.ggml_ops import X16, use_x16
 
     q8 = 8 | (X16 if use_x16("Q8_0", 576 + 2 * 192) else 0)
-    for fmt, kind in [("none", 1), ("int8", 100 + q8), ("q4", 100 + 3)]:
+    q4 = 3 | (X16 if use_x16("Q4_1", 576 + 2 * 192) else 0)
+    for fmt, kind in [("none", 1), ("int8", 100 + q8), ("q4", 100 + q4)]:
         proj = _model(fmt).layers[0].self_attn.qkv_proj
         assert [proj.kernel_weight(r)[0] for r in (1, 8, 9, 300)] == [kind] * 4
 
@@ -153,13 +154,15 @@ def test_projection_in_parts_runs_in_the_op(monkeypatch):
     """A projection stored in parts of different types (ConcatLinear) runs inside the op, one weight per
     part flagged CONT after the first, concatenated as the module does: the same bits as layer by layer."""
     from radixrt.kernels.layer import CONT
+    from radixrt.runtime.layers.ggml_ops import X16, use_x16
 
     model = _model("int8")
     _in_parts(model)
     w = model.layers[0].fused_args(1)
     q8 = 100 + model.layers[0].self_attn.o_proj.type_id  # Q8_0, x16 where that runs
     assert q8 in (108, 108 | 256) and model.layers[0].self_attn.qkv_proj.parts[0].type_id == q8 - 100
-    assert w is not None and w.kinds == [q8, 106 | CONT, q8, q8, q8] and len(w.weights) == 5
+    q5 = 100 + (6 | (X16 if use_x16("Q5_0", 2 * 192) else 0))  # k and v in Q5_0, x16 where that runs
+    assert w is not None and w.kinds == [q8, q5 | CONT, q8, q8, q8] and len(w.weights) == 5
     ours, kv1, calls = _run(model, STEPS, True, monkeypatch)
     ref, kv2, none = _run(model, STEPS, False, monkeypatch)
     assert none == 0 and calls == 6 * 3

@@ -1,7 +1,8 @@
 """The x16 layouts (radixrt/kernels/quant/x16_layout.h) and their tiles: the repack is a rearrangement of the
 file's bytes (C++ = numpy, and dequantizing either gives gguf.quants.dequantize's values), and every path gives
 exactly the arithmetic the header documents (x16.mm_twin) whatever the row count: the AVX-512 VNNI tiles, the
-AVX2 tiles (a second process with RADIXRT_DISABLE_AVX512=1), T = 1, 3 and 16 rows, a row alone or among others."""
+AVX2 tiles (a second process with RADIXRT_DISABLE_AVX512=1), T = 1, 3 and 16 rows, a row alone or among others.
+Q4_0 in its x16 layout gives the bits of Q4_0 in the file's blocks (q4_0_lanes.h's arithmetic)."""
 
 from __future__ import annotations
 
@@ -67,15 +68,28 @@ def test_bits_are_the_documented_arithmetic_at_every_row_count(ops, case, name):
     assert torch.equal(alone[2][0, :], ops.mm(x[2:3].contiguous(), wx, tid)[0])
 
 
-def test_q8_0_blocks_beyond_the_amx_batches(ops):
-    """Q8_0 at K = 352 (11 blocks): AMX multiplies 4 blocks per batch, the last 3 run the VNNI fold; the same
-    bits as the twin at every row count."""
+@pytest.mark.parametrize("name", [n for n in NAMES if x16.LAYOUTS[n].qk == 32])
+def test_32_blocks_beyond_the_amx_batches(ops, name):
+    """The 32-element types at K = 352 (11 blocks): AMX multiplies 4 blocks per batch, the last 3 run the
+    VNNI fold; the same bits as the twin at every row count."""
     k = 352
-    w = random_blocks(quant.BY_NAME["Q8_0"], 32, k, 77)
-    wx = x16.repack(w, "Q8_0")
+    w = random_blocks(quant.BY_NAME[name], 32, k, 77)
+    wx = x16.repack(w, name)
+    tid = quant.BY_NAME[name].ggml_type | x16.X16
     x = torch.randn(17, k, generator=torch.Generator().manual_seed(8))
     for m in (1, 4, 17):
-        assert torch.equal(ops.mm(x[:m].contiguous(), wx, 8 | x16.X16), x16.mm_twin(x[:m], wx, "Q8_0")), m
+        assert torch.equal(ops.mm(x[:m].contiguous(), wx, tid), x16.mm_twin(x[:m], wx, name)), (name, m)
+
+
+def test_q4_0_keeps_the_bits_of_the_files_blocks(ops, case):
+    """Q4_0's x16 fold is q4_0_lanes.h's (S = sum q y - 8 Y, fma(S, d dy)): switching a Q4_0 weight to its
+    x16 layout changes no output bit, at T = 1, 3, 16 and 21 (this process's instruction set; the AVX2 tiles in
+    test_every_instruction_set_gives_the_same_bits)."""
+    x, blocks = case
+    wx = x16.repack(blocks["Q4_0"], "Q4_0")
+    for m in MS:
+        xm = x[:m].contiguous()
+        assert torch.equal(ops.mm(xm, wx, 2 | x16.X16), ops.mm(xm, blocks["Q4_0"], 2)), m
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -113,12 +127,13 @@ def test_every_instruction_set_gives_the_same_bits(ops, case, tmp_path):
     process says which ran; where the CPU lacks a feature the process runs the next one down, as asserted."""
     x, blocks = case
     packed = {n: x16.repack(blocks[n], n) for n in NAMES}
-    torch.save({"x": x, "w": packed}, tmp_path / "case.pt")
+    torch.save({"x": x, "w": packed, "q4_0": blocks["Q4_0"]}, tmp_path / "case.pt")
     script = (
         "import sys, torch\nfrom radixrt.kernels import quant\nops = quant.ggml_gemv()\n"
         "c = torch.load(sys.argv[1])\nout = {'isa': [ops.x16_isa(m) for m in (1, 3, 16, 21)]}\n"
         "for n, w in c['w'].items():\n"
         "    out[n] = [ops.mm(c['x'][:m].contiguous(), w, quant.BY_NAME[n].ggml_type | 256) for m in (1, 3, 16, 21)]\n"
+        "out['Q4_0 blocks'] = [ops.mm(c['x'][:m].contiguous(), c['q4_0'], 2) for m in (1, 3, 16, 21)]\n"
         "torch.save(out, sys.argv[2])\n"
     )
     flags = _flags()
@@ -144,6 +159,8 @@ def test_every_instruction_set_gives_the_same_bits(ops, case, tmp_path):
             ref = x16.mm_twin(x[:m], packed[n], n)
             for name in runs:
                 assert torch.equal(outs[name][n][i], ref), (name, n, m)
+                if n == "Q4_0":  # the file's blocks on that instruction set: the same bits as the x16 layout
+                    assert torch.equal(outs[name]["Q4_0 blocks"][i], ref), (name, "Q4_0 blocks", m)
 
 
 def test_bad_input_names_the_problem(ops, case):
@@ -151,15 +168,34 @@ def test_bad_input_names_the_problem(ops, case):
     wx = x16.repack(blocks["Q4_K"], "Q4_K")
     with pytest.raises(RuntimeError, match=r"x16\): w must be contiguous uint8 \[N / 16, K / 256 \* 2368\]"):
         ops.mm(x[:, :256].contiguous(), wx, 12 | 256)
-    with pytest.raises(RuntimeError, match="no x16 layout for ggml type 3"):
-        ops.mm(x, wx, 3 | 256)
+    with pytest.raises(RuntimeError, match=r"no x16 layout for ggml type 10 \(Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8"):
+        ops.mm(x, wx, 10 | 256)
     with pytest.raises(ValueError, match="N a multiple of 16"):
         x16.repack(blocks["Q4_K"][:40], "Q4_K")
-    with pytest.raises(ValueError, match="no x16 layout for ggml type 'Q4_1'"):
-        x16.repack(blocks["Q4_K"], "Q4_1")
+    with pytest.raises(ValueError, match="no x16 layout for ggml type 'Q2_K'"):
+        x16.repack(blocks["Q4_K"], "Q2_K")
     with pytest.raises(RuntimeError, match=r"out must be contiguous uint8 \[3, 4736\]"):
         ops.x16_repack(blocks["Q4_K"], 12, torch.empty(3, 10, dtype=torch.uint8))
-    assert not x16.can_repack("Q4_K", 40) and x16.can_repack("Q6_K", 32) and not x16.can_repack("Q4_0", 32)
+    assert not x16.can_repack("Q4_K", 40) and x16.can_repack("Q6_K", 32) and not x16.can_repack("F16", 32)
+    assert x16.can_repack("Q4_1", 16) and not x16.can_repack("Q5_1", 24)
+
+
+@pytest.mark.parametrize("name", list(x16.LEGACY))
+def test_bad_input_legacy(ops, case, name):
+    """The legacy types' shapes in the errors: K not a multiple of 32, a weight of another K, a short repack out."""
+    x, blocks = case
+    lay, tid = x16.LAYOUTS[name], quant.BY_NAME[name].ggml_type
+    wx = x16.repack(blocks[name], name)
+    with pytest.raises(RuntimeError, match=rf"{name} x16\): K = 40 is not a multiple of the block size 32"):
+        ops.mm(x[:, :40].contiguous(), wx, tid | 256)
+    with pytest.raises(RuntimeError, match=rf"w must be contiguous uint8 \[N / 16, K / 32 \* {lay.bytes}\]"):
+        ops.mm(x[:, :256].contiguous(), wx, tid | 256)
+    with pytest.raises(RuntimeError, match=rf"out must be contiguous uint8 \[3, {K // 32 * lay.bytes}\]"):
+        ops.x16_repack(blocks[name], tid, torch.empty(3, 10, dtype=torch.uint8))
+    with pytest.raises(
+        RuntimeError, match=rf"x16_repack\({name}\): w must be contiguous uint8 \[N, K / 32 \* {lay.gguf}\]"
+    ):
+        ops.x16_repack(blocks[name][:40], tid, torch.empty(3, K // 32 * lay.bytes, dtype=torch.uint8))
 
 
 def _round32(v) -> np.float32:

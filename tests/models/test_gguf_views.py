@@ -1,5 +1,6 @@
 """At ``--quantization auto`` a GGUF block tensor used as stored is a read-only view of the file's memory map
-(no copy: gguf_load's module doc); stacked parts are our own copy. Checked exactly: the bytes against
+(no copy: gguf_load's module doc); stacked parts are our own copy, and so is a projection in its x16 layout
+(the SmolLM2 file's Q4_1 projections, unless ``RADIXRT_GGML_X16=0``). Checked exactly: the bytes against
 ``gguf.GGUFReader``'s tensors of the SmolLM2 file, and where they live from ``/proc/self/maps``."""
 
 from __future__ import annotations
@@ -7,7 +8,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
+import torch
 
+from radixrt.kernels.quant import x16
 from radixrt.runtime.models.args import ModelArgs
 from radixrt.runtime.models.gguf_load import _load
 from radixrt.runtime.models.loader import default_gguf_path, load_config
@@ -26,9 +30,11 @@ def _file_offset(addr: int) -> tuple[str, int] | None:
     raise AssertionError(f"address {addr:#x} is not mapped")
 
 
-def test_stored_blocks_are_views_of_the_map_and_stacked_parts_are_copies():
+@pytest.mark.parametrize("x16_env", ["0", "1"])
+def test_stored_blocks_are_views_of_the_map_and_stacked_parts_are_copies(monkeypatch, x16_env):
     import gguf
 
+    monkeypatch.setenv("RADIXRT_GGML_X16", x16_env)  # "1": the projections where the x16 layout runs
     path = default_gguf_path()
     raw = {t.name: t for t in gguf.GGUFReader(path).tensors}
     out = _load(path, ModelArgs.from_hf(load_config(path)), "auto")
@@ -38,13 +44,21 @@ def test_stored_blocks_are_views_of_the_map_and_stacked_parts_are_copies():
         ("layers.3.self_attn.o_proj", "blk.3.attn_output.weight"),
         ("embed_tokens", "token_embd.weight"),
     ):
-        blocks = out[module].blocks
-        assert blocks.numpy().tobytes() == np.asarray(raw[name].data).tobytes(), module
+        blocks, stored = out[module].blocks, np.ascontiguousarray(raw[name].data)
+        if getattr(out[module], "x16", False):  # our own copy, the file's bytes rearranged
+            assert x16_env == "1" and torch.equal(blocks, x16.repack(torch.from_numpy(stored), out[module].type_name))
+            assert _file_offset(blocks.data_ptr()) is None, module
+            continue
+        assert module == "embed_tokens" or x16_env == "0", module
+        assert blocks.numpy().tobytes() == stored.tobytes(), module
         assert _file_offset(blocks.data_ptr()) == (real, int(raw[name].data_offset)), module
-    gate_up = out["layers.0.mlp.gate_up_proj"].blocks
+    gate_up = out["layers.0.mlp.gate_up_proj"]
     want = np.concatenate([np.asarray(raw[f"blk.0.ffn_{p}.weight"].data) for p in ("gate", "up")])
-    assert gate_up.numpy().tobytes() == want.tobytes()
-    assert _file_offset(gate_up.data_ptr()) is None  # our own (anonymous) memory
+    if gate_up.x16:
+        assert torch.equal(gate_up.blocks, x16.repack(torch.from_numpy(want), gate_up.type_name))
+    else:
+        assert gate_up.blocks.numpy().tobytes() == want.tobytes()
+    assert _file_offset(gate_up.blocks.data_ptr()) is None  # our own (anonymous) memory
 
 
 def _vm_flags(addr: int) -> list[str]:

@@ -3,11 +3,13 @@ side 4 bytes at a time, so that a product of T activation rows (a decode batch, 
 prefill chunk) reads and unpacks each weight byte once for all T rows and multiplies with one ``vpdpbusd``
 per 64 multiply-adds (``x16_512.h``; ``maddubs`` + ``madd`` on AVX2, ``x16_avx2.h``).
 
-Types: :data:`LAYOUTS` (Q4_K, Q5_K, Q6_K, Q8_0). A weight ``[N, K]`` (``N`` a multiple of 16) in GGUF blocks
-``[N, K / QK * type_size]`` uint8 becomes ``[N / 16, K / QK * BYTES]`` uint8; ``torch.ops.radixrt_ggml.mm(x, w,
-ggml_type | X16)`` multiplies it. The arithmetic, the same bits on every path and every row count, is
-``x16_layout.h``'s; :func:`mm_twin` is its torch twin (int64 sums, fp32 products, and each fma rounded once,
-emulated exactly in float64), which the tests hold the C++ tiles to bit for bit.
+Types: :data:`LAYOUTS` (Q4_K, Q5_K, Q6_K, Q8_0 and the legacy 32-element Q4_0, Q4_1, Q5_0, Q5_1). A weight
+``[N, K]`` (``N`` a multiple of 16) in GGUF blocks ``[N, K / QK * type_size]`` uint8 becomes ``[N / 16, K / QK *
+BYTES]`` uint8; ``torch.ops.radixrt_ggml.mm(x, w, ggml_type | X16)`` multiplies it. The arithmetic, the same
+bits on every path and every row count, is ``x16_layout.h``'s; :func:`mm_twin` is its torch twin (int64 sums, fp32
+products, and each fma rounded once, emulated exactly in float64), which the tests hold the C++ tiles to bit for
+bit. The legacy types' fold: ``S = sum q y - Z Y`` (Z = 8 for Q4_0, 16 for Q5_0, 0 for Q4_1 / Q5_1; Y the
+activation block's sum), ``acc = fma(S, d dy, acc)``, then for Q4_1 / Q5_1 ``acc = fma(Y, m dy, acc)``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,19 @@ LAYOUTS: dict[str, Layout] = {
     "Q5_K": Layout(256, 176, 2880),
     "Q6_K": Layout(256, 210, 3360),
     "Q8_0": Layout(32, 34, 544),
+    "Q4_0": Layout(32, 18, 288),
+    "Q4_1": Layout(32, 20, 320),
+    "Q5_0": Layout(32, 22, 352),
+    "Q5_1": Layout(32, 24, 384),
 }
+# the legacy types: (zero point Z, a minimum m, a fifth bit); x16_layout.h's Legacy32
+LEGACY: dict[str, tuple[int, bool, bool]] = {
+    "Q4_0": (8, False, False),
+    "Q4_1": (0, True, False),
+    "Q5_0": (16, False, True),
+    "Q5_1": (0, True, True),
+}
+_T4 = np.arange(4)
 
 
 def can_repack(type_name: str, rows: int) -> bool:
@@ -104,6 +118,16 @@ def repack_np(blocks: np.ndarray, type_name: str) -> np.ndarray:
             _lanes(a[..., 0:128].reshape(n, nb, 2, 2, 8, 4), 3),
             _lanes(a[..., 128:192].reshape(n, nb, 2, 8, 4), 2),
         ]
+    elif type_name in LEGACY:
+        _, one, five = LEGACY[type_name]
+        parts = [_lanes(a[..., 0:2], 0)] + ([_lanes(a[..., 2:4], 0)] if one else [])
+        if five:  # the fifth bits regrouped: bit t of byte i is element 4t + i's, bit 4 + t element 16 + 4t + i's
+            at = 2 + 2 * one
+            qh = np.ascontiguousarray(a[..., at : at + 4]).view("<u4")[..., 0].astype(np.int64)[..., None, None]
+            i, t = _T4[:, None], _T4[None, :]
+            lo, hi = (qh >> (4 * t + i)) & 1, (qh >> (16 + 4 * t + i)) & 1
+            parts.append(_lanes(((lo << t) | (hi << (4 + t))).sum(-1).astype(np.uint8), 0))
+        parts.append(_lanes(a[..., -16:].reshape(n, nb, 4, 4), 1))
     else:  # Q8_0
         parts = [_lanes(a[..., 0:2], 0), _lanes((a[..., 2:34] ^ 0x80).reshape(n, nb, 8, 4), 1)]
     g = n // 16
@@ -118,8 +142,9 @@ def _fp16(a: np.ndarray) -> np.ndarray:
 
 def fields(w: torch.Tensor | np.ndarray, type_name: str) -> dict[str, np.ndarray]:
     """The x16 weight ``[N / 16, K / qk * bytes]`` read back per row: ``q [N, K / qk, qk]`` (unsigned values as
-    the arithmetic uses them; Q8_0 signed), ``d [N, nb]`` fp32, and per type ``dmin``, ``sc`` (per sub-block /
-    group) and ``mn``. Raises ValueError on a type without a layout."""
+    the arithmetic uses them, the legacy types' before their zero point; Q8_0 signed), ``d [N, nb]`` fp32, and
+    per type ``dmin``, ``sc`` (per sub-block / group) and ``mn`` (K-quants) or ``m`` (Q4_1, Q5_1; fp32
+    ``[N, nb]``). Raises ValueError on a type without a layout."""
     if type_name not in LAYOUTS:
         raise ValueError(f"x16: no x16 layout for ggml type {type_name!r}")
     lay = LAYOUTS[type_name]
@@ -149,6 +174,20 @@ def fields(w: torch.Tensor | np.ndarray, type_name: str) -> dict[str, np.ndarray
         q = (lo | (hi << 4)).reshape(g * 16, nb, 256).astype(np.int64)
         return {"d": d, "sc": sc.astype(np.int64), "q": q}
     d = _fp16(_unlanes(a[..., 0:32].reshape(g, nb, 16, 2), 0))
+    if type_name in LEGACY:
+        _, one, five = LEGACY[type_name]
+        f = {"d": d}
+        if one:
+            f["m"] = _fp16(_unlanes(a[..., 32:64].reshape(g, nb, 16, 2), 0))
+        qs = _unlanes(a[..., lay.bytes - 256 :].reshape(g, nb, 4, 16, 4), 1).reshape(g * 16, nb, 16)
+        q = np.concatenate([qs & 0xF, qs >> 4], -1).astype(np.int64)
+        if five:
+            at = 32 + 32 * one
+            qh = _unlanes(a[..., at : at + 64].reshape(g, nb, 16, 4), 0)[..., None, :].astype(np.int64)
+            t = _T4[:, None]
+            q |= np.concatenate([(qh >> t) & 1, (qh >> (4 + t)) & 1], -2).reshape(g * 16, nb, 32) << 4
+        f["q"] = q
+        return f
     qs = _unlanes(a[..., 32:544].reshape(g, nb, 8, 16, 4), 1).reshape(g * 16, nb, 32)
     return {"d": d, "q": (qs ^ 0x80).view(np.int8).astype(np.int64)}
 
@@ -165,6 +204,11 @@ def dequantize(w: torch.Tensor, type_name: str) -> torch.Tensor:
     elif type_name == "Q6_K":
         q = f["q"].reshape(n, nb, 16, 16).astype(np.float32) - 32
         out = (f["d"][..., None] * f["sc"].astype(np.float32))[..., None] * q
+    elif type_name in LEGACY:
+        z, one, _ = LEGACY[type_name]
+        out = f["d"][..., None] * (f["q"] - z).astype(np.float32)
+        if one:
+            out = out + f["m"][..., None]
     else:
         out = f["d"][..., None] * f["q"].astype(np.float32)
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(n, nb * qk))
@@ -223,6 +267,13 @@ def mm_twin(x: torch.Tensor, w: torch.Tensor, type_name: str) -> torch.Tensor:
             yg = yb.reshape(m, 16, 16).sum(-1)
             i_sum = (dg * f["sc"][None, :, b]).sum(-1) - 32 * (yg @ f["sc"][:, b].T)
             acc = fma32(i_sum.astype(np.float32), (f["d"][None, :, b] * dy[:, b, None]).astype(np.float32), acc)
+        elif type_name in LEGACY:  # S = sum q y - Z Y;  fma(S, d dy);  Q4_1 / Q5_1 then fma(Y, m dy)
+            z, one, _ = LEGACY[type_name]
+            ysum = yb.sum(-1)[:, None]
+            s_sum = yb @ wb.T - z * ysum
+            acc = fma32(s_sum.astype(np.float32), (f["d"][None, :, b] * dy[:, b, None]).astype(np.float32), acc)
+            if one:
+                acc = fma32(ysum.astype(np.float32), (f["m"][None, :, b] * dy[:, b, None]).astype(np.float32), acc)
         else:
             dsum = yb @ wb.T
             acc = fma32(dsum.astype(np.float32), (f["d"][None, :, b] * dy[:, b, None]).astype(np.float32), acc)

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include "x16_512.h"
 
 #define RADIXRT_X16_AMX \
@@ -250,7 +251,7 @@ RADIXRT_X16_AMX void tile_amx(const XCtx& c, int64_t g, int64_t m0, int M, AmxSc
   const int64_t nb = c.K / T::QK;
   const uint8_t* wg = c.W + g * nb * T::BYTES;
   for (int m = 0; m < M; ++m) _mm512_store_ps(w.acc[m], _mm512_setzero_ps());
-  constexpr int64_t STEP = T::QK == 32 ? 4 : 1;  // blocks per batch group: Q8_0 batches 4 blocks
+  constexpr int64_t STEP = T::QK == 32 ? 4 : 1;  // blocks per batch group: the 32-element types batch 4 blocks
   const int64_t nbatch = T::QK == 32 ? nb / 4 : nb * A::BATCHES;
   int64_t prev_s = -1;
   int prev_part = 0;
@@ -261,7 +262,7 @@ RADIXRT_X16_AMX void tile_amx(const XCtx& c, int64_t g, int64_t m0, int M, AmxSc
     const int8_t* a[4];
     A::a_rows(c, m0, s, part, a);
     const uint8_t* p[4];
-    if constexpr (T::QK == 32) {
+    if constexpr (std::is_same_v<T, Q8_0>) {  // its stored planes are AMX's B
       for (int k = 0; k < 4; ++k) p[k] = b + k * T::BYTES + Q8_0::QS;
     } else {
       A::unpack(b, part, w.planes[i & 1]);

@@ -30,16 +30,32 @@
 //   Q8_0  (QK 32, 544 B = 16 x 34):
 //     [0, 32)       d[16]            fp16
 //     [32, 544)     qs[8 t][16 r][4] the file's int8 weights XOR 0x80 (w + 128, unsigned, for vpdpbusd)
+//   The legacy 32-element types (lblocks.h: element j < 16 the low nibble of qs[j], j + 16 its high nibble, bit j
+//   of qh element j's fifth bit), as large as the file's blocks (16 x 18, 20, 22, 24):
+//   Q4_0  (QK 32, 288 B):  [0, 32) d[16] fp16;  [32, 288) qs
+//   Q4_1  (QK 32, 320 B):  [0, 32) d[16] fp16;  [32, 64) m[16] fp16;  [64, 320) qs
+//   Q5_0  (QK 32, 352 B):  [0, 32) d[16] fp16;  [32, 96) qh;  [96, 352) qs
+//   Q5_1  (QK 32, 384 B):  [0, 32) d[16] fp16;  [32, 64) m[16] fp16;  [64, 128) qh;  [128, 384) qs
+//     qs[4 t][16 r][4]   the file's qs[4 t .. + 4] of row r: low nibbles are elements 4t .. 4t + 3, high nibbles
+//                        elements 16 + 4t .. 16 + 4t + 3 (plane t pairs with activation dwords t and 4 + t)
+//     qh[16 r][4]        the fifth bits regrouped: bit t of byte i is element 4t + i's, bit 4 + t element
+//                        16 + 4t + i's. Why not the file's u32: then plane t's fifth bits are bit t (low nibbles)
+//                        and bit 4 + t (high) of the byte beside each weight byte, one shift and mask each (as
+//                        Q5_K's qh); the file's order would need a per-byte bit gather for every plane.
 //
-// The arithmetic (one output per lane, the same on every path: AVX-512 VNNI, AVX2, the torch twin), for output
-// (m, n), over the blocks in order from acc = 0, where y are row m's int8 activations (q8_act.h: per 256 with
-// per-16 sums Y_g for the K-quants, per 32 for Q8_0), dy their scale, and every integer sum exact in int32:
+// The arithmetic (one output per lane, the same on every path: AVX-512 VNNI, AVX2, AMX, the torch twin), for
+// output (m, n), over the blocks in order from acc = 0, where y are row m's int8 activations (q8_act.h: per 256
+// with per-16 sums Y_g for the K-quants, per 32 for the 32-element types), dy their scale, and every integer sum exact in int32:
 //   Q4_K / Q5_K: D_j = sum q y over sub-block j;  I = sum_j sc_j D_j;  C = sum_j mn_j (Y_2j + Y_2j+1)
 //                acc = fma(float(I), d * dy, acc);  acc = fma(-float(C), dmin * dy, acc)
 //   Q6_K:        D_g = sum q y over group g (q unsigned, 0 .. 63);  I = sum_g sc_g D_g - 32 sum_g sc_g Y_g
 //                acc = fma(float(I), d * dy, acc)
 //   Q8_0:        D = sum w y over the block (w signed);  acc = fma(float(D), d * dy, acc)
-// with d * dy rounded to fp32 once and each fma rounded once. Integer sums do not depend on their order, so
+//   Q4_0 / Q5_0: S = sum q y - Z Y, Z = 8 / 16 and Y = sum y over the block (q unsigned: 0 .. 15 / 0 .. 31);
+//                acc = fma(float(S), d * dy, acc)   (Q4_0: q4_0_lanes.h's arithmetic, the same bits)
+//   Q4_1 / Q5_1: S = sum q y;  acc = fma(float(S), d * dy, acc);  acc = fma(float(Y), m * dy, acc)
+//                (the minimum's term m dy Y, its own fma per block: Y and S are exact in fp32, |S| < 2^17)
+// with d * dy (m * dy) rounded to fp32 once and each fma rounded once. Integer sums do not depend on their order, so
 // every path (and every tile shape and thread split) gives the same bits: batch invariance by construction.
 #pragma once
 #include <cstdint>
@@ -127,6 +143,36 @@ struct Q8_0 {
   }
 };
 
+// Q4_0, Q4_1, Q5_0, Q5_1: GGUF bytes per block, whether there is a minimum m (fp16 after d) and a fifth bit.
+template <int GGUF_, bool MIN_, bool QH_>
+struct Legacy32 {
+  static constexpr int QK = 32, GGUF = GGUF_, BYTES = 16 * GGUF_;
+  static constexpr bool MIN = MIN_, HAS_QH = QH_;
+  static constexpr int MN = 32, QH = MIN ? 64 : 32, QS = QH + (QH_ ? 64 : 0);
+  static constexpr int ZERO = MIN ? 0 : QH_ ? 16 : 8;  // the zero point subtracted from q (0: the minimum m)
+  static void pack(const uint8_t* const rows[16], uint8_t* o) {
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* b = rows[r];
+      std::memcpy(o + 2 * r, b, 2);
+      if constexpr (MIN) std::memcpy(o + MN + 2 * r, b + 2, 2);
+      if constexpr (HAS_QH) {
+        uint32_t qh;
+        std::memcpy(&qh, b + (MIN ? 4 : 2), 4);
+        uint8_t u[4] = {};
+        for (int i = 0; i < 4; ++i)
+          for (int t = 0; t < 4; ++t)
+            u[i] |= (((qh >> (4 * t + i)) & 1) << t) | (((qh >> (16 + 4 * t + i)) & 1) << (4 + t));
+        put4(o + QH, 0, r, u);
+      }
+      for (int t = 0; t < 4; ++t) put4(o + QS, t, r, b + GGUF - 16 + 4 * t);
+    }
+  }
+};
+struct Q4_0 : Legacy32<18, false, false> {};
+struct Q4_1 : Legacy32<20, true, false> {};
+struct Q5_0 : Legacy32<22, false, true> {};
+struct Q5_1 : Legacy32<24, true, true> {};
+
 // One call's operands: the x16 weight, the quantized activations (q8_act.h) and what each type's fold reads.
 struct XCtx {
   const uint8_t* W;      // [N / 16, K / QK * BYTES]
@@ -136,6 +182,7 @@ struct XCtx {
   const int16_t* bsums;  // K-quants: [M, K / 16], the sums of each 16 q
   const int32_t* ypair;  // Q4_K / Q5_K: [M, K / 256, 4], int16 pairs (Y_2i, Y_2i+1), Y_j the sum of sub-block j
   const int32_t* yoff;   // Q8_0: [M, K / 32], -128 * the sum of the block's q
+  const int32_t* ysum;   // Q4_0, Q4_1, Q5_0, Q5_1: [M, K / 32], Y = the sum of the block's q
   float* out;            // [M, N]
 };
 

@@ -20,6 +20,7 @@
 #include "x16_512.h"
 #include "x16_amx.h"
 #include "x16_avx2.h"
+#include "x16_legacy.h"
 
 namespace radixrt {
 namespace ggml {
@@ -30,7 +31,11 @@ struct Info {
   int64_t type, qk, gguf, bytes;
   const char* name;
 };
-constexpr Info INFOS[] = {{8, Q8_0::QK, Q8_0::GGUF, Q8_0::BYTES, "Q8_0"},
+constexpr Info INFOS[] = {{2, Q4_0::QK, Q4_0::GGUF, Q4_0::BYTES, "Q4_0"},
+                          {3, Q4_1::QK, Q4_1::GGUF, Q4_1::BYTES, "Q4_1"},
+                          {6, Q5_0::QK, Q5_0::GGUF, Q5_0::BYTES, "Q5_0"},
+                          {7, Q5_1::QK, Q5_1::GGUF, Q5_1::BYTES, "Q5_1"},
+                          {8, Q8_0::QK, Q8_0::GGUF, Q8_0::BYTES, "Q8_0"},
                           {12, Q4_K::QK, Q4_K::GGUF, Q4_K::BYTES, "Q4_K"},
                           {13, Q5_K::QK, Q5_K::GGUF, Q5_K::BYTES, "Q5_K"},
                           {14, Q6_K::QK, Q6_K::GGUF, Q6_K::BYTES, "Q6_K"}};
@@ -38,7 +43,8 @@ constexpr Info INFOS[] = {{8, Q8_0::QK, Q8_0::GGUF, Q8_0::BYTES, "Q8_0"},
 const Info& info(int64_t type) {
   for (const Info& i : INFOS)
     if (i.type == type) return i;
-  TORCH_CHECK(false, "radixrt_ggml x16: no x16 layout for ggml type ", type, " (Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)");
+  TORCH_CHECK(false, "radixrt_ggml x16: no x16 layout for ggml type ", type,
+              " (Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)");
   return INFOS[0];
 }
 
@@ -134,7 +140,7 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   std::vector<int8_t> q(M * K);
   std::vector<float> d(M * nb), s(k256 ? 0 : M * nb);
   std::vector<int16_t> bsums(k256 ? M * (K / 16) : 0);
-  std::vector<int32_t> ypair(k256 ? M * nb * 4 : 0), yoff(k256 ? 0 : M * nb);
+  std::vector<int32_t> ypair(k256 ? M * nb * 4 : 0), yoff(k256 ? 0 : M * nb), ysum(k256 ? 0 : M * nb);
   const float* xp = x.data_ptr<float>();
   radixrt::parallel_for(0, M, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
@@ -153,14 +159,19 @@ at::Tensor mm(const at::Tensor& x, const at::Tensor& w, int64_t type) {
         for (int64_t b = 0; b < nb; ++b) {
           int32_t sum = 0;
           for (int i = 0; i < 32; ++i) sum += qm[32 * b + i];
+          ysum[m * nb + b] = sum;
           yoff[m * nb + b] = -128 * sum;
         }
       }
     }
   });
-  const XCtx c{w.data_ptr<uint8_t>(), K, N, q.data(), d.data(), bsums.data(), ypair.data(), yoff.data(),
+  const XCtx c{w.data_ptr<uint8_t>(), K, N, q.data(), d.data(), bsums.data(), ypair.data(), yoff.data(), ysum.data(),
                out.data_ptr<float>()};
   switch (type) {
+    case 2: run<Q4_0>(c, M); break;
+    case 3: run<Q4_1>(c, M); break;
+    case 6: run<Q5_0>(c, M); break;
+    case 7: run<Q5_1>(c, M); break;
     case 8: run<Q8_0>(c, M); break;
     case 12: run<Q4_K>(c, M); break;
     case 13: run<Q5_K>(c, M); break;
@@ -184,6 +195,10 @@ void repack_op(const at::Tensor& w, int64_t type, at::Tensor out) {
   uint8_t* dst = out.data_ptr<uint8_t>();
   radixrt::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
     switch (type) {
+      case 2: x16::repack<Q4_0>(src, K, g0, g1, dst); break;
+      case 3: x16::repack<Q4_1>(src, K, g0, g1, dst); break;
+      case 6: x16::repack<Q5_0>(src, K, g0, g1, dst); break;
+      case 7: x16::repack<Q5_1>(src, K, g0, g1, dst); break;
       case 8: x16::repack<Q8_0>(src, K, g0, g1, dst); break;
       case 12: x16::repack<Q4_K>(src, K, g0, g1, dst); break;
       case 13: x16::repack<Q5_K>(src, K, g0, g1, dst); break;

@@ -18,9 +18,9 @@ from radixrt.runtime.layers.projection import Projection
 class GGMLLinear(Projection):
     """``y = x @ W.T (+ bias)`` over ``W`` in GGUF blocks.
 
-    A type with an x16 layout (Q4_K, Q5_K, Q6_K, Q8_0) and a multiple of 16 rows is repacked into it once,
-    here (:func:`radixrt.runtime.layers.ggml_ops.use_x16`; our own copy in huge pages, and the file's pages are
-    left to the page cache): a product of T rows then streams the weight once for all T rows
+    A type with an x16 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and a multiple of 16 rows is
+    repacked into it once, here (:func:`radixrt.runtime.layers.ggml_ops.use_x16`; our own copy in huge pages, and
+    the file's pages are left to the page cache): a product of T rows then streams the weight once for all T rows
     (:mod:`radixrt.kernels.quant.x16`). Either layout gives a row the same bits whatever the other rows.
 
     Args:

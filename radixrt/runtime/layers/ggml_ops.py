@@ -39,9 +39,10 @@ def dequantize_rows(blocks: torch.Tensor, name: str, cols: int) -> torch.Tensor:
 
 
 def use_x16(name: str, rows: int) -> bool:
-    """True if a ``[rows, K]`` weight of type ``name`` runs in its x16 layout: the type has one, ``rows`` is a
-    multiple of 16, the C++ kernels load, and ``RADIXRT_GGML_X16`` is not ``0`` (read at each load; ``0``
-    keeps every weight in the file's blocks, for A/B measurements)."""
+    """True if a ``[rows, K]`` weight of type ``name`` runs in its x16 layout: the type has one (Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: :data:`~radixrt.kernels.quant.x16.LAYOUTS`), ``rows`` is a multiple of 16,
+    the C++ kernels load, and ``RADIXRT_GGML_X16`` is not ``0`` (read at each load; ``0`` keeps every weight in
+    the file's blocks, for A/B measurements)."""
     return os.environ.get("RADIXRT_GGML_X16", "1") != "0" and x16.can_repack(name, rows) and has_kernels()
 
 

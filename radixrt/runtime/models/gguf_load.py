@@ -7,14 +7,14 @@ projection to fp32 (a layer's transient copy at a time, never the whole model), 
 ``int8``, ``q4`` and ``q4_k`` re-quantize from that fp32 copy (one projection at a time; a file's own
 Q8_0 / Q4_0 / Q4_1 / Q4_K blocks are kept where they are the format's) (:mod:`radixrt.runtime.layers.quant`).
 
-At ``auto`` a block tensor of a type with an x16 layout (Q4_K, Q5_K, Q6_K, Q8_0; rows a multiple of 16) is
-repacked once into it (:class:`~radixrt.runtime.layers.ggml_linear.GGMLLinear`; our own copy, so that a step of
-many rows streams the weight once); any other block tensor used as stored (a Q4_0/Q4_1 projection, the
-embedding) is a read-only view of the file's memory map, as llama.cpp runs: no copy. Measured on
-this host (a VM), every first touch of fresh anonymous memory costs ~8 us per 4 KiB page (0.5 GB/s), so
-copying the 4.9 GB of an 8B Q4_K_M took ~10 s of its cold start, while file pages already in the page
-cache map at ~6 GB/s. Such weights count in RSS as file pages once touched, and the kernel may evict
-and re-read them under memory pressure; the file must not be rewritten while it is served (the same
+At ``auto`` a block tensor of a type with an x16 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; rows
+a multiple of 16) is repacked once into it (:class:`~radixrt.runtime.layers.ggml_linear.GGMLLinear`; our own
+copy, so that a step of many rows streams the weight once); any other block tensor used as stored (rows not a
+multiple of 16, ``RADIXRT_GGML_X16=0``, the embedding) is a read-only view of the file's memory map, as
+llama.cpp runs: no copy. Measured on this host (a VM), every first touch of fresh anonymous memory costs ~8 us
+per 4 KiB page (0.5 GB/s), so copying the 4.9 GB of an 8B Q4_K_M took ~10 s of its cold start, while file
+pages already in the page cache map at ~6 GB/s. Such weights count in RSS as file pages once touched, and the
+kernel may evict and re-read them under memory pressure; the file must not be rewritten while it is served (the same
 contract as llama.cpp's mmap). Stacked parts (``ffn_gate`` + ``ffn_up`` in one type: one kernel call),
 llama's unpermuted ``attn_q`` / ``attn_k`` rows and every re-quantized format are our own copies.
 
