@@ -143,10 +143,13 @@ def hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def api_server():
-    """One plain ``radixrt serve`` shared by the API-compatibility modules (SGLang frontend, compatibility
-    table, OpenAPI fuzz); each of them checks the pool after every test with ``api_server.wait_idle()``."""
+    """One plain ``radixrt serve`` shared by tests/server/test_server.py (its ``server``) and the
+    API-compatibility modules (SGLang frontend, compatibility table, OpenAPI fuzz); each of them checks the
+    pool after every test with ``api_server.wait_idle()``. Every test that reads the radix cache's counters
+    flushes it first, so none depends on what ran before it."""
     from server_util import start_server
 
     s = start_server()
     yield s
-    assert s.stop() == 0, s.logs()
+    assert s.stop() == 0, s.logs()  # stop() raises if anything of its process group survives
+    assert not s.group_alive()
