@@ -106,6 +106,17 @@ def _pool_invariants():
 
 
 @pytest.fixture(scope="session")
+def cpp_kernels_loaded():
+    """The C++ kernels loaded into this process from the usual cache (built there if they are not yet).
+    A test that points ``RADIXRT_CACHE_DIR`` at a temporary directory (for the GGUF metadata cache) asks for
+    this first: were it the process's first user of the kernels, their cache would move there too and the
+    whole library be built again (minutes on 2 cores; it took 167-237 s in test_gguf_f16 on a busy box)."""
+    from radixrt.kernels import cpp
+
+    cpp.ops("radixrt_attn")  # builds or loads the one library that holds every namespace
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer()
 
