@@ -39,6 +39,7 @@ from soak_load import run_round  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT_DELAY_S = 1.5  # into the round: streams are running
+FAULT_DURATION_S = 10.0  # how long slowloris keeps dripping its headers after the fault
 
 
 def free_port() -> int:
@@ -135,11 +136,11 @@ def pct(xs: list[float], q: float):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-async def _round(url: str, concurrency: int, seed: int, fault: str | None) -> tuple:
+async def _round(url: str, concurrency: int, seed: int, fault: str | None, duration: float = FAULT_DURATION_S) -> tuple:
     load = run_round(url, {}, concurrency, seed, fault=fault in ("scheduler", "detokenizer", "tp_rank"))
     if fault is None:
         return await load, None
-    return tuple(await asyncio.gather(load, inject(url, {}, fault, FAULT_DELAY_S, 10.0)))
+    return tuple(await asyncio.gather(load, inject(url, {}, fault, FAULT_DELAY_S, duration)))
 
 
 def summarize(i: int, res, idle: dict, fault: dict | None) -> dict:
@@ -170,8 +171,15 @@ def summarize(i: int, res, idle: dict, fault: dict | None) -> dict:
     return row
 
 
-def run(rounds: int, concurrency: int, faults: list[str], serve_args: list[str]) -> dict:
-    """The whole suite against a fresh server; returns the report (``ok``: every check held)."""
+def run(
+    rounds: int,
+    concurrency: int,
+    faults: list[str],
+    serve_args: list[str],
+    fault_duration_s: float = FAULT_DURATION_S,
+) -> dict:
+    """The whole suite against a fresh server; returns the report (``ok``: every check held).
+    ``fault_duration_s``: how long the slowloris sockets keep dripping after they are opened."""
     proc, url, load_s, log = start(serve_args)
     print(
         f"server ready in {load_s:.1f} s (load time); {rounds} rounds of {concurrency} streams, faults {faults}",
@@ -183,7 +191,7 @@ def run(rounds: int, concurrency: int, faults: list[str], serve_args: list[str])
             res, _ = asyncio.run(_round(url, concurrency, i, None))
             rows.append(summarize(i, res, idle_check(url), None))
         for j, fault in enumerate(faults):
-            res, f = asyncio.run(_round(url, concurrency, 1000 + j, fault))
+            res, f = asyncio.run(_round(url, concurrency, 1000 + j, fault, fault_duration_s))
             rows.append(summarize(rounds + j, res, idle_check(url), f))
     finally:
         proc.terminate()

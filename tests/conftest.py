@@ -106,6 +106,17 @@ def _pool_invariants():
 
 
 @pytest.fixture(scope="session")
+def cpp_kernels_loaded():
+    """The C++ kernels loaded into this process from the usual cache (built there if they are not yet).
+    A test that points ``RADIXRT_CACHE_DIR`` at a temporary directory (for the GGUF metadata cache) asks for
+    this first: were it the process's first user of the kernels, their cache would move there too and the
+    whole library be built again (minutes on 2 cores; it took 167-237 s in test_gguf_f16 on a busy box)."""
+    from radixrt.kernels import cpp
+
+    cpp.ops("radixrt_attn")  # builds or loads the one library that holds every namespace
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer()
 
@@ -143,10 +154,13 @@ def hf_greedy(hf_model, ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def api_server():
-    """One plain ``radixrt serve`` shared by the API-compatibility modules (SGLang frontend, compatibility
-    table, OpenAPI fuzz); each of them checks the pool after every test with ``api_server.wait_idle()``."""
+    """One plain ``radixrt serve`` shared by tests/server/test_server.py (its ``server``) and the
+    API-compatibility modules (SGLang frontend, compatibility table, OpenAPI fuzz); each of them checks the
+    pool after every test with ``api_server.wait_idle()``. Every test that reads the radix cache's counters
+    flushes it first, so none depends on what ran before it."""
     from server_util import start_server
 
     s = start_server()
     yield s
-    assert s.stop() == 0, s.logs()
+    assert s.stop() == 0, s.logs()  # stop() raises if anything of its process group survives
+    assert not s.group_alive()

@@ -8,6 +8,7 @@ that permutation on load, so the writer applies it (see llama.cpp convert_hf_to_
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,22 @@ _LAYER = {
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_fields(tokenizer_gguf: str) -> tuple:
+    """``(key, value type, contents)`` of every ``tokenizer.*`` field of ``tokenizer_gguf``. Read once per
+    process: ``GGUFReader`` parses the 49,152-entry vocabulary and merges in Python (~6 s on 2 cores), and
+    every GGUF these tests write copies the same fields (the file is the installed, read-only SmolLM2)."""
+    import gguf
+
+    reader = gguf.GGUFReader(tokenizer_gguf)
+    out = []
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            out.append((key, vtype, tuple(field.contents()) if vtype == gguf.GGUFValueType.ARRAY else field.contents()))
+    return tuple(out)
 
 
 def write_gguf(model, path: Path, tokenizer_gguf: str, name: str, f16: bool = False) -> Path:
@@ -55,15 +72,11 @@ def write_gguf(model, path: Path, tokenizer_gguf: str, name: str, f16: bool = Fa
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
-    reader = gguf.GGUFReader(tokenizer_gguf)
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
+    for key, vtype, value in _tokenizer_fields(tokenizer_gguf):
         if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_array(key, list(field.contents()))
+            w.add_array(key, list(value))
         else:
-            w.add_key_value(key, field.contents(), vtype)
+            w.add_key_value(key, value, vtype)
     for hf_name, t in model.state_dict().items():
         a = t.detach().float().numpy()
         if hf_name == "lm_head.weight":

@@ -51,7 +51,9 @@ class HFGenerate(System):
             "transformers": transformers.__version__,
         }
 
-    def start(self, context_length: int) -> None:
+    def start(self, context_length: int, model: Any = None) -> None:
+        """``model``: the ``load_hf_model()`` model when the caller has it loaded already (the tests share one;
+        loading it from the GGUF takes ~20 s on 2 cores); it is only read."""
         from transformers.utils import logging as hf_logging
 
         from radixrt.runtime.models.loader import load_hf_model
@@ -60,7 +62,7 @@ class HFGenerate(System):
         hf_logging.set_verbosity_error()
         if self.threads:
             torch.set_num_threads(self.threads)
-        self.model = load_hf_model()
+        self.model = model if model is not None else load_hf_model()
         gc = self.model.generation_config
         eos = gc.eos_token_id if gc.eos_token_id is not None else self.tok.eos_token_id
         self.eos_ids |= set(eos if isinstance(eos, list) else [eos])

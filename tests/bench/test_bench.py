@@ -187,11 +187,11 @@ def test_continuation_ids_extend_the_previous_call(tok):
     assert tok.decode(prompt_ids(tok, nxt, eos)) == nxt.prompt
 
 
-def test_hf_select_fast_path_matches_full_scoring(tok):
+def test_hf_select_fast_path_matches_full_scoring(tok, hf_model):
     from systems.hf_generate import HFGenerate
 
     hf = HFGenerate(tok, batch_size=4, threads=None)
-    hf.start(1024)
+    hf.start(1024, model=hf_model)  # the session's transformers model: the one load_hf_model() gives
     calls = [
         W.Select("Review: The lamp is wonderful and the box is lovely.\nSentiment:", list(W.CHOICES)),
         W.Select(

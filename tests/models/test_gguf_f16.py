@@ -18,7 +18,9 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2"])  # an untied head; a tied head with biases
-def test_f16_gguf_held_at_two_bytes_and_equal_to_hf(family, tmp_path, tokenizer, passage_ids, monkeypatch):
+def test_f16_gguf_held_at_two_bytes_and_equal_to_hf(
+    family, tmp_path, tokenizer, passage_ids, monkeypatch, cpp_kernels_loaded
+):
     from transformers import AutoModelForCausalLM
 
     from radixrt.runtime.models.gguf_weights import GGUF_TYPES, GGUFWeights

@@ -16,7 +16,7 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "mistral"])
-def test_gguf_parity(family, tmp_path, tokenizer, passage_ids, monkeypatch):
+def test_gguf_parity(family, tmp_path, tokenizer, passage_ids, monkeypatch, cpp_kernels_loaded):
     from transformers import AutoModelForCausalLM
 
     from radixrt.runtime.models.loader import default_gguf_path, load_config

@@ -100,8 +100,12 @@ def runs(passage_ids):
         p.join(timeout=60)
     for r, v in ranks.items():
         assert not isinstance(v, str), f"rank {r}: {v}"
-    torch.set_num_threads(1)
-    single = {fmt: run_rank(fmt, prompt) for fmt in FORMATS}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (one thread each)
+    try:
+        single = {fmt: run_rank(fmt, prompt) for fmt in FORMATS}
+    finally:
+        torch.set_num_threads(threads)  # not 1 for the rest of the session's tests in this process
     return single, ranks
 
 

@@ -29,12 +29,9 @@ API_KEY = "sekrit-test-key"
 
 
 @pytest.fixture(scope="session")
-def server():
-    s = start_server()
-    yield s
-    rc = s.stop()
-    assert rc == 0, s.logs()
-    assert not s.group_alive()
+def server(api_server):
+    """The plain server: conftest's ``api_server`` (the same flags), one process group for the session."""
+    return api_server
 
 
 @pytest.fixture(scope="session")
