@@ -96,6 +96,17 @@ def _cmdline(p) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
+def _torch_threads_kept():
+    """A test that changes torch's thread count must set it back: every later model run in this process would
+    otherwise run on that many cores (test_tp_gguf once left it at 1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    assert torch.get_num_threads() == before, f"torch threads {before} -> {torch.get_num_threads()}: not restored"
+
+
+@pytest.fixture(autouse=True)
 def _pool_invariants():
     yield
     for e in list(_ENGINES):
