@@ -133,7 +133,7 @@ class FinishLength(msgspec.Struct, tag="length", tag_field="type"):
 
 
 class FinishAbort(msgspec.Struct, tag="abort", tag_field="type"):
-    """Aborted: by the client, a drain, a grammar that cannot be completed, or a failure handling the request."""
+    """Aborted: by the client, a drain, or a failure handling the request."""
 
     message: str
 

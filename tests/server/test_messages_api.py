@@ -208,6 +208,16 @@ def test_a_final_assistant_message_is_continued(srv, cl, tokenizer):
     with httpx.Client(base_url=srv.url, timeout=60, headers={"x-api-key": KEY}) as h:
         body = {"model": MODEL, "max_tokens": 4, "messages": [PREFILL[0], {"role": "assistant", "content": "It is "}]}
         r = h.post("/v1/messages", json=body)
+        fmt = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+        bad = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": PREFILL, "output_config": fmt})
+        assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("messages[1]: a final assistant")
+        use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+        unanswered = [PREFILL[0], {"role": "assistant", "content": [use]}]
+        bad = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": unanswered, "tools": TOOLS})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["message"] == (
+            "messages[1].content: the final assistant message has tool_use blocks and no tool_result follows them"
+        )
     assert r.status_code == 400 and r.json()["error"]["message"] == (
         "messages[1].content: final assistant content cannot end with trailing whitespace"
     ), r.text

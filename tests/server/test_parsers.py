@@ -107,6 +107,15 @@ def test_text_that_is_not_a_call(parser, text):
         assert got == text and calls == [] and st.finish_reason("stop") == "stop"
 
 
+def test_call_cut_before_its_name_is_text():
+    text = 'Sure. <tool_call>\n{"name": "get_'
+    msg, reason = parse_tool_output(get_tool_format("qwen25"), text, "length")
+    assert msg == {"role": "assistant", "content": text} and reason == "length"
+    for step in (1, 5, 1000):
+        got, calls, _, st = stream("qwen25", text, step)
+        assert got == text and calls == []
+
+
 def test_cut_call_keeps_partial_arguments():
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
     msg, reason = parse_tool_output(get_tool_format("qwen25"), text, "length")

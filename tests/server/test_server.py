@@ -111,6 +111,8 @@ def test_startup_line_and_health(server, http):
     ), lines
     assert 503 in server.health_codes  # /health said 503 while the model was loading
     assert http.get("/health").status_code == 200
+    r = http.head("/health")  # load balancers probe with HEAD
+    assert r.status_code == 200 and r.content == b""
     assert http.get("/health_generate").json() == {"status": "ok"}
 
 
@@ -1192,3 +1194,29 @@ def test_continue_final_message_and_add_generation_prompt(oai, http, tokenizer):
     assert err["message"].startswith("continue_final_message and add_generation_prompt cannot both be true")
     body = {**CHAT, "add_generation_prompt": False, "continue_final_message": "yes"}
     assert_400(http.post("/v1/chat/completions", json=body), "continue_final_message")
+    body = {**opts, "messages": CONTINUED, "max_tokens": 4, "response_format": {"type": "json_object"}}
+    err = assert_400(http.post("/v1/chat/completions", json=body), "continue_final_message")
+    assert err["message"].startswith("continue_final_message cannot be combined with response_format"), err
+
+
+# a property whose pattern llguidance's lexer meets only once the output reaches it (temperature 1.5, seed 1:
+# "b" first, then "a"): a 400 naming the schema, not a 200 "abort" with half an object (break test 3)
+LAZY_HUGE = {
+    "type": "object",
+    "properties": {"b": {"type": "string", "pattern": "^x{37}$"}, "a": {"type": "string", "pattern": "^a{99999999}$"}},
+    "required": ["b"],
+}
+
+
+def test_a_grammar_that_fails_after_some_tokens_is_400(http):
+    body = {
+        "messages": [{"role": "user", "content": "Output JSON with b then a"}],
+        "max_tokens": 80,
+        "temperature": 1.5,
+        "seed": 1,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": LAZY_HUGE}},
+    }
+    for _ in range(2):  # the first meets the limit mid-output; the second finds the grammar known to fail
+        err = assert_400(http.post("/v1/chat/completions", json=body), "response_format.json_schema.schema")
+        assert err["message"].startswith("response_format.json_schema.schema: the grammar cannot be used: "), err
+    normal_request_ok(http)

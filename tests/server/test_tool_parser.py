@@ -113,6 +113,15 @@ def test_stream_text_only_and_partial_trigger():
     assert st.feed("_call>") == []
 
 
+def test_call_cut_before_its_name_is_text():
+    """max_tokens inside a call's name: the text comes back as content (as vLLM answers a call it cannot
+    parse), streamed or not, instead of an empty answer."""
+    text = 'Hi <tool_call>{"name": "get_w'
+    for step in (1, 4, 1000):
+        content, calls, st = stream_all("tagged", text, step)
+        assert content == text and not calls and st.finish_reason("length") == "length"
+
+
 def test_cut_call_keeps_partial_arguments():
     msg, reason = parse_output(plan_tools(TOOLS, "required", None), '[{"name":"get_weather","arguments":{"ci', "length")
     assert reason == "length" and msg["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"ci'}

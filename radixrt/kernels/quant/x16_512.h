@@ -161,6 +161,8 @@ struct Tile512<Q8_0> {
       y[m] = c.q + (m0 + m) * c.K + s * 32;
       dot[m] = _mm512_set1_epi32(c.yoff[(m0 + m) * nb + s]);  // cancels the weights' + 128
     }
+    if constexpr (MB <= 2)  // decode streams the weight: 4 blocks ahead (x16_bench Q8_0 M = 1: 8-28 % faster)
+      for (int l = 0; l < Q8_0::BYTES; l += 64) _mm_prefetch(reinterpret_cast<const char*>(b + 4 * Q8_0::BYTES + l), _MM_HINT_T0);
     for (int t = 0; t < 8; ++t) {
       const __m512i u = _mm512_loadu_si512(b + Q8_0::QS + 64 * t);
       for (int m = 0; m < MB; ++m) dot[m] = _mm512_dpbusd_epi32(dot[m], u, bcast4(y[m] + 4 * t));

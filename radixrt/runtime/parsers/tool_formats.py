@@ -77,6 +77,9 @@ class ToolFormat(ABC):
             try:
                 pos = self._block(text, j, m, final, calls)
             except Incomplete:
+                if final and all(c.name is None for c in calls[n:]):  # cut (max_tokens) before its name: text,
+                    del calls[n:]  # as vLLM answers an unparsable call, rather than nothing at all
+                    out.append(text[j:])
                 return "".join(out), calls
             except NotACall:  # not a call after all: the marker is plain text
                 del calls[n:]

@@ -54,6 +54,9 @@ def scan(text: str, style: str, final: bool) -> tuple[str, list[_Call], bool]:
                     raise _Bad
                 pos = i + len(TOOL_CALL_END)
             except _Incomplete:
+                if final and all(c.name is None for c in calls[n:]):  # cut (max_tokens) before its name: text,
+                    del calls[n:]  # as vLLM answers an unparsable call, rather than nothing at all
+                    out.append(text[j:])
                 return "".join(out), calls, True
             except _Bad:  # not a call after all: keep it as text
                 del calls[n:]

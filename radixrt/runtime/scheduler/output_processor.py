@@ -18,7 +18,7 @@ from radixrt.runtime.constrained.grammar_step import advance_matchers, build_gra
 from radixrt.runtime.constrained.mask_fill import MaskPrefetcher
 from radixrt.runtime.executor.forward_batch import ForwardBatch
 from radixrt.runtime.errors import grammar_refusal
-from radixrt.runtime.io_struct import FinishAbort, FinishLength, FinishReason, FinishStop, TokenOut
+from radixrt.runtime.io_struct import FinishLength, FinishReason, FinishStop, TokenOut
 from radixrt.runtime.scheduler.jump_forward import try_jump_forward
 from radixrt.runtime.scheduler.request import Req
 from radixrt.runtime.sampling.params import grammar_of
@@ -152,9 +152,10 @@ class OutputProcessor:
         longest stop string (the detokenizer trims the text at the match)."""
         p = req.params
         if req.grammar is not None and (why := req.grammar.dead_end()) is not None:
-            if len(req.output_ids) <= 1:  # stuck before any token: the grammar, not the output, is at fault
-                return grammar_refusal(grammar_of(req.params), why)
-            return FinishAbort(f"grammar: the output cannot be completed: {why}")
+            # the backend's limit or a grammar no string completes, met before the first token or (lazily
+            # built parts, llguidance's lexer) later: the grammar is at fault either way, so a 400 naming its
+            # field, not an "abort" with half an object (a stream already under way gets it as its error event)
+            return grammar_refusal(grammar_of(req.params), why)
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
             return FinishStop(tok)
         if req.grammar is not None and req.grammar.is_terminated():

@@ -44,13 +44,10 @@ def event(typ: str, **data) -> bytes:
     return b"event: " + typ.encode() + b"\ndata: " + msgspec.json.encode({"type": typ, **data}) + b"\n\n"
 
 
-async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesRequest, ChatRun]:
-    c = ctx(request)
-    req = await parse_model(request, MessagesRequest, check_refused)
-    msgs = chat_messages(req)
-    if not submit_it:
-        req.max_tokens = req.max_tokens or 1
-    cbody = chat_body(req)
+def _prefill(req: MessagesRequest, msgs: list[dict], cbody: dict) -> None:
+    """A final assistant message: text is a prefill the answer continues (``continue_final_message``);
+    tool_use blocks that no tool_result answers are a 400, as is a prefill under a grammar (which would
+    start over after it)."""
     last = msgs[-1]
     if last["role"] == "assistant" and isinstance(last.get("content"), str) and not last.get("tool_calls"):  # prefill
         if last["content"] != last["content"].rstrip():
@@ -58,7 +55,27 @@ async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesReques
                 "final assistant content cannot end with trailing whitespace",
                 param=f"messages[{len(req.messages) - 1}].content",
             )
+        if cbody.get("response_format") or (req.tools and cbody.get("tool_choice") not in (None, "auto", "none")):
+            raise ApiError(  # its grammar would start over after the prefill instead of completing it
+                "a final assistant message (a prefill) cannot be combined with a structured output or a forced tool",
+                param=f"messages[{len(req.messages) - 1}]",
+            )
         cbody.update(add_generation_prompt=False, continue_final_message=True)
+    elif last["role"] == "assistant" and last.get("tool_calls"):  # a tool_use nothing answers
+        raise ApiError(
+            "the final assistant message has tool_use blocks and no tool_result follows them",
+            param=f"messages[{len(req.messages) - 1}].content",
+        )
+
+
+async def _run(request: Request, submit_it: bool = True) -> tuple[MessagesRequest, ChatRun]:
+    c = ctx(request)
+    req = await parse_model(request, MessagesRequest, check_refused)
+    msgs = chat_messages(req)
+    if not submit_it:
+        req.max_tokens = req.max_tokens or 1
+    cbody = chat_body(req)
+    _prefill(req, msgs, cbody)
     try:
         chat_req = ChatCompletionRequest.model_validate(cbody)
         return req, await run_chat(c, request, chat_req, msgs=msgs, submit_it=submit_it)

@@ -44,10 +44,11 @@ async def flush(tm) -> dict:
     return {"success": True, "message": "Cache flushed."}
 
 
-@router.get("/health", **doc(Status, errors=(503,)))
+@router.api_route("/health", methods=["GET", "HEAD"], **doc(Status, errors=(503,)))
 async def health(request: Request):
     """200 ``{"status": "ok"}`` once the model is loaded; 503 while loading, while a dead child is being
-    restarted (or after the restarts ran out) and while draining on SIGTERM."""
+    restarted (or after the restarts ran out) and while draining on SIGTERM. HEAD answers the same status
+    (load balancers and ``curl -I`` probe with it)."""
     tm = ctx(request).tm
     reason = tm.dead or tm.admission.draining
     if reason is not None:

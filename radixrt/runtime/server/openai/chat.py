@@ -205,6 +205,13 @@ async def run_chat(
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp, grammar_src = sampling_params(req, max_new, max_param)
+    forced = grammar_src or (plan.mode != "auto" and "tool_choice" if plan else None)
+    if req.continue_final_message and forced:  # its grammar would start over after the continued text
+        raise ApiError(
+            f"continue_final_message cannot be combined with {forced}: the constrained output would start anew"
+            " after the continued text instead of completing it",
+            param="continue_final_message",
+        )
     turn = prepare_turn(
         chat_format(c),
         tm.tokenizer,

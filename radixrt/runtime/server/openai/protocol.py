@@ -232,7 +232,7 @@ def completion_logprobs(tt: TokenTexts, pairs: list, tops: list, top_n: int, off
 # ---- responses -------------------------------------------------------------------------------------------
 def finish_reason(reason: Optional[FinishReason]) -> Optional[str]:
     """The scheduler's finish type as OpenAI's: stop | length | abort (SGLang's extra value: the request
-    was aborted by the client, a drain, or a grammar that cannot be completed)."""
+    was aborted by the client or a drain; a grammar that cannot be completed is a 400, not a finish)."""
     return kind(reason)
 
 
