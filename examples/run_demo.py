@@ -88,6 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         "--log-level",
         "warning",
     ]
+    # the first run builds the C++ kernels (2-3 min on 2 cores, longer on a busy box): here, before the server,
+    # so that --health-timeout only covers loading the model
+    from radixrt.kernels import cpp
+
+    t0 = time.monotonic()
+    if not os.path.exists(os.path.join(cpp.build_dir(), "built.ok")):
+        print("building the C++ kernels (first run only) ...", flush=True)
+    cpp.ops("radixrt_ggml")
+    print(f"kernels ready in {time.monotonic() - t0:.1f} s", flush=True)
     print(f"$ {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

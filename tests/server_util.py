@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -21,9 +22,19 @@ CONTEXT = 256
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a
+    port the kernel hands out for bind(0) could be taken by any process (Ray starts a dozen, each binding
+    ports of its own) between this check and the server's bind (a --dp run failed so once)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767")
 
 
 class ServerProc:
