@@ -51,7 +51,8 @@ class ReqBatch:
             ApiError: 503, the scheduler or detokenizer process died; 400, the scheduler refused a request
                 (a bad session field: its finish reason carries ``status_code`` 400 and ``param``).
         """
-        item, self._head = (self._head, None) if self._head is not None else (await self.queue.get(), None)
+        item = self._head if self._head is not None else await self.queue.get()
+        self._head = None
         if isinstance(item, BaseException):
             raise item
         i = self.index[item.rid]

@@ -205,7 +205,7 @@ async def run_chat(
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sp, grammar_src = sampling_params(req, max_new, max_param)
-    forced = grammar_src or (plan.mode != "auto" and "tool_choice" if plan else None)
+    forced = grammar_src or ("tool_choice" if plan is not None and plan.mode != "auto" else None)
     if req.continue_final_message and forced:  # its grammar would start over after the continued text
         raise ApiError(
             f"continue_final_message cannot be combined with {forced}: the constrained output would start anew"
