@@ -211,6 +211,12 @@ def test_a_final_assistant_message_is_continued(srv, cl, tokenizer):
         fmt = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
         bad = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": PREFILL, "output_config": fmt})
         assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("messages[1]: a final assistant")
+        huge = {"format": {"type": "json_schema", "schema": {"type": "string", "pattern": "^a{99999999}$"}}}
+        for stream in (False, True):  # refused by the scheduler: named as Messages names it
+            body = {"model": MODEL, "max_tokens": 4, "messages": [PREFILL[0]], "output_config": huge, "stream": stream}
+            bad = h.post("/v1/messages", json=body)
+            assert bad.status_code == 400, bad.text
+            assert bad.json()["error"]["message"].startswith("output_config.format.schema: the grammar cannot be used")
         use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
         unanswered = [PREFILL[0], {"role": "assistant", "content": [use]}]
         bad = h.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": unanswered, "tools": TOOLS})

@@ -1196,7 +1196,7 @@ def test_continue_final_message_and_add_generation_prompt(oai, http, tokenizer):
     assert_400(http.post("/v1/chat/completions", json=body), "continue_final_message")
     body = {**opts, "messages": CONTINUED, "max_tokens": 4, "response_format": {"type": "json_object"}}
     err = assert_400(http.post("/v1/chat/completions", json=body), "continue_final_message")
-    assert err["message"].startswith("continue_final_message cannot be combined with response_format"), err
+    assert err["message"].startswith("continue_final_message cannot be combined with response_format: "), err
 
 
 # a property whose pattern llguidance's lexer meets only once the output reaches it (temperature 1.5, seed 1:

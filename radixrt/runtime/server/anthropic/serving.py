@@ -173,6 +173,8 @@ async def create_message(request: Request):
             outs = await wait_or_abort(request, run.batch)
         except ClientGone:
             return Response(status_code=499)
+        except ApiError as e:  # the scheduler's refusal, in chat's field names
+            raise renamed(e, messages_param) from None
         msg, reason = run.parse(0)  # the ids are remembered for turn continuity
         return JSONResp(message(content_blocks(msg), outs[0], reason))
 
@@ -180,6 +182,8 @@ async def create_message(request: Request):
         await first_or_abort(request, run.batch)  # a refusal before the first token is a 400
     except ClientGone:
         return Response(status_code=499)
+    except ApiError as e:
+        raise renamed(e, messages_param) from None
 
     async def events():
         blocks, parser, started = BlockStream(), run.turn.parser(), False

@@ -208,8 +208,8 @@ async def run_chat(
     forced = grammar_src or ("tool_choice" if plan is not None and plan.mode != "auto" else None)
     if req.continue_final_message and forced:  # its grammar would start over after the continued text
         raise ApiError(
-            f"continue_final_message cannot be combined with {forced}: the constrained output would start anew"
-            " after the continued text instead of completing it",
+            f"continue_final_message cannot be combined with {forced.split('.')[0]}: the constrained output would"
+            " start anew after the continued text instead of completing it",
             param="continue_final_message",
         )
     turn = prepare_turn(
